@@ -1,0 +1,3 @@
+from fuse_cli.cli import main
+
+main()

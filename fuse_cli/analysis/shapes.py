@@ -1,0 +1,418 @@
+"""Tensor shapes and sizes for every value of the top-level graph.
+
+Sizes feed the memory audit, so the one rule here is exactness: a size is either computed from
+fully known dims and a known element type, or it is None and the reason is listed in
+`ShapeTable.unknown_dims`. Nothing is ever assumed to be 1 or 0.
+
+onnx's shape inference does the work. Around it this module
+- binds the symbolic input dims the user supplies (`--dim batch=4`, `--input-shape x=1,3,224,224`),
+- runs it on a light copy of the model, so the caller's model is never touched and models over
+  protobuf's 2 GB limit still go through (big tensor payloads are left out, see `_light_tensor`),
+- degrades instead of crashing: custom-domain operators, opsets newer than onnx knows and models
+  that make inference fail just leave some tensors unknown.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import onnx
+from onnx import TensorProto, helper
+
+Dim = int | str | None
+_NO_BINDINGS: Mapping = MappingProxyType({})
+
+# Tensors above this size lose their payload in the inference copy. Inference reads values only
+# for small shape-like constants (Reshape's shape, Slice's starts, ...); 1 KiB is 128 int64s.
+_KEEP_PAYLOAD_BYTES = 1024
+_STRIPPED_LOCATION = "<payload left out by fuse for shape inference>"
+
+
+def _bits_by_name(names: Iterable[str], bits: int) -> dict[int, int]:
+    # getattr: the oldest onnx we support (1.16) lacks some of the newer types.
+    return {getattr(TensorProto, n): bits for n in names if hasattr(TensorProto, n)}
+
+
+# Types whose numpy mapping is missing or misleading in some onnx versions (older releases map
+# float8 to uint8 and int4 to int8, which would make int4 a byte per element instead of a nibble).
+_EXPLICIT_BITS: dict[int, int] = {
+    **_bits_by_name(
+        ["FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2", "FLOAT8E5M2FNUZ", "FLOAT8E8M0"], 8
+    ),
+    **_bits_by_name(["FLOAT6E2M3", "FLOAT6E3M2"], 6),
+    **_bits_by_name(["INT4", "UINT4", "FLOAT4E2M1"], 4),
+    **_bits_by_name(["INT2", "UINT2"], 2),
+    TensorProto.BFLOAT16: 16,
+}
+
+
+def element_size_bits(elem_type: int) -> int | None:
+    """Bits one element of `elem_type` takes in a packed tensor; None for strings and unknowns."""
+    if elem_type in _EXPLICIT_BITS:
+        return _EXPLICIT_BITS[elem_type]
+    if elem_type in (TensorProto.UNDEFINED, TensorProto.STRING):
+        return None
+    try:
+        np_dtype = helper.tensor_dtype_to_np_dtype(elem_type)
+    except (KeyError, ValueError, TypeError):
+        return None
+    if np_dtype.kind == "O":
+        return None
+    return np_dtype.itemsize * 8
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """What is known about one tensor.
+
+    `shape` is None when even the rank is unknown; inside it an int is a known dim, a str a
+    symbolic dim the user has not bound, and None a dim nothing is known about.
+    """
+
+    name: str
+    elem_type: int
+    shape: tuple[Dim, ...] | None
+
+    def nbytes(self) -> int | None:
+        """Size in bytes, or None unless the element type and every dim are known.
+
+        Sub-byte types are packed (two int4 per byte), so the total is rounded up once, not per
+        element.
+        """
+        bits = element_size_bits(self.elem_type)
+        if bits is None or self.shape is None:
+            return None
+        if not all(isinstance(d, int) for d in self.shape):
+            return None
+        return (math.prod(self.shape) * bits + 7) // 8
+
+
+@dataclass(frozen=True)
+class UnknownDim:
+    """One reason a tensor's size is unknown.
+
+    `dim` is None when the rank itself is unknown. `symbol` is the model's own name for the dim
+    (bindable with `dims`); None when the dim is anonymous or a placeholder onnx made up.
+    """
+
+    tensor: str
+    dim: int | None
+    symbol: str | None
+
+
+@dataclass(frozen=True)
+class ShapeTable:
+    """Shapes of every top-level value: graph inputs and outputs, node outputs, initializers.
+
+    `bound_dims` holds the symbol values in effect (given in `dims` or implied by
+    `input_shapes`); `unused_dims` the names in `dims` that no dim of the model carries (likely a
+    typo, worth a warning); `warnings` what went wrong inside onnx's shape inference.
+    """
+
+    tensors: Mapping[str, TensorInfo]
+    unknown_dims: tuple[UnknownDim, ...]
+    bound_dims: Mapping[str, int] = field(default_factory=dict)
+    unused_dims: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+    def get(self, name: str) -> TensorInfo | None:
+        return self.tensors.get(name)
+
+    def nbytes(self, name: str) -> int | None:
+        info = self.tensors.get(name)
+        return None if info is None else info.nbytes()
+
+
+def infer_shapes(
+    model: onnx.ModelProto,
+    dims: Mapping[str, int] = _NO_BINDINGS,
+    input_shapes: Mapping[str, Sequence[int]] = _NO_BINDINGS,
+) -> ShapeTable:
+    """Infer every top-level tensor's shape after binding the user's dims; `model` is not modified.
+
+    `dims` binds symbolic dims by name (dim_param) everywhere in the graph. `input_shapes` gives
+    whole input shapes; where an input declares a symbol, the value binds that symbol for the
+    whole graph too (batch given for `input_ids` also sizes `attention_mask`). Raises ValueError
+    for bindings that contradict the model or each other.
+    """
+    declared = _declared_symbols(model.graph)
+    bindings = _resolve_bindings(model.graph, dims, input_shapes)
+    unused = tuple(name for name in dims if name not in declared)
+
+    copy = _inference_copy(model)
+    _bind(copy.graph, bindings, input_shapes)
+    inferred, warnings = _run_inference(copy)
+
+    tensors = _collect(model.graph, inferred.graph, bindings, declared)
+    unknown = tuple(
+        reason
+        for name, info in tensors.items()
+        for reason in _unknown_dims(name, info)
+    )
+    return ShapeTable(
+        tensors=MappingProxyType(tensors),
+        unknown_dims=unknown,
+        bound_dims=MappingProxyType(dict(bindings)),
+        unused_dims=unused,
+        warnings=warnings,
+    )
+
+
+def _declared_symbols(graph: onnx.GraphProto) -> set[str]:
+    """Symbols the model itself names. onnx invents `unk__N` placeholders for anonymous dims
+    during inference; those are not in this set and are reported as anonymous."""
+    return {
+        d.dim_param
+        for vi in (*graph.input, *graph.output, *graph.value_info)
+        for d in vi.type.tensor_type.shape.dim
+        if d.HasField("dim_param") and d.dim_param
+    }
+
+
+def _declared_dims(vi: onnx.ValueInfoProto) -> list[Dim] | None:
+    tensor_type = vi.type.tensor_type
+    if not vi.type.HasField("tensor_type") or not tensor_type.HasField("shape"):
+        return None
+    return [_dim(d) for d in tensor_type.shape.dim]
+
+
+def _dim(d: onnx.TensorShapeProto.Dimension) -> Dim:
+    if d.HasField("dim_value"):
+        # A negative dim_value is malformed; treat it as unknown rather than trust it.
+        return d.dim_value if d.dim_value >= 0 else None
+    if d.HasField("dim_param") and d.dim_param:
+        return d.dim_param
+    return None
+
+
+def _resolve_bindings(
+    graph: onnx.GraphProto, dims: Mapping[str, int], input_shapes: Mapping[str, Sequence[int]]
+) -> dict[str, int]:
+    """Merge `dims` with the symbols `input_shapes` implies, refusing any contradiction: a
+    half-consistent binding would size some tensors with one batch and others with another."""
+    bindings: dict[str, int] = {}
+    for name, value in dims.items():
+        bindings[name] = _check_dim_value(value, f"dim {name!r}")
+    inputs = {vi.name: vi for vi in graph.input}
+    for input_name, shape in input_shapes.items():
+        if input_name not in inputs:
+            known = ", ".join(inputs) or "none"
+            raise ValueError(
+                f"input_shapes names {input_name!r}, which is not a graph input (inputs: {known})"
+            )
+        values = [_check_dim_value(v, f"input {input_name!r}") for v in shape]
+        declared = _declared_dims(inputs[input_name])
+        if declared is None:
+            continue
+        if len(declared) != len(values):
+            raise ValueError(
+                f"input {input_name!r} has rank {len(declared)} {_format_shape(declared)}, "
+                f"but input_shapes gives rank {len(values)} {_format_shape(values)}"
+            )
+        for index, (want, got) in enumerate(zip(declared, values)):
+            if isinstance(want, int) and want != got:
+                raise ValueError(
+                    f"input {input_name!r} dim {index} is fixed at {want} in the model, "
+                    f"but input_shapes gives {got}"
+                )
+            if isinstance(want, str):
+                if bindings.setdefault(want, got) != got:
+                    raise ValueError(
+                        f"input {input_name!r} dim {index} is {want!r}, bound to "
+                        f"{bindings[want]} elsewhere, but input_shapes gives {got}"
+                    )
+    return bindings
+
+
+def _check_dim_value(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{what}: a dim must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _format_shape(shape: Sequence[Dim]) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+def _inference_copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy with what shape inference needs and no big payloads.
+
+    Always light, not only above 2 GB: it halves peak memory on big models, and small and huge
+    models then go through the same code path.
+    """
+    copy = onnx.ModelProto(ir_version=model.ir_version)
+    copy.opset_import.extend(model.opset_import)
+    copy.functions.extend(model.functions)
+    copy.graph.CopyFrom(_light_graph(model.graph))
+    _add_missing_opset_imports(copy)
+    return copy
+
+
+def _light_graph(graph: onnx.GraphProto) -> onnx.GraphProto:
+    # Recursion here follows subgraph nesting (If inside Loop...), a handful of levels, never
+    # the node count.
+    light = onnx.GraphProto(name=graph.name)
+    light.input.extend(graph.input)
+    light.output.extend(graph.output)
+    light.value_info.extend(graph.value_info)
+    light.sparse_initializer.extend(graph.sparse_initializer)
+    light.initializer.extend(_light_tensor(t) for t in graph.initializer)
+    light.node.extend(_light_node(n) for n in graph.node)
+    return light
+
+
+_HEAVY_ATTRIBUTES = (
+    onnx.AttributeProto.TENSOR,
+    onnx.AttributeProto.GRAPH,
+    onnx.AttributeProto.GRAPHS,
+)
+
+
+def _light_node(node: onnx.NodeProto) -> onnx.NodeProto:
+    if not any(a.type in _HEAVY_ATTRIBUTES for a in node.attribute):
+        return node
+    light = onnx.NodeProto(name=node.name, op_type=node.op_type, domain=node.domain)
+    light.input.extend(node.input)
+    light.output.extend(node.output)
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.TENSOR:
+            light.attribute.add(name=attr.name, type=attr.type).t.CopyFrom(_light_tensor(attr.t))
+        elif attr.type == onnx.AttributeProto.GRAPH:
+            light.attribute.add(name=attr.name, type=attr.type).g.CopyFrom(_light_graph(attr.g))
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            new = light.attribute.add(name=attr.name, type=attr.type)
+            new.graphs.extend(_light_graph(g) for g in attr.graphs)
+        else:
+            light.attribute.append(attr)
+    return light
+
+
+def _light_tensor(tensor: TensorProto) -> TensorProto:
+    """The tensor itself when small; otherwise its name, type and dims, marked external.
+
+    Marked external rather than just emptied: an operator whose inference did read the values
+    then fails cleanly ("cannot parse external data") and its output stays unknown, instead of
+    being inferred from an empty payload.
+    """
+    if tensor.ByteSize() <= _KEEP_PAYLOAD_BYTES:
+        return tensor
+    light = TensorProto(name=tensor.name, data_type=tensor.data_type)
+    light.dims.extend(tensor.dims)
+    light.data_location = TensorProto.EXTERNAL
+    light.external_data.add(key="location", value=_STRIPPED_LOCATION)
+    return light
+
+
+def _add_missing_opset_imports(model: onnx.ModelProto) -> None:
+    """onnx's inference aborts the WHOLE model (even with strict_mode=False) on one node whose
+    custom domain has no opset import. Declaring the domain at version 1 turns that into one
+    node with unknown outputs. The default domain cannot be guessed and is left alone."""
+    imported = {op.domain for op in model.opset_import}
+    graphs = [model.graph]
+    used: set[str] = set()
+    while graphs:
+        graph = graphs.pop()
+        for node in graph.node:
+            used.add(node.domain)
+            for attr in node.attribute:
+                graphs.extend([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs)
+    for domain in sorted(used - imported - {"", "ai.onnx"}):
+        model.opset_import.add(domain=domain, version=1)
+
+
+def _bind(
+    graph: onnx.GraphProto, bindings: Mapping[str, int], input_shapes: Mapping[str, Sequence[int]]
+) -> None:
+    """Write the bindings into the (copied) graph's declared types, where inference starts."""
+    for vi in (*graph.input, *graph.output, *graph.value_info):
+        for d in vi.type.tensor_type.shape.dim:
+            if d.HasField("dim_param") and d.dim_param in bindings:
+                d.dim_value = bindings[d.dim_param]
+    for vi in graph.input:
+        if vi.name in input_shapes and vi.type.HasField("tensor_type"):
+            # Sets anonymous dims too, and gives a rank to inputs declared without a shape.
+            shape = vi.type.tensor_type.shape
+            shape.ClearField("dim")
+            for value in input_shapes[vi.name]:
+                shape.dim.add(dim_value=value)
+
+
+def _run_inference(model: onnx.ModelProto) -> tuple[onnx.ModelProto, tuple[str, ...]]:
+    """Best effort, never raising: data propagation first (it resolves Shape->Gather->Reshape
+    chains to concrete dims), then plain inference, then the declared types alone.
+
+    strict_mode stays off: in strict mode the first failing node aborts everything, whereas
+    non-strict mode just leaves that node's outputs unknown.
+    """
+    warnings: list[str] = []
+    for options in ({"data_prop": True}, {}):
+        try:
+            return onnx.shape_inference.infer_shapes(model, **options), tuple(warnings)
+        # onnx's C++ layer raises InferenceError, ValidationError, SchemaError, RuntimeError or
+        # ValueError depending on what broke; any of them only means "less is known".
+        except Exception as exc:  # noqa: BLE001
+            what = "with data propagation" if options else "without data propagation"
+            warnings.append(f"onnx shape inference failed {what}: {_first_line(exc)}")
+    return model, tuple(warnings)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:300]
+
+
+def _collect(
+    original: onnx.GraphProto,
+    inferred: onnx.GraphProto,
+    bindings: Mapping[str, int],
+    declared: set[str],
+) -> dict[str, TensorInfo]:
+    """TensorInfo per top-level name, in graph order: inputs, initializers, node outputs, outputs.
+
+    Subgraph-internal tensors are left out on purpose: the memory audit looks at the top level.
+    """
+    by_name = {vi.name: vi for vi in (*inferred.value_info, *inferred.input, *inferred.output)}
+    tensors: dict[str, TensorInfo] = {}
+    for vi in original.input:
+        tensors[vi.name] = _info(by_name.get(vi.name, vi), bindings, declared)
+    for init in original.initializer:
+        # The initializer's own dims are the truth, whatever the input declaration says.
+        tensors[init.name] = TensorInfo(init.name, init.data_type, tuple(init.dims))
+    for node in original.node:
+        for name in node.output:
+            if name and name not in tensors:
+                vi = by_name.get(name)
+                tensors[name] = (
+                    _info(vi, bindings, declared) if vi else TensorInfo(name, 0, None)
+                )
+    for vi in original.output:
+        if vi.name not in tensors:
+            tensors[vi.name] = _info(by_name.get(vi.name, vi), bindings, declared)
+    return tensors
+
+
+def _info(vi: onnx.ValueInfoProto, bindings: Mapping[str, int], declared: set[str]) -> TensorInfo:
+    if not vi.type.HasField("tensor_type"):
+        # Sequences, maps and optionals have no single size.
+        return TensorInfo(vi.name, 0, None)
+    dims = _declared_dims(vi)
+    if dims is None:
+        return TensorInfo(vi.name, vi.type.tensor_type.elem_type, None)
+    # Substituting after inference too catches symbols inference carried through untouched.
+    shape = tuple(
+        bindings.get(d, d if d in declared else None) if isinstance(d, str) else d for d in dims
+    )
+    return TensorInfo(vi.name, vi.type.tensor_type.elem_type, shape)
+
+
+def _unknown_dims(name: str, info: TensorInfo) -> list[UnknownDim]:
+    if info.shape is None:
+        return [UnknownDim(name, None, None)]
+    return [
+        UnknownDim(name, index, d if isinstance(d, str) else None)
+        for index, d in enumerate(info.shape)
+        if not isinstance(d, int)
+    ]

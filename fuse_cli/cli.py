@@ -1,0 +1,166 @@
+"""The `fuse` command line: parse, call the library, render, exit. Nothing else lives here.
+
+stdout carries results (the table, or JSON/Markdown when written to `-`); errors go to stderr as
+one line. Exit codes: 0 ok, 1 a check failed, 2 bad input or usage, 3 an internal error.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from fuse_cli import __version__, api
+from fuse_cli.config import load_config, parse_dims, parse_input_shapes, split_names
+from fuse_cli.errors import FuseError
+from fuse_cli.passes import REGISTRY, TARGETS, pipeline_for
+from fuse_cli.report.model import Report
+from fuse_cli.report.render import render_json, render_markdown, render_rich
+
+EXIT_INTERNAL = 3
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"fuse: error: {message}", err=True)
+    sys.exit(code)
+
+
+def guarded(func):
+    """One line on stderr and a meaningful exit code instead of a traceback (--debug shows it)."""
+
+    @functools.wraps(func)
+    def wrapper(*args, debug: bool = False, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except FuseError as exc:
+            if debug:
+                raise
+            _fail(str(exc), exc.exit_code)
+        except (KeyboardInterrupt, click.exceptions.Exit, click.ClickException):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the last line of defence against tracebacks
+            if debug:
+                raise
+            first = (str(exc).strip().splitlines() or [""])[0][:300]
+            _fail(f"internal error ({type(exc).__name__}: {first}); rerun with --debug for the traceback", EXIT_INTERNAL)
+
+    return wrapper
+
+
+def fusion_options(func):
+    """Options shared by every command that runs passes."""
+    options = [
+        click.option("--target", type=click.Choice(TARGETS), default=None,
+                     help="Operators the output may use: onnx (standard only, default) or an onnxruntime target."),
+        click.option("--passes", "passes", default=None, metavar="A,B", help="Run only these passes (comma-separated)."),
+        click.option("--disable", default=None, metavar="A,B", help="Skip these passes (comma-separated)."),
+        click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE",
+                     help="Bind a symbolic dimension for the memory estimate (repeatable)."),
+        click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME:1x3x224x224",
+                     help="Give an input's full shape for the memory estimate (repeatable)."),
+        click.option("--freeze-inputs", is_flag=True, default=None,
+                     help="Treat initializers listed as graph inputs as constants and drop them from the inputs."),
+        click.option("--fold-limit", type=float, default=None, metavar="MB",
+                     help="Largest tensor constant folding may create (default 64 MB)."),
+        click.option("--json", "json_path", default=None, metavar="PATH|-", help="Write the report as JSON."),
+        click.option("--markdown", "markdown_path", default=None, metavar="PATH|-", help="Write the report as Markdown."),
+        click.option("--debug", is_flag=True, help="Show tracebacks."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _config(target, passes, disable, dims, input_shapes, freeze_inputs, fold_limit):
+    base = load_config()
+    return base.with_overrides(
+        target=target,
+        passes=split_names(passes) if passes is not None else None,
+        disable=split_names(disable) if disable is not None else None,
+        dims={**base.dims, **parse_dims(dims)} if dims else None,
+        input_shapes=parse_input_shapes(input_shapes) if input_shapes else None,
+        freeze_inputs=freeze_inputs,
+        fold_limit_bytes=int(fold_limit * 2**20) if fold_limit is not None else None,
+    )
+
+
+def _emit(report: Report, json_path: str | None, markdown_path: str | None) -> None:
+    to_stdout = "-" in (json_path, markdown_path)
+    render_rich(report, Console(stderr=to_stdout, soft_wrap=False))
+    for path, text in ((json_path, render_json), (markdown_path, render_markdown)):
+        if path is None:
+            continue
+        if path == "-":
+            click.echo(text(report), nl=False)
+        else:
+            try:
+                Path(path).write_text(text(report), encoding="utf-8")
+            except OSError as exc:
+                raise FuseError(f"{path}: cannot write report ({exc.strerror or exc})") from exc
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="fuse")
+def cli() -> None:
+    """fuse: fuse ONNX operators and audit activation memory."""
+
+
+@cli.command()
+@click.argument("model")
+@click.option("-o", "--output", default=None, metavar="PATH", help="Where to write (default: <stem>.fused.onnx beside MODEL).")
+@click.option("--in-place", is_flag=True, help="Allow writing over MODEL.")
+@click.option("--external-data", is_flag=True, default=None, help="Store weights in a side .data file.")
+@fusion_options
+@guarded
+def optimize(model, output, in_place, external_data, json_path, markdown_path, **options):
+    """Fuse MODEL and write the optimized model."""
+    config = _config(**options).with_overrides(external_data=external_data)
+    result = api.optimize(model, config, output, in_place=in_place)
+    _emit(result.report, json_path, markdown_path)
+    sys.exit(result.report.exit_code)
+
+
+@cli.command()
+@click.argument("model")
+@fusion_options
+@guarded
+def report(model, json_path, markdown_path, **options):
+    """Dry run: what fusion would do to MODEL, without writing anything."""
+    result = api.optimize(model, _config(**options), dry_run=True)
+    _emit(result.report, json_path, markdown_path)
+    sys.exit(result.report.exit_code)
+
+
+@cli.command(name="passes")
+@click.option("--target", type=click.Choice(TARGETS), default="onnx", help="Show the pipeline for this target.")
+@click.option("--explain", metavar="PASS", default=None, help="Print what a pass matches and why it is exact.")
+@click.option("--debug", is_flag=True, help="Show tracebacks.")
+@guarded
+def list_passes(target, explain):
+    """List the passes, in pipeline order for a target."""
+    console = Console()
+    if explain:
+        from fuse_cli.passes.registry import resolve
+
+        (chosen,) = resolve(target, [explain])
+        console.print(f"[bold]{chosen.name}[/bold]: {chosen.description}\n", highlight=False)
+        console.print(chosen.explanation, highlight=False, markup=False)
+        return
+    from rich.table import Table
+
+    default = pipeline_for(target)
+    table = Table(title=f"Passes (target {target}; * = in the default pipeline, in run order)", title_justify="left")
+    for header in ("Pass", "Default", "Min opset", "Targets", "Description"):
+        table.add_column(header)
+    ordered = list(default) + sorted(set(REGISTRY) - set(default))
+    for name in ordered:
+        p = REGISTRY[name]
+        table.add_row(name, "*" if name in default else "", str(p.min_opset), ",".join(sorted(p.targets)), p.description)
+    console.print(table)
+
+
+def main() -> None:
+    cli()

@@ -1,0 +1,19 @@
+"""User-facing errors and the exit codes the CLI returns."""
+
+EXIT_OK = 0
+EXIT_CHECK_FAILED = 1  # the tool worked, but a check (verification, CI gate) said no
+EXIT_USAGE = 2  # bad input, bad options, unreadable or unwritable files
+
+
+class FuseError(Exception):
+    """An error whose message is fit to show a user as one line, without a traceback."""
+
+    exit_code = EXIT_USAGE
+
+
+class ModelLoadError(FuseError):
+    """The input is not a model fuse can read."""
+
+
+class UsageError(FuseError):
+    """Options or configuration that do not make sense."""

@@ -1,0 +1,1 @@
+"""Model I/O and the graph-editing primitives every pass shares."""

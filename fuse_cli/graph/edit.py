@@ -1,0 +1,245 @@
+"""The graph-editing primitives every pass shares: constness, the one safety check, the splice.
+
+Passes never touch `graph.nodes` directly. They return replacement nodes; `GraphEditor.apply`
+detaches what was matched, records the replacement to be placed where the matched root stood
+(so the node list stays topologically ordered without re-sorting), and accounts the removed
+intermediates. The node list is rebuilt once per sweep by `commit`.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from fuse_cli.errors import FuseError
+from fuse_cli.match import Match, constant_value
+
+
+@dataclass
+class Replacement:
+    """What a rewrite puts in place of a match.
+
+    `nodes` must produce every output of the matched root (same tensor objects, so consumers and
+    graph outputs keep their names). `reroute` instead maps a root output to an existing tensor
+    that already carries the same value (used by eliminations: Identity, Dropout, x*1).
+    """
+
+    nodes: list[gs.Node] = field(default_factory=list)
+    reroute: dict[gs.Tensor, gs.Tensor] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TensorShape:
+    """What the checks may rely on: dims that hold for every input shape (ints), symbolic names,
+    or None for unknown. Checks must never depend on dims a user bound for the memory estimate."""
+
+    dims: tuple[int | str | None, ...]
+
+    @property
+    def rank(self) -> int:
+        return len(self.dims)
+
+    def static(self, axis: int) -> int | None:
+        dim = self.dims[axis]
+        return dim if isinstance(dim, int) else None
+
+
+class GraphEditor:
+    """Owns one gs.Graph for the length of a pipeline run."""
+
+    def __init__(self, graph: gs.Graph, *, opset: int, shapes: Mapping[str, tuple | None],
+                 dtypes: Mapping[str, int], input_defaults: Iterable[str] = (),
+                 fold_limit_bytes: int = 64 * 2**20):
+        self.graph = graph
+        self.opset = opset
+        self.fold_limit_bytes = fold_limit_bytes
+        self._shapes = shapes
+        self._dtypes = dtypes
+        self.input_defaults = frozenset(input_defaults)
+        self._names = {n.name for n in graph.nodes} | set(graph.tensors().keys())
+        self._replacements: dict[int, list[gs.Node]] = {}
+        self._removed: set[int] = set()
+        self.graph_outputs: set[int] = {id(t) for t in graph.outputs}
+
+    # ---- facts about tensors -------------------------------------------------------------
+    def shape(self, tensor: gs.Tensor | None) -> TensorShape | None:
+        if tensor is None:
+            return None
+        if isinstance(tensor, gs.Constant):
+            return TensorShape(tuple(int(d) for d in tensor.shape))
+        dims = tensor.shape if tensor.shape is not None else self._shapes.get(tensor.name)
+        if dims is None:
+            return None
+        return TensorShape(tuple(d if isinstance(d, (int, str)) and d != -1 else None for d in dims))
+
+    def dtype(self, tensor: gs.Tensor | None) -> np.dtype | None:
+        if tensor is None:
+            return None
+        if isinstance(tensor, gs.Constant):
+            return tensor.values.dtype
+        if tensor.dtype is not None:
+            return np.dtype(tensor.dtype) if not isinstance(tensor.dtype, int) else _np_dtype(tensor.dtype)
+        elem = self._dtypes.get(tensor.name)
+        return _np_dtype(elem) if elem else None
+
+    def is_graph_output(self, tensor: gs.Tensor) -> bool:
+        return id(tensor) in self.graph_outputs
+
+    def not_constant_reason(self, tensor: gs.Tensor | None, role: str, node: gs.Node) -> str | None:
+        """None if `tensor` is a constant, else why not, with the hint a user needs."""
+        if tensor is None or constant_value(tensor) is not None:
+            return None
+        where = f"{node.name}'s {role} {tensor.name!r}"
+        if tensor.name in self.input_defaults:
+            return (f"{where} is a graph input with a default initializer (callers may override it): "
+                    "pass --freeze-inputs to treat it as a constant")
+        if not tensor.inputs:
+            return f"{where} is a graph input, not a constant"
+        return f"{where} is computed at run time by {tensor.inputs[0].name}"
+
+    # ---- the one safety check ------------------------------------------------------------
+    def replace_reason(self, m: Match) -> str | None:
+        """May the matched nodes be replaced? Every intermediate (an output of a non-root node)
+        must be read only inside the match and must not be a graph output; constants must be
+        constants. Returns None or the reason in plain words."""
+        covered = {id(n) for n in m.covered}
+        for node in m.covered:
+            if node is m.root:
+                continue
+            for out in node.outputs:
+                if self.is_graph_output(out):
+                    return f"{node.name}'s output {out.name!r} is a graph output"
+                for consumer in out.outputs:
+                    if id(consumer) not in covered:
+                        return f"{node.name}'s output {out.name!r} is also read by {consumer.name or consumer.op}"
+        for var_name, consumer in m.const_vars:
+            reason = self.not_constant_reason(m.tensors[var_name], var_name, consumer)
+            if reason:
+                return reason
+        return None
+
+    def reroute_reason(self, old: gs.Tensor, new: gs.Tensor) -> str | None:
+        """Can every reader of `old` read `new` instead? Only a problem when `old` is a graph
+        output: its name must survive, so `new` takes that name, which needs `new` to be a
+        node output that is not itself a graph output."""
+        if not self.is_graph_output(old):
+            return None
+        if not isinstance(new, gs.Variable) or not new.inputs:
+            return f"{old.name!r} is a graph output fed directly by {new.name!r}, which is a graph input or constant"
+        if self.is_graph_output(new):
+            return f"both {old.name!r} and {new.name!r} are graph outputs"
+        return None
+
+    # ---- building and splicing -----------------------------------------------------------
+    def unique_name(self, base: str) -> str:
+        name, i = base, 1
+        while name in self._names:
+            name, i = f"{base}_{i}", i + 1
+        self._names.add(name)
+        return name
+
+    def constant(self, base: str, values: np.ndarray) -> gs.Constant:
+        return gs.Constant(self.unique_name(base), np.ascontiguousarray(values))
+
+    def variable(self, base: str, like: gs.Tensor | None = None) -> gs.Variable:
+        dtype = self.dtype(like) if like is not None else None
+        return gs.Variable(self.unique_name(base), dtype=dtype)
+
+    def is_removed(self, node: gs.Node) -> bool:
+        return id(node) in self._removed
+
+    def apply(self, m: Match, replacement: Replacement) -> list[str]:
+        """Splice `replacement` in for the match; returns the names of the removed intermediates."""
+        removed = [out.name for n in m.covered if n is not m.root for out in n.outputs]
+        for old, new in replacement.reroute.items():
+            # A graph output keeps its name: `new` takes it, so the name that vanishes is new's.
+            removed.append(new.name if self.is_graph_output(old) else old.name)
+            self._reroute(old, new)
+        for node in m.covered:
+            node.inputs.clear()
+            node.outputs.clear()
+            self._removed.add(id(node))
+        self._replacements[id(m.root)] = replacement.nodes
+        return removed
+
+    def _reroute(self, old: gs.Tensor, new: gs.Tensor) -> None:
+        for consumer in list(old.outputs):
+            for i, tensor in enumerate(consumer.inputs):
+                if tensor is old:
+                    consumer.inputs[i] = new
+        if self.is_graph_output(old):
+            index = next(i for i, t in enumerate(self.graph.outputs) if t is old)
+            new.name, old.name = old.name, old.name + "__replaced"
+            new.dtype, new.shape = old.dtype or new.dtype, old.shape or new.shape
+            self.graph.outputs[index] = new
+            self.graph_outputs = {id(t) for t in self.graph.outputs}
+
+    def commit(self) -> None:
+        """Rebuild the node list once: replacements stand where their root stood."""
+        if not self._replacements and not self._removed:
+            return
+        nodes: list[gs.Node] = []
+        for node in self.graph.nodes:
+            if id(node) in self._replacements:
+                nodes.extend(self._replacements[id(node)])
+            elif id(node) not in self._removed:
+                nodes.append(node)
+        self.graph.nodes = nodes
+        self._replacements.clear()
+        self._removed.clear()
+
+
+def _np_dtype(elem_type: int) -> np.dtype | None:
+    try:
+        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def toposort(graph: gs.Graph) -> None:
+    """Sort nodes topologically, keeping the stored order among ready nodes. Iterative (Kahn):
+    graphsurgeon's recursive sort overflows the stack on long chains stored out of order."""
+    nodes = list(graph.nodes)
+    position = {id(n): i for i, n in enumerate(nodes)}
+    waiting = {id(n): 0 for n in nodes}
+    readers: dict[int, list[gs.Node]] = {id(n): [] for n in nodes}
+    for node in nodes:
+        producers = {id(t.inputs[0]) for t in _reads(node) if t.inputs and id(t.inputs[0]) in position}
+        producers.discard(id(node))
+        waiting[id(node)] = len(producers)
+        for p in producers:
+            readers[p].append(node)
+    ready = [(position[id(n)], id(n)) for n in nodes if waiting[id(n)] == 0]
+    heapq.heapify(ready)
+    by_id = {id(n): n for n in nodes}
+    ordered: list[gs.Node] = []
+    while ready:
+        _, nid = heapq.heappop(ready)
+        ordered.append(by_id[nid])
+        for reader in readers[nid]:
+            waiting[id(reader)] -= 1
+            if waiting[id(reader)] == 0:
+                heapq.heappush(ready, (position[id(reader)], id(reader)))
+    if len(ordered) != len(nodes):
+        stuck = next(n for n in nodes if waiting[id(n)] > 0)
+        raise FuseError(f"invalid graph: it has a cycle through node {stuck.name or stuck.op!r}")
+    graph.nodes = ordered
+
+
+def _reads(node: gs.Node) -> Iterable[gs.Tensor]:
+    """A node's inputs plus the outer-scope tensors its subgraphs read."""
+    yield from node.inputs
+    for value in node.attrs.values():
+        for sub in value if isinstance(value, list) else [value]:
+            if isinstance(sub, gs.Graph):
+                inner_nodes = {id(n) for n in sub.nodes}
+                for inner in sub.nodes:
+                    for t in _reads(inner):
+                        if t.inputs and id(t.inputs[0]) not in inner_nodes:
+                            yield t
+

@@ -1,0 +1,272 @@
+"""Reading and writing model files without losing anything a user relies on.
+
+What must survive a round trip: graph input/output names, dtypes and shapes, the IR version (onnx
+1.23 helpers stamp IR 14 while onnxruntime 1.31 accepts <= 13), opset imports, metadata, doc
+strings and model-local functions. The approach: passes edit only the graph, and `assemble_model`
+puts the optimized graph back into a copy of the original ModelProto shell.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnx
+from google.protobuf.message import DecodeError
+
+from fuse_cli import __version__
+from fuse_cli.errors import FuseError, ModelLoadError
+
+# protobuf refuses to serialize a message of 2 GiB or more; leave headroom for the graph itself.
+PROTOBUF_LIMIT_BYTES = 2**31 - 1
+INLINE_SAVE_LIMIT_BYTES = 1_800_000_000
+
+
+@dataclass
+class LoadedModel:
+    """A parsed model plus what was set aside so the passes see only true constants.
+
+    `input_defaults` holds initializers that are also graph inputs (IR >= 4): a caller may feed
+    them, so they are defaults, not constants. They are kept out of the graph the passes see and
+    put back on save.
+    """
+
+    path: Path
+    model: onnx.ModelProto
+    input_defaults: dict[str, onnx.TensorProto] = field(default_factory=dict)
+    file_bytes: int = 0
+
+
+def load_model(path: str | os.PathLike, *, freeze_inputs: bool = False) -> LoadedModel:
+    """Parse and sanity-check a model file; every failure is a one-line ModelLoadError."""
+    path = Path(path)
+    if not path.exists():
+        raise ModelLoadError(f"{path}: no such file")
+    if path.is_dir():
+        raise ModelLoadError(f"{path}: is a directory, not an ONNX file")
+    size = path.stat().st_size
+    if size == 0:
+        raise ModelLoadError(f"{path}: file is empty")
+    try:
+        model = onnx.load_model(str(path), load_external_data=False)
+    except (DecodeError, RuntimeError, ValueError, OSError) as exc:
+        raise ModelLoadError(f"{path}: not a readable ONNX model ({_first_line(exc)})") from exc
+    if not model.HasField("graph") or (not model.graph.node and not model.graph.output):
+        raise ModelLoadError(f"{path}: not an ONNX model (no graph found)")
+    _check_external_data_locations(model, path.parent)
+    try:
+        onnx.load_external_data_for_model(model, str(path.parent))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{path}: cannot read external data ({_first_line(exc)})") from exc
+    _check_opsets(model, path)
+    _check_graph_wiring(model.graph, path)
+    loaded = LoadedModel(path=path, model=model, file_bytes=size)
+    _separate_initializer_inputs(loaded, freeze_inputs)
+    return loaded
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:200]
+
+
+def _check_external_data_locations(model: onnx.ModelProto, base_dir: Path) -> None:
+    """Refuse external-data paths that leave the model's folder: a model file must not make us read
+    arbitrary files (`../../etc/passwd`, absolute paths, symlinks pointing elsewhere)."""
+    base = base_dir.resolve()
+    for tensor in _all_initializers(model):
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+        if not location or os.path.isabs(location):
+            raise ModelLoadError(f"external data of {tensor.name!r} has an absolute or empty location: refused")
+        target = (base / location).resolve()
+        if base != target and base not in target.parents:
+            raise ModelLoadError(f"external data of {tensor.name!r} points outside the model's folder: refused")
+
+
+def _all_initializers(model: onnx.ModelProto):
+    def walk(graph: onnx.GraphProto):
+        yield from graph.initializer
+        for node in graph.node:
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    yield from walk(attr.g)
+                elif attr.type == onnx.AttributeProto.GRAPHS:
+                    for sub in attr.graphs:
+                        yield from walk(sub)
+
+    return walk(model.graph)
+
+
+def _check_opsets(model: onnx.ModelProto, path: Path) -> None:
+    known = onnx.defs.onnx_opset_version()
+    for opset in model.opset_import:
+        if opset.domain in ("", "ai.onnx") and opset.version > known:
+            raise ModelLoadError(
+                f"{path}: model uses ONNX opset {opset.version}, newer than the installed onnx "
+                f"{onnx.__version__} knows (up to {known}); upgrade onnx"
+            )
+    if model.ir_version > onnx.IR_VERSION:
+        raise ModelLoadError(
+            f"{path}: IR version {model.ir_version} is newer than the installed onnx supports ({onnx.IR_VERSION})"
+        )
+
+
+def _check_graph_wiring(graph: onnx.GraphProto, path: Path) -> None:
+    """Every tensor a top-level node reads must be produced somewhere, and produced once."""
+    produced = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    produced |= {t.values.name for t in graph.sparse_initializer}
+    for node in graph.node:
+        for out in node.output:
+            if not out:
+                continue
+            if out in produced:
+                raise ModelLoadError(f"{path}: invalid graph: tensor {out!r} is produced twice")
+            produced.add(out)
+    for node in graph.node:
+        for name in node.input:
+            if name and name not in produced:
+                label = node.name or node.op_type
+                raise ModelLoadError(f"{path}: invalid graph: node {label!r} reads {name!r}, which nothing produces")
+    for out in graph.output:
+        if out.name not in produced:
+            raise ModelLoadError(f"{path}: invalid graph: graph output {out.name!r} is never produced")
+
+
+def _separate_initializer_inputs(loaded: LoadedModel, freeze_inputs: bool) -> None:
+    """Apply the ONNX IR rules for initializers that are also listed as graph inputs.
+
+    IR >= 4: they are defaults a caller may override, so not constants; set them aside (the
+    passes then see plain graph inputs) unless the user froze them, which removes them from the
+    inputs. IR < 4: the format lists every initializer as an input, and they are constants; drop
+    them from the inputs here and list them again on save.
+    """
+    graph = loaded.model.graph
+    initializer_names = {t.name for t in graph.initializer}
+    listed = [i for i in graph.input if i.name in initializer_names]
+    if not listed:
+        return
+    if loaded.model.ir_version >= 4 and not freeze_inputs:
+        keep = {i.name for i in listed}
+        loaded.input_defaults = {t.name: t for t in graph.initializer if t.name in keep}
+        remaining = [t for t in graph.initializer if t.name not in keep]
+        del graph.initializer[:]
+        graph.initializer.extend(remaining)
+        return
+    inputs = [i for i in graph.input if i.name not in initializer_names]
+    del graph.input[:]
+    graph.input.extend(inputs)
+
+
+def assemble_model(original: LoadedModel, optimized_graph: onnx.GraphProto, provenance: str) -> onnx.ModelProto:
+    """The original model's shell (IR version, opsets, metadata, functions) around the new graph."""
+    model = _shell_of(original.model)
+    model.graph.CopyFrom(optimized_graph)
+    graph = model.graph
+    used = _tensor_names_read(graph)
+    for name, tensor in original.input_defaults.items():
+        if name in used or name in {o.name for o in graph.output}:
+            graph.initializer.append(tensor)
+    if model.ir_version < 4:
+        # Below IR 4 every initializer must also be listed as a graph input.
+        listed = {i.name for i in graph.input}
+        for tensor in graph.initializer:
+            if tensor.name not in listed:
+                graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims)))
+    _record_provenance(model, original.model, provenance)
+    return model
+
+
+def _shell_of(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Every field of the model but its graph (copying the graph would copy every weight)."""
+    shell = onnx.ModelProto()
+    for descriptor, value in model.ListFields():
+        if descriptor.name == "graph":
+            continue
+        if descriptor.is_repeated:
+            getattr(shell, descriptor.name).extend(value)
+        elif descriptor.type == descriptor.TYPE_MESSAGE:
+            getattr(shell, descriptor.name).CopyFrom(value)
+        else:
+            setattr(shell, descriptor.name, value)
+    return shell
+
+
+def _tensor_names_read(graph: onnx.GraphProto) -> set[str]:
+    names: set[str] = set()
+    for node in graph.node:
+        names.update(node.input)
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                names |= _tensor_names_read(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    names |= _tensor_names_read(sub)
+    return names
+
+
+def _record_provenance(model: onnx.ModelProto, original: onnx.ModelProto, provenance: str) -> None:
+    """Name fuse as the producer and keep the original producer in the metadata (set once, so a
+    second optimization does not overwrite the exporter's name with fuse's)."""
+    props = {p.key: p.value for p in model.metadata_props}
+    if "original_producer_name" not in props and original.producer_name != "fuse":
+        onnx.helper.set_model_props(
+            model,
+            {**props, "original_producer_name": original.producer_name,
+             "original_producer_version": original.producer_version},
+        )
+        props = {p.key: p.value for p in model.metadata_props}
+    onnx.helper.set_model_props(model, {**props, "fuse": provenance})
+    model.producer_name = "fuse"
+    model.producer_version = __version__
+
+
+def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, external_data: bool | None = None) -> list[Path]:
+    """Write atomically (temp file + rename) and return the paths written.
+
+    external_data: True forces a side `.data` file, None picks it when the model would not fit
+    protobuf's 2 GB limit inline.
+    """
+    path = Path(path)
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise FuseError(f"{path}: output folder {folder} does not exist")
+    if external_data is None:
+        external_data = _tensor_bytes(model) > INLINE_SAVE_LIMIT_BYTES
+    written: list[Path] = []
+    tmp_dir = _make_temp_dir(folder, path)
+    try:
+        tmp_model = Path(tmp_dir) / path.name
+        if external_data:
+            data_name = path.name + ".data"
+            onnx.save_model(model, str(tmp_model), save_as_external_data=True, all_tensors_to_one_file=True,
+                            location=data_name, size_threshold=1024)
+            os.replace(Path(tmp_dir) / data_name, folder / data_name)
+            written.append(folder / data_name)
+        else:
+            onnx.save_model(model, str(tmp_model))
+        os.replace(tmp_model, path)
+        written.insert(0, path)
+    except OSError as exc:
+        raise FuseError(f"{path}: cannot write output ({_first_line(exc)})") from exc
+    except ValueError as exc:
+        raise FuseError(f"{path}: cannot serialize model ({_first_line(exc)}); try --external-data") from exc
+    finally:
+        for leftover in Path(tmp_dir).glob("*"):
+            leftover.unlink()
+        os.rmdir(tmp_dir)
+    return written
+
+
+def _make_temp_dir(folder: Path, path: Path) -> str:
+    try:
+        return tempfile.mkdtemp(prefix=f".{path.name}.", dir=folder)
+    except OSError as exc:
+        raise FuseError(f"{path}: cannot write to {folder} ({_first_line(exc)})") from exc
+
+
+def _tensor_bytes(model: onnx.ModelProto) -> int:
+    return sum(len(t.raw_data) or t.ByteSize() for t in _all_initializers(model))

@@ -1,0 +1,207 @@
+"""A small declarative subgraph matcher over onnx-graphsurgeon graphs.
+
+A pattern reads like the expression it matches, written from the output backwards:
+
+    conv = Op(("Conv", "ConvTranspose"), Var("x"), Var("w", const=True), Var("b", optional=True), name="conv")
+    PATTERN = Op("BatchNormalization", conv, Var("scale", const=True), ..., name="bn")
+
+Each element matches a tensor: `Var` any tensor (the same name twice must be the same tensor),
+`Op` a tensor produced by a node of that type, `Alt` any of several patterns, `Const` a constant
+whose value satisfies a predicate. Binary Add/Mul are tried in both input orders. Matching
+yields every way the pattern fits, so alternatives backtrack naturally; structural failure is
+silent (not the pattern), while preconditions that fail after a structural match are near-misses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Union
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+COMMUTATIVE_OPS = frozenset({"Add", "Mul", "Max", "Min", "Sum", "Equal", "And", "Or", "Xor"})
+
+Pattern = Union["Op", "Var", "Alt", "Const"]
+
+
+@dataclass(frozen=True)
+class Var:
+    """Any tensor. `const=True` asks the engine to require a constant (with a near-miss if not);
+    `optional=True` also matches a missing trailing input (bound to None)."""
+
+    name: str
+    const: bool = False
+    optional: bool = False
+
+
+@dataclass(frozen=True)
+class Const:
+    """A constant tensor whose value satisfies `test` (e.g. "is 0.5"); optionally captured."""
+
+    test: Callable[[np.ndarray], bool]
+    name: str | None = None
+
+
+@dataclass(frozen=True)
+class Op:
+    """A tensor produced (as output `output`) by a node of `op_type` whose inputs match `inputs`."""
+
+    op_type: str | tuple[str, ...]
+    inputs: tuple[Pattern, ...]
+    name: str | None = None
+    domain: str = ""
+    output: int = 0
+
+    def __init__(self, op_type, *inputs: Pattern, name: str | None = None, domain: str = "", output: int = 0):
+        object.__setattr__(self, "op_type", op_type)
+        object.__setattr__(self, "inputs", tuple(inputs))
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "domain", domain)
+        object.__setattr__(self, "output", output)
+
+    @property
+    def op_types(self) -> tuple[str, ...]:
+        return (self.op_type,) if isinstance(self.op_type, str) else tuple(self.op_type)
+
+
+@dataclass(frozen=True)
+class Alt:
+    """The first of several alternative patterns that fits (all are tried on backtracking)."""
+
+    options: tuple[Pattern, ...]
+
+    def __init__(self, *options: Pattern):
+        object.__setattr__(self, "options", tuple(options))
+
+
+@dataclass
+class Match:
+    """One way a pattern fits: captured nodes and tensors, and every node it covers (root first)."""
+
+    root: gs.Node
+    nodes: dict[str, gs.Node] = field(default_factory=dict)
+    tensors: dict[str, gs.Tensor | None] = field(default_factory=dict)
+    covered: list[gs.Node] = field(default_factory=list)
+    const_vars: list[tuple[str, gs.Node]] = field(default_factory=list)
+
+    def node(self, name: str) -> gs.Node:
+        return self.nodes[name]
+
+    def tensor(self, name: str) -> gs.Tensor | None:
+        return self.tensors.get(name)
+
+    def copy(self) -> Match:
+        return Match(self.root, dict(self.nodes), dict(self.tensors), list(self.covered), list(self.const_vars))
+
+
+def constant_value(tensor: gs.Tensor | None) -> np.ndarray | None:
+    """The value of a tensor known before run time: an initializer or a Constant node's output."""
+    if isinstance(tensor, gs.Constant):
+        return tensor.values
+    if isinstance(tensor, gs.Variable) and len(tensor.inputs) == 1:
+        producer = tensor.inputs[0]
+        if producer.op == "Constant" and producer.domain in ("", "ai.onnx") and "value" in producer.attrs:
+            value = producer.attrs["value"]
+            return value.values if isinstance(value, gs.Constant) else np.asarray(value)
+    return None
+
+
+def producer_of(tensor: gs.Tensor) -> gs.Node | None:
+    return tensor.inputs[0] if len(tensor.inputs) == 1 else None
+
+
+def match_root(pattern: Op, node: gs.Node) -> Iterator[Match]:
+    """Every way `pattern` fits with `node` as its root (the node producing the pattern's value)."""
+    yield from _match_node(pattern, node, Match(root=node))
+
+
+def _match_node(pattern: Op, node: gs.Node, m: Match) -> Iterator[Match]:
+    if node.op not in pattern.op_types or (node.domain or "") != pattern.domain:
+        return
+    if any(node is seen for seen in m.covered):
+        return
+    inputs = list(node.inputs)
+    while inputs and _is_missing(inputs[-1]):
+        inputs.pop()
+    required = len(pattern.inputs) - sum(1 for p in reversed(pattern.inputs) if _is_optional(p))
+    if not required <= len(inputs) <= len(pattern.inputs):
+        return
+    m = m.copy()
+    m.covered.append(node)
+    if pattern.name:
+        m.nodes[pattern.name] = node
+    orders = [inputs]
+    if node.op in COMMUTATIVE_OPS and len(inputs) == 2:
+        orders.append(inputs[::-1])
+    for ordered in orders:
+        padded = ordered + [None] * (len(pattern.inputs) - len(ordered))
+        yield from _match_inputs(pattern.inputs, padded, node, m)
+
+
+def _match_inputs(patterns, tensors, node: gs.Node, m: Match) -> Iterator[Match]:
+    if not patterns:
+        yield m
+        return
+    for partial in _match_tensor(patterns[0], tensors[0], node, m):
+        yield from _match_inputs(patterns[1:], tensors[1:], node, partial)
+
+
+def _match_tensor(pattern: Pattern, tensor: gs.Tensor | None, consumer: gs.Node, m: Match) -> Iterator[Match]:
+    if isinstance(pattern, Var):
+        if tensor is None or _is_missing(tensor):
+            if pattern.optional:
+                m = m.copy()
+                m.tensors[pattern.name] = None
+                yield m
+            return
+        bound = m.tensors.get(pattern.name, tensor)
+        if bound is not tensor:
+            return
+        m = m.copy()
+        m.tensors[pattern.name] = tensor
+        if pattern.const:
+            m.const_vars.append((pattern.name, consumer))
+        yield m
+    elif isinstance(pattern, Const):
+        value = constant_value(tensor)
+        if value is not None and pattern.test(value):
+            m = m.copy()
+            if pattern.name:
+                m.tensors[pattern.name] = tensor
+            yield m
+    elif isinstance(pattern, Alt):
+        for option in pattern.options:
+            yield from _match_tensor(option, tensor, consumer, m)
+    elif isinstance(pattern, Op):
+        if tensor is None or _is_missing(tensor):
+            return
+        producer = producer_of(tensor)
+        if producer is None or len(producer.outputs) <= pattern.output or producer.outputs[pattern.output] is not tensor:
+            return
+        yield from _match_node(pattern, producer, m)
+    else:  # pragma: no cover - a programming error in a pattern
+        raise TypeError(f"not a pattern element: {pattern!r}")
+
+
+def _is_missing(tensor: gs.Tensor | None) -> bool:
+    return tensor is None or (isinstance(tensor, gs.Variable) and tensor.name == "" and not tensor.inputs)
+
+
+def _is_optional(pattern: Pattern) -> bool:
+    return isinstance(pattern, Var) and pattern.optional
+
+
+def scalar_close(expected: float, rtol: float = 1e-6) -> Callable[[np.ndarray], bool]:
+    """A Const test: a single value (any shape with one element) equal to `expected`."""
+
+    def test(value: np.ndarray) -> bool:
+        return value.size == 1 and bool(np.isclose(float(value.reshape(-1)[0]), expected, rtol=rtol, atol=0))
+
+    return test
+
+
+def bindings_summary(m: Match) -> Mapping[str, str]:
+    """Names of what a match captured, for debugging and explanations."""
+    return {k: (v.name if v is not None else "<none>") for k, v in {**m.nodes, **m.tensors}.items()}

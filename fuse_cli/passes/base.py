@@ -1,0 +1,51 @@
+"""What a pass is: a declarative pattern with a precondition and a rewrite, or (rarely) a
+whole-graph transformation such as constant folding."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from fuse_cli.graph.edit import GraphEditor, Replacement
+from fuse_cli.match import Match, Op
+
+ALL_TARGETS = frozenset({"onnx", "ort", "ort-cpu", "ort-cuda"})
+
+
+class Pass:
+    """Common declaration: a stable kebab-case name, a one-line description, the targets it may
+    emit for, and the opset its output needs."""
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    targets: ClassVar[frozenset[str]] = ALL_TARGETS
+    min_opset: ClassVar[int] = 1
+
+    @property
+    def explanation(self) -> str:
+        """The docstring: the math and a picture of the matched subgraph."""
+        return (type(self).__doc__ or self.description).strip()
+
+
+class PatternPass(Pass):
+    """pattern + check + rewrite. The engine matches, applies the shared safety check
+    (`GraphEditor.replace_reason`), then `check`, then `rewrite`, and does the splicing and the
+    memory accounting. `check` is the only place a pass declines; `rewrite` never does."""
+
+    label: ClassVar[str]
+    pattern: ClassVar[Op]
+
+    def check(self, m: Match, g: GraphEditor) -> str | None:
+        return None
+
+    def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
+        raise NotImplementedError
+
+
+class GraphPass(Pass):
+    """A transformation over the whole graph; returns the records of what it did."""
+
+    label: ClassVar[str]
+
+    def run(self, g: GraphEditor) -> list[tuple[list[str], list[str], list[str]]]:
+        """Returns (replaced node names, created node names, removed tensor names) per change."""
+        raise NotImplementedError

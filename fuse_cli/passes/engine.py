@@ -1,0 +1,82 @@
+"""Runs passes to a fixpoint and keeps the books: what fused, what nearly did, and why not."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from fuse_cli.graph.edit import GraphEditor
+from fuse_cli.match import match_root
+from fuse_cli.passes.base import GraphPass, Pass, PatternPass
+from fuse_cli.report.model import FusionRecord, NearMiss, RemovedTensor
+
+MAX_ROUNDS = 8
+
+SizeOf = Callable[[str], "int | None"]
+
+
+def run_pipeline(g: GraphEditor, passes: Sequence[Pass], size_of: SizeOf) -> tuple[list[FusionRecord], list[NearMiss]]:
+    """Repeat the pipeline until a round changes nothing. The near-misses reported are those of
+    that last, quiet round: they describe the final graph, not states that later rounds fixed."""
+    fusions: list[FusionRecord] = []
+    near_misses: list[NearMiss] = []
+    for _ in range(MAX_ROUNDS):
+        near_misses = []
+        changed = False
+        for p in passes:
+            made, missed = _run_pass(p, g, size_of)
+            fusions += made
+            near_misses += missed
+            changed |= bool(made)
+        if not changed:
+            break
+    return fusions, near_misses
+
+
+def _run_pass(p: Pass, g: GraphEditor, size_of: SizeOf) -> tuple[list[FusionRecord], list[NearMiss]]:
+    if isinstance(p, GraphPass):
+        return [_record(p, p.label, replaced, created, removed, size_of)
+                for replaced, created, removed in p.run(g)], []
+    assert isinstance(p, PatternPass)
+    return _sweep(p, g, size_of)
+
+
+def _sweep(p: PatternPass, g: GraphEditor, size_of: SizeOf) -> tuple[list[FusionRecord], list[NearMiss]]:
+    made: list[FusionRecord] = []
+    missed: list[NearMiss] = []
+    root_ops = set(p.pattern.op_types)
+    for node in list(g.graph.nodes):
+        if node.op not in root_ops or g.is_removed(node):
+            continue
+        first_miss: NearMiss | None = None
+        for m in match_root(p.pattern, node):
+            reason = g.replace_reason(m) or p.check(m, g) or _opset_reason(p, g)
+            if reason:
+                first_miss = first_miss or NearMiss(p.name, p.label, tuple(n.name for n in reversed(m.covered)), reason)
+                continue
+            replacement = p.rewrite(m, g)
+            replaced = [n.name for n in reversed(m.covered)]
+            removed = g.apply(m, replacement)
+            made.append(_record(p, p.label, replaced, [n.name for n in replacement.nodes], removed, size_of))
+            first_miss = None
+            break
+        if first_miss:
+            missed.append(first_miss)
+    g.commit()
+    return made, missed
+
+
+def _opset_reason(p: Pass, g: GraphEditor) -> str | None:
+    if g.opset >= p.min_opset:
+        return None
+    return (f"the fused operator needs opset {p.min_opset}, the model has opset {g.opset}: "
+            f"pass --upgrade-opset {p.min_opset} to convert the model first")
+
+
+def _record(p: Pass, label: str, replaced, created, removed, size_of: SizeOf) -> FusionRecord:
+    return FusionRecord(
+        pass_name=p.name,
+        pattern=label,
+        replaced=tuple(replaced),
+        created=tuple(created),
+        removed=tuple(RemovedTensor(name, size_of(name)) for name in removed),
+    )

@@ -1,0 +1,65 @@
+"""MatMul followed by the Add of a constant bias becomes one Gemm (rank-2 activations)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from fuse_cli.graph.edit import GraphEditor, Replacement
+from fuse_cli.match import Match, Op, Var, constant_value
+from fuse_cli.passes.base import PatternPass
+from fuse_cli.passes.registry import register
+
+GEMM_DTYPES = (np.float16, np.float32, np.float64)
+
+
+@register
+class FuseMatMulAddIntoGemm(PatternPass):
+    """x[M,K] ── MatMul(W[K,N]) ── Add(bias) ── y   =>   x ── Gemm(W, bias) ── y
+
+    Exact when x and W are rank 2 and the bias broadcasts over the last dimension only
+    (shape [], [1], [N], [1,1] or [1,N]): then Gemm's C broadcasting gives the same [M,N]
+    result. Add operands in either order (torch writes Add(bias, MatMul) for Linear layers).
+    """
+
+    name = "matmul-add"
+    description = "Fuse MatMul + constant bias Add into Gemm (rank-2 activations)"
+    label = "MatMul + Add (bias) -> Gemm"
+    min_opset = 7  # Gemm's C broadcasts unidirectionally from opset 7
+    pattern = Op("Add", Op("MatMul", Var("x"), Var("w", const=True), name="matmul"), Var("bias", const=True), name="add")
+
+    def check(self, m: Match, g: GraphEditor) -> str | None:
+        matmul = m.node("matmul")
+        x_shape = g.shape(m.tensor("x"))
+        w = constant_value(m.tensor("w"))
+        bias = constant_value(m.tensor("bias"))
+        if x_shape is None:
+            return f"{matmul.name}'s input rank is unknown (Gemm needs a rank-2 activation)"
+        if x_shape.rank != 2:
+            return (f"{matmul.name}'s activation has rank {x_shape.rank}: Gemm takes rank-2 inputs "
+                    "(transformer Linear layers keep MatMul + Add)")
+        if w.ndim != 2:
+            return f"{matmul.name}'s weight has rank {w.ndim}, Gemm needs rank 2"
+        if w.dtype.type not in GEMM_DTYPES:
+            return f"{matmul.name} computes in {w.dtype}; Gemm is used for float types only"
+        n = w.shape[1]
+        if bias.dtype != w.dtype:
+            return f"the bias dtype {bias.dtype} differs from the weight dtype {w.dtype}"
+        if not _broadcasts_over_last_dim(bias.shape, n):
+            return f"the bias of shape {list(bias.shape)} does not broadcast over the last dimension [{n}] alone"
+        return None
+
+    def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
+        matmul, add = m.node("matmul"), m.node("add")
+        bias = m.tensor("bias")
+        gemm = gs.Node(op="Gemm", name=g.unique_name(f"{matmul.name}_gemm"), attrs={},
+                       inputs=[m.tensor("x"), m.tensor("w"), bias], outputs=[add.outputs[0]])
+        return Replacement(nodes=[gemm])
+
+
+def _broadcasts_over_last_dim(shape: tuple[int, ...], n: int) -> bool:
+    if len(shape) > 2:
+        return False
+    if len(shape) == 2 and shape[0] != 1:
+        return False
+    return not shape or shape[-1] in (1, n)

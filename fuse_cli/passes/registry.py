@@ -1,0 +1,71 @@
+"""The pass registry and the explicit pipelines, readable top to bottom.
+
+Order matters and is part of the design: constants are folded first so weights built by
+ConstantOfShape/Constant nodes become foldable; eliminations come before fusions so an Identity
+between Conv and BatchNormalization does not block the fold.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+from fuse_cli.errors import UsageError
+from fuse_cli.passes.base import Pass
+
+REGISTRY: dict[str, Pass] = {}
+
+TARGETS = ("onnx", "ort", "ort-cpu", "ort-cuda")
+
+DEFAULT_PIPELINE: tuple[str, ...] = (
+    "fold-constants",
+    "eliminate-identity",
+    "eliminate-dropout",
+    "conv-bn",
+    "matmul-add",
+)
+
+
+def register(cls: type[Pass]) -> type[Pass]:
+    instance = cls()
+    if instance.name in REGISTRY:
+        raise RuntimeError(f"pass {instance.name!r} registered twice")
+    REGISTRY[instance.name] = instance
+    return cls
+
+
+def pipeline_for(target: str) -> tuple[str, ...]:
+    _check_target(target)
+    return tuple(name for name in DEFAULT_PIPELINE if target in REGISTRY[name].targets)
+
+
+def resolve(target: str, passes: Iterable[str] | None = None, disable: Iterable[str] = ()) -> list[Pass]:
+    """The passes to run, in pipeline order. Unknown names are usage errors with a suggestion:
+    silently ignoring a misspelled pass name leaves users with wrong results they never notice."""
+    _check_target(target)
+    chosen = list(passes) if passes is not None else list(pipeline_for(target))
+    disabled = list(disable)
+    for name in chosen + disabled:
+        _check_name(name)
+    for name in chosen:
+        if target not in REGISTRY[name].targets:
+            allowed = ", ".join(sorted(REGISTRY[name].targets))
+            raise UsageError(f"pass {name!r} emits operators that target {target!r} cannot run (targets: {allowed})")
+    order = {name: i for i, name in enumerate(DEFAULT_PIPELINE)}
+    selected = sorted(set(chosen) - set(disabled), key=lambda n: order.get(n, len(order)))
+    return [REGISTRY[name] for name in selected]
+
+
+def _check_name(name: str) -> None:
+    if name in REGISTRY:
+        return
+    close = difflib.get_close_matches(name, REGISTRY.keys(), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else f"; known passes: {', '.join(sorted(REGISTRY))}"
+    raise UsageError(f"unknown pass {name!r}{hint}")
+
+
+def _check_target(target: str) -> None:
+    if target not in TARGETS:
+        close = difflib.get_close_matches(target, TARGETS, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise UsageError(f"unknown target {target!r} (choose from {', '.join(TARGETS)}){hint}")

@@ -1,0 +1,108 @@
+"""The one report data model. Renderers (rich, JSON, Markdown) read it; nothing here formats text."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from fuse_cli.errors import EXIT_CHECK_FAILED, EXIT_OK
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class RemovedTensor:
+    """An intermediate a fusion made disappear. `nbytes` is at the bound shapes, with unbound
+    symbolic dims taken as 1 (listed in Report.unbound_dims); None when a dim is truly unknown."""
+
+    name: str
+    nbytes: int | None
+
+
+@dataclass(frozen=True)
+class FusionRecord:
+    """One rewrite: which pass, which nodes it replaced, what it put there, what vanished."""
+
+    pass_name: str
+    pattern: str
+    replaced: tuple[str, ...]
+    created: tuple[str, ...]
+    removed: tuple[RemovedTensor, ...]
+
+    @property
+    def nodes_removed(self) -> int:
+        return len(self.replaced) - len(self.created)
+
+
+@dataclass(frozen=True)
+class NearMiss:
+    """A structural match that a precondition rejected, with the reason in plain words."""
+
+    pass_name: str
+    pattern: str
+    nodes: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class FusionRow:
+    """One row of the savings table: every fusion of one pattern, added up."""
+
+    pass_name: str
+    pattern: str
+    count: int
+    nodes_removed: int
+    intermediates_removed: int
+    removed_bytes: int
+    unknown_sizes: int
+    peak_delta_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class Report:
+    model_path: str
+    output_path: str | None
+    target: str
+    passes: tuple[str, ...]
+    fusions: tuple[FusionRecord, ...]
+    near_misses: tuple[NearMiss, ...]
+    nodes_before: int
+    nodes_after: int
+    weight_bytes_before: int
+    weight_bytes_after: int
+    unbound_dims: tuple[str, ...] = ()
+    dims: tuple[tuple[str, int], ...] = ()
+    written_files: tuple[str, ...] = ()
+    dry_run: bool = False
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def rows(self) -> list[FusionRow]:
+        """Fusions grouped by (pass, pattern) in the order they first happened."""
+        groups: OrderedDict[tuple[str, str], list[FusionRecord]] = OrderedDict()
+        for record in self.fusions:
+            groups.setdefault((record.pass_name, record.pattern), []).append(record)
+        rows = []
+        for (pass_name, pattern), records in groups.items():
+            removed = [t for r in records for t in r.removed]
+            rows.append(FusionRow(
+                pass_name=pass_name,
+                pattern=pattern,
+                count=len(records),
+                nodes_removed=sum(r.nodes_removed for r in records),
+                intermediates_removed=len(removed),
+                removed_bytes=sum(t.nbytes or 0 for t in removed),
+                unknown_sizes=sum(1 for t in removed if t.nbytes is None),
+            ))
+        return rows
+
+    @property
+    def removed_bytes(self) -> int:
+        return sum(row.removed_bytes for row in self.rows())
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_OK if not self.failures else EXIT_CHECK_FAILED
+
+    @property
+    def failures(self) -> tuple[str, ...]:
+        return ()

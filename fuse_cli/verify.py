@@ -1,0 +1,157 @@
+"""Run an original and an optimized model on the same inputs in onnxruntime and compare outputs.
+
+Results carry statistics per output (max abs/rel difference, cosine similarity), not a bool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from fuse_cli.errors import FuseError
+
+# (rtol, atol) by output dtype: fp32 per the project standard; fp16/bf16 keep ~3 significant digits.
+DEFAULT_TOLERANCES = {
+    np.dtype(np.float64): (1e-6, 1e-8),
+    np.dtype(np.float32): (1e-4, 1e-5),
+    np.dtype(np.float16): (1e-2, 1e-3),
+}
+
+
+@dataclass(frozen=True)
+class OutputComparison:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    max_abs_diff: float
+    max_rel_diff: float
+    cosine_similarity: float
+    rtol: float
+    atol: float
+    passed: bool
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    outputs: tuple[OutputComparison, ...]
+
+    @property
+    def passed(self) -> bool:
+        return all(o.passed for o in self.outputs)
+
+    def failing(self) -> tuple[OutputComparison, ...]:
+        return tuple(o for o in self.outputs if not o.passed)
+
+
+def make_session(model: onnx.ModelProto | str, *, optimize: bool = False, providers=("CPUExecutionProvider",)):
+    """An onnxruntime session that runs the graph as written (graph optimizations off by default,
+    so a comparison tests our rewrite, not onnxruntime's own fusions)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = (
+        ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    )
+    options.log_severity_level = 3
+    source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else model
+    try:
+        return ort.InferenceSession(source, options, providers=list(providers))
+    except Exception as exc:  # onnxruntime raises its own exception types
+        raise FuseError(f"onnxruntime cannot load the model: {str(exc).splitlines()[0][:300]}") from exc
+
+
+def random_inputs(session, *, dims: Mapping[str, int] | None = None, seed: int = 0,
+                  int_ranges: Mapping[str, tuple[int, int]] | None = None,
+                  default_dim: int = 2) -> dict[str, np.ndarray]:
+    """Seeded random data for every input, respecting dtype and shape. Symbolic dims come from
+    `dims`, else `default_dim`; integers from `int_ranges[name]` (low inclusive, high exclusive)."""
+    rng = np.random.default_rng(seed)
+    dims = dims or {}
+    int_ranges = int_ranges or {}
+    feeds = {}
+    for inp in session.get_inputs():
+        shape = [d if isinstance(d, int) and d >= 0 else dims.get(d, default_dim) if isinstance(d, str) else default_dim
+                 for d in inp.shape]
+        dtype = _numpy_dtype(inp.type)
+        if np.issubdtype(dtype, np.floating):
+            feeds[inp.name] = rng.standard_normal(shape).astype(dtype)
+        elif dtype == np.bool_:
+            feeds[inp.name] = rng.integers(0, 2, shape).astype(np.bool_)
+        else:
+            low, high = int_ranges.get(inp.name, (0, 10))
+            feeds[inp.name] = rng.integers(low, high, shape).astype(dtype)
+    return feeds
+
+
+_ORT_TYPES = {
+    "tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(float16)": np.float16,
+    "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int16)": np.int16, "tensor(int8)": np.int8,
+    "tensor(uint8)": np.uint8, "tensor(uint16)": np.uint16, "tensor(uint32)": np.uint32,
+    "tensor(uint64)": np.uint64, "tensor(bool)": np.bool_,
+}
+
+
+def _numpy_dtype(ort_type: str) -> np.dtype:
+    if ort_type not in _ORT_TYPES:
+        raise FuseError(f"cannot make random data for an input of type {ort_type}; pass real inputs")
+    return np.dtype(_ORT_TYPES[ort_type])
+
+
+def compare_outputs(expected: Mapping[str, np.ndarray], actual: Mapping[str, np.ndarray],
+                    rtol: float | None = None, atol: float | None = None) -> VerifyResult:
+    results = []
+    for name, want in expected.items():
+        if name not in actual:
+            raise FuseError(f"the optimized model has no output named {name!r}")
+        got = actual[name]
+        r, a = (rtol, atol) if rtol is not None and atol is not None else DEFAULT_TOLERANCES.get(want.dtype, (0.0, 0.0))
+        r = rtol if rtol is not None else r
+        a = atol if atol is not None else a
+        results.append(_compare_one(name, np.asarray(want), np.asarray(got), r, a))
+    return VerifyResult(tuple(results))
+
+
+def _compare_one(name: str, want: np.ndarray, got: np.ndarray, rtol: float, atol: float) -> OutputComparison:
+    if want.shape != got.shape or want.dtype != got.dtype:
+        return OutputComparison(name, f"{want.dtype} vs {got.dtype}", tuple(want.shape), float("inf"), float("inf"),
+                                0.0, rtol, atol, False)
+    if want.dtype.kind in "fc":
+        w, g = want.astype(np.float64), got.astype(np.float64)
+        diff = np.abs(w - g)
+        both_nan = np.isnan(w) & np.isnan(g)
+        diff = np.where(both_nan, 0.0, diff)
+        max_abs = float(diff.max()) if diff.size else 0.0
+        rel = diff / np.maximum(np.abs(w), np.finfo(np.float64).tiny)
+        max_rel = float(np.where(diff == 0, 0.0, rel).max()) if diff.size else 0.0
+        norms = np.linalg.norm(w.ravel()) * np.linalg.norm(g.ravel())
+        cosine = float(np.dot(np.nan_to_num(w.ravel()), np.nan_to_num(g.ravel())) / norms) if norms > 0 else 1.0
+        passed = bool(np.all(diff <= atol + rtol * np.abs(w)))
+    else:
+        equal = want == got
+        max_abs = float(np.abs(want.astype(np.float64) - got.astype(np.float64)).max()) if want.size else 0.0
+        max_rel, cosine, passed = max_abs, 1.0 if equal.all() else 0.0, bool(equal.all())
+    return OutputComparison(name, str(want.dtype), tuple(want.shape), max_abs, max_rel, cosine, rtol, atol, passed)
+
+
+def run(session, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    names = [o.name for o in session.get_outputs()]
+    try:
+        values = session.run(names, dict(feeds))
+    except Exception as exc:
+        raise FuseError(f"onnxruntime failed to run the model: {str(exc).splitlines()[0][:300]}") from exc
+    return dict(zip(names, values))
+
+
+def verify_models(original: onnx.ModelProto | str, optimized: onnx.ModelProto | str, *,
+                  dims: Mapping[str, int] | None = None, seed: int = 0, rtol: float | None = None,
+                  atol: float | None = None, feeds: Mapping[str, np.ndarray] | None = None,
+                  int_ranges: Mapping[str, tuple[int, int]] | None = None) -> VerifyResult:
+    before = make_session(original)
+    after = make_session(optimized)
+    feeds = feeds or random_inputs(before, dims=dims, seed=seed, int_ranges=int_ranges)
+    after_inputs = {i.name for i in after.get_inputs()}
+    return compare_outputs(run(before, feeds), run(after, {k: v for k, v in feeds.items() if k in after_inputs}),
+                           rtol, atol)

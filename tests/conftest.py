@@ -1,0 +1,38 @@
+"""Shared test helpers: run passes on an in-memory model and check it numerically."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import onnx
+import pytest
+
+from fuse_cli import api
+from fuse_cli.config import FuseConfig
+from fuse_cli.verify import verify_models
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLES = REPO / "sample_models"
+LIGHT_MODELS = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+
+
+def optimize_model(model: onnx.ModelProto, tmp_path: Path, *, name: str = "model", **config) -> api.OptimizeResult:
+    """Save `model`, run fuse on it with the given FuseConfig fields, return the result."""
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(model, path)
+    return api.optimize(path, FuseConfig(**config), tmp_path / f"{name}.out.onnx")
+
+
+def assert_equivalent(original: onnx.ModelProto, optimized: onnx.ModelProto, *, dims=None, seeds=(0, 1),
+                      rtol=None, atol=None) -> None:
+    """Outputs match in onnxruntime CPU through the same verify code the CLI uses."""
+    for seed in seeds:
+        result = verify_models(original, optimized, dims=dims, seed=seed, rtol=rtol, atol=atol)
+        assert result.passed, [o for o in result.outputs if not o.passed]
+
+
+@pytest.fixture(autouse=True)
+def _quiet_onnxruntime():
+    os.environ.setdefault("ORT_LOGGING_LEVEL", "3")
+    yield
