@@ -10,14 +10,15 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from fuse_cli import __version__
-from fuse_cli.analysis.shapes import ShapeTable, TensorInfo, element_size_bits, infer_shapes
+from fuse_cli.analysis.memory import profile_memory
+from fuse_cli.analysis.shapes import ShapeTable, element_size_bits, infer_shapes
 from fuse_cli.config import FuseConfig
 from fuse_cli.errors import FuseError, UsageError
 from fuse_cli.graph.edit import GraphEditor, toposort
 from fuse_cli.graph.io import LoadedModel, assemble_model, load_model, save_model
 from fuse_cli.passes import resolve
 from fuse_cli.passes.engine import run_pipeline
-from fuse_cli.report.model import Report
+from fuse_cli.report.model import FusionRecord, MemoryAudit, Report
 
 
 @dataclass(frozen=True)
@@ -42,8 +43,7 @@ def optimize(model_path: str | os.PathLike, config: FuseConfig, output_path: str
     loaded = load_model(source, freeze_inputs=config.freeze_inputs)
     passes = resolve(config.target, config.passes, config.disable)
     symbolic = infer_shapes(loaded.model)
-    bound = _bound_shapes(loaded.model, config)
-    sizes = _SizeAccountant(bound)
+    bound, unbound = _bound_shapes(loaded.model, config)
 
     graph = gs.import_onnx(loaded.model)
     editor = GraphEditor(
@@ -54,7 +54,7 @@ def optimize(model_path: str | os.PathLike, config: FuseConfig, output_path: str
         input_defaults=loaded.input_defaults,
         fold_limit_bytes=config.fold_limit_bytes,
     )
-    fusions, near_misses = run_pipeline(editor, passes, sizes)
+    fusions, near_misses = run_pipeline(editor, passes, bound.nbytes)
     graph.cleanup(remove_unused_graph_inputs=False, recurse_subgraphs=False)
     toposort(graph)
     exported = gs.export_onnx(graph, do_type_check=False)
@@ -71,14 +71,16 @@ def optimize(model_path: str | os.PathLike, config: FuseConfig, output_path: str
         passes=tuple(p.name for p in passes),
         fusions=tuple(fusions),
         near_misses=tuple(near_misses),
-        nodes_before=_node_count(loaded),
+        nodes_before=len(loaded.model.graph.node),
         nodes_after=len(optimized.graph.node),
         weight_bytes_before=_weight_bytes(loaded.model) + sum(_tensor_bytes(t) for t in loaded.input_defaults.values()),
         weight_bytes_after=_weight_bytes(optimized),
-        unbound_dims=tuple(sorted(sizes.unbound)),
-        dims=tuple(sorted(config.dims.items())),
+        unbound_dims=unbound,
+        dims=tuple(sorted(bound.bound_dims.items())),
         written_files=written,
         dry_run=dry_run,
+        notes=_notes(bound),
+        memory=_memory_audit(loaded, bound, optimized, config, unbound, fusions),
     )
     return OptimizeResult(report=report, model=optimized)
 
@@ -91,36 +93,43 @@ def _check_output_path(source: Path, target: Path, in_place: bool) -> None:
         raise UsageError(f"{target}: output would overwrite the input; pass --in-place to allow it")
 
 
-def _bound_shapes(model: onnx.ModelProto, config: FuseConfig) -> ShapeTable:
+def _bound_shapes(model: onnx.ModelProto, config: FuseConfig,
+                  assumed: tuple[str, ...] | None = None) -> tuple[ShapeTable, tuple[str, ...]]:
+    """Shapes at the user's bindings. Symbolic dims nobody bound are taken as 1 (and returned, so
+    the report says so); binding happens before inference because data propagation through
+    Shape/Reshape arithmetic only yields sizes for values known up front."""
     try:
-        return infer_shapes(model, config.dims, config.input_shapes)
+        table = infer_shapes(model, config.dims, config.input_shapes)
+        if assumed is None:
+            assumed = tuple(sorted({u.symbol for u in table.unknown_dims if u.symbol} - set(table.bound_dims)))
+        if assumed:
+            table = infer_shapes(model, {**{name: 1 for name in assumed}, **table.bound_dims}, config.input_shapes)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
+    return table, assumed
 
 
-class _SizeAccountant:
-    """Bytes of a tensor at the bound shapes. A symbolic dim nobody bound counts as 1 and its name
-    is remembered so the report can say so; a dim that is unknown makes the size unknown."""
+def _memory_audit(loaded: LoadedModel, bound: ShapeTable, optimized: onnx.ModelProto, config: FuseConfig,
+                  assumed: tuple[str, ...], fusions: list[FusionRecord]) -> MemoryAudit:
+    defaults = tuple(loaded.input_defaults)
+    before = profile_memory(loaded.model, bound, extra_weights=defaults)
+    after_table, _ = _bound_shapes(optimized, config, assumed)
+    after = profile_memory(optimized, after_table, extra_weights=defaults)
+    removed_by_pattern: dict[tuple[str, str], set[str]] = {}
+    for record in fusions:
+        removed_by_pattern.setdefault((record.pass_name, record.pattern), set()).update(t.name for t in record.removed)
+    deltas = tuple(
+        (pass_name, pattern,
+         profile_memory(loaded.model, bound, extra_weights=defaults, absent=names).peak_bytes - before.peak_bytes)
+        for (pass_name, pattern), names in removed_by_pattern.items()
+    )
+    unknown = tuple(f"{u.tensor}[{u.dim if u.dim is not None else '?'}]" for u in bound.unknown_dims)
+    return MemoryAudit(before=before, after=after, peak_delta_by_pattern=deltas, unknown_dims=unknown)
 
-    def __init__(self, table: ShapeTable):
-        self._table = table
-        self.unbound: set[str] = set()
 
-    def __call__(self, name: str) -> int | None:
-        info = self._table.get(name)
-        return None if info is None else self.size(info)
-
-    def size(self, info: TensorInfo) -> int | None:
-        bits = element_size_bits(info.elem_type)
-        if bits is None or info.shape is None or any(d is None for d in info.shape):
-            return None
-        count = 1
-        for dim in info.shape:
-            if isinstance(dim, str):
-                self.unbound.add(dim)
-            else:
-                count *= dim
-        return (count * bits + 7) // 8
+def _notes(table: ShapeTable) -> tuple[str, ...]:
+    notes = [f"--dim {name} matches no dimension of this model" for name in table.unused_dims]
+    return tuple(notes + list(table.warnings))
 
 
 def _default_opset(model: onnx.ModelProto) -> int:
@@ -128,10 +137,6 @@ def _default_opset(model: onnx.ModelProto) -> int:
         if opset.domain in ("", "ai.onnx"):
             return opset.version
     raise FuseError("model imports no default-domain (ai.onnx) opset")
-
-
-def _node_count(loaded: LoadedModel) -> int:
-    return len(loaded.model.graph.node)
 
 
 def _tensor_bytes(tensor: onnx.TensorProto) -> int:

@@ -89,7 +89,7 @@ def _config(target, passes, disable, dims, input_shapes, freeze_inputs, fold_lim
 
 def _emit(report: Report, json_path: str | None, markdown_path: str | None) -> None:
     to_stdout = "-" in (json_path, markdown_path)
-    render_rich(report, Console(stderr=to_stdout, soft_wrap=False))
+    render_rich(report, _console(stderr=to_stdout))
     for path, text in ((json_path, render_json), (markdown_path, render_markdown)):
         if path is None:
             continue
@@ -100,6 +100,14 @@ def _emit(report: Report, json_path: str | None, markdown_path: str | None) -> N
                 Path(path).write_text(text(report), encoding="utf-8")
             except OSError as exc:
                 raise FuseError(f"{path}: cannot write report ({exc.strerror or exc})") from exc
+
+
+def _console(stderr: bool = False) -> Console:
+    """A terminal gets its own width; logs and pipes get 120 columns rather than rich's 80."""
+    console = Console(stderr=stderr)
+    if not console.is_terminal:
+        console = Console(stderr=stderr, width=120)
+    return console
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -141,7 +149,7 @@ def report(model, json_path, markdown_path, **options):
 @guarded
 def list_passes(target, explain):
     """List the passes, in pipeline order for a target."""
-    console = Console()
+    console = _console()
     if explain:
         from fuse_cli.passes.registry import resolve
 

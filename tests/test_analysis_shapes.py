@@ -266,3 +266,10 @@ def test_a_model_inference_rejects_entirely_keeps_declared_types():
     assert table.get("a") == TensorInfo("a", 0, None)
     assert len(table.warnings) == 2
     assert "onnx shape inference failed" in table.warnings[0]
+
+
+def test_unsorted_graph_is_inferred_in_dependency_order():
+    # onnx infers in stored order; stored y = Relu(a) before a = Relu(x) would leave y unknown.
+    nodes = [helper.make_node("Relu", ["a"], ["y"]), helper.make_node("Relu", ["x"], ["a"])]
+    table = infer_shapes(model(nodes, [value("x", [2, 8])], [value("y")]))
+    assert table.nbytes("y") == 64

@@ -1,1 +1,1 @@
-"""Static analysis of a model: tensor shapes with user-bound symbolic dims, and activation liveness."""
+"""Static analysis: tensor shapes with user-bound symbolic dims, and activation liveness."""

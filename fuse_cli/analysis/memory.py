@@ -1,7 +1,7 @@
 """Activation liveness: how many bytes are live while each node runs, and the peak.
 
 The model is a sequential executor with no in-place reuse and no arena slack, walking the nodes
-in stored (topological) order:
+in execution order (the stored order, which ONNX requires to be topological; sorted if not):
 
 - a graph input is live from step 0 until its last consumer; a graph output until the end;
 - a node's outputs become live at its step; a tensor is freed after its last consumer's step;
@@ -16,13 +16,13 @@ excluded from every sum and listed, never counted as 0 silently.
 
 from __future__ import annotations
 
-import heapq
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
 import onnx
 
+from fuse_cli.analysis.order import consumed_names, execution_order, node_label
 from fuse_cli.analysis.shapes import ShapeTable, TensorInfo
 
 INPUT_PRODUCER = "<input>"
@@ -55,20 +55,21 @@ class MemoryProfile:
     weight_bytes: int
 
 
-def node_label(node: onnx.NodeProto, index: int) -> str:
-    """The node's name, or `op_type#index` (index in the stored node list) when it has none."""
-    return node.name or f"{node.op_type}#{index}"
+def profile_memory(model: onnx.ModelProto, shapes: ShapeTable, *, extra_weights: Iterable[str] = (),
+                   absent: Iterable[str] = ()) -> MemoryProfile:
+    """Walk the top-level graph once and account every activation's lifetime.
 
-
-def profile_memory(model: onnx.ModelProto, shapes: ShapeTable) -> MemoryProfile:
-    """Walk the top-level graph once and account every activation's lifetime."""
+    extra_weights: graph inputs to treat as weights (initializers set aside as input defaults).
+    absent: tensors to count as 0 bytes, for "what if these intermediates did not exist".
+    """
     graph = model.graph
     order = execution_order(graph)
     nodes = [graph.node[i] for i in order]
-    consumed = [_consumed_names(node) for node in nodes]
+    consumed = [consumed_names(node) for node in nodes]
     last_step = len(nodes) - 1
 
-    weights = _weight_names(graph)
+    weights = _weight_names(graph) | set(extra_weights)
+    absent = set(absent)
     graph_outputs = {vi.name for vi in graph.output}
 
     # Activations in birth order: graph inputs, then node outputs in execution order.
@@ -93,7 +94,7 @@ def profile_memory(model: onnx.ModelProto, shapes: ShapeTable) -> MemoryProfile:
         for name, born in birth.items()
     }
 
-    sizes = {name: shapes.nbytes(name) for name in birth}
+    sizes = {name: 0 if name in absent else shapes.nbytes(name) for name in birth}
     known = {name: size for name, size in sizes.items() if size is not None}
     unknown = tuple(name for name, size in sizes.items() if size is None)
 
@@ -178,71 +179,3 @@ def _weight_bytes(graph: onnx.GraphProto, shapes: ShapeTable) -> int:
 
 def _tensor_nbytes(tensor: onnx.TensorProto) -> int | None:
     return TensorInfo(tensor.name, tensor.data_type, tuple(tensor.dims)).nbytes()
-
-
-def execution_order(graph: onnx.GraphProto) -> list[int]:
-    """Indices into `graph.node` in an order that respects data dependencies.
-
-    The stored order when it is already topological (the ONNX requirement, and the order a
-    runtime follows); otherwise Kahn's algorithm, iterative because graphs reach 10k+ nodes,
-    taking the lowest stored index among ready nodes so the result stays close to the file.
-    Raises ValueError on a cycle.
-    """
-    nodes = graph.node
-    consumed = [_consumed_names(node) for node in nodes]
-    producer = {name: i for i, node in enumerate(nodes) for name in node.output if name}
-    if all(producer.get(name, -1) < i for i, names in enumerate(consumed) for name in names):
-        return list(range(len(nodes)))
-
-    dependents: list[list[int]] = [[] for _ in nodes]
-    pending = [0] * len(nodes)
-    for i, names in enumerate(consumed):
-        for j in {producer[name] for name in names if name in producer}:
-            dependents[j].append(i)
-            pending[i] += 1
-    ready = [i for i, count in enumerate(pending) if count == 0]
-    heapq.heapify(ready)
-    order: list[int] = []
-    while ready:
-        i = heapq.heappop(ready)
-        order.append(i)
-        for k in dependents[i]:
-            pending[k] -= 1
-            if pending[k] == 0:
-                heapq.heappush(ready, k)
-    if len(order) != len(nodes):
-        stuck = [node_label(nodes[i], i) for i, count in enumerate(pending) if count]
-        raise ValueError(f"the graph has a cycle through {', '.join(stuck[:5])}")
-    return order
-
-
-def _consumed_names(node: onnx.NodeProto) -> set[str]:
-    """Names a node reads: its inputs plus what its subgraphs read from the enclosing scope
-    (an If branch that uses `x` keeps `x` alive until the If runs)."""
-    names = {name for name in node.input if name}
-    for graph in _subgraphs(node):
-        names |= _outer_references(graph)
-    return names
-
-
-def _subgraphs(node: onnx.NodeProto) -> Sequence[onnx.GraphProto]:
-    graphs: list[onnx.GraphProto] = []
-    for attr in node.attribute:
-        if attr.type == onnx.AttributeProto.GRAPH:
-            graphs.append(attr.g)
-        elif attr.type == onnx.AttributeProto.GRAPHS:
-            graphs.extend(attr.graphs)
-    return graphs
-
-
-def _outer_references(graph: onnx.GraphProto) -> set[str]:
-    """Names used in `graph` (and graphs nested in it) that it does not define itself. ONNX
-    forbids shadowing, so set difference is exact. Recursion depth is the nesting depth."""
-    defined = {vi.name for vi in graph.input}
-    defined |= {t.name for t in graph.initializer}
-    defined |= {t.values.name for t in graph.sparse_initializer}
-    used = {vi.name for vi in graph.output}
-    for node in graph.node:
-        defined.update(node.output)
-        used |= _consumed_names(node)
-    return used - defined - {""}

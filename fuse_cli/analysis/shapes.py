@@ -22,6 +22,8 @@ from types import MappingProxyType
 import onnx
 from onnx import TensorProto, helper
 
+from fuse_cli.analysis.order import execution_order
+
 Dim = int | str | None
 _NO_BINDINGS: Mapping = MappingProxyType({})
 
@@ -260,8 +262,18 @@ def _light_graph(graph: onnx.GraphProto) -> onnx.GraphProto:
     light.value_info.extend(graph.value_info)
     light.sparse_initializer.extend(graph.sparse_initializer)
     light.initializer.extend(_light_tensor(t) for t in graph.initializer)
-    light.node.extend(_light_node(n) for n in graph.node)
+    light.node.extend(_light_node(graph.node[i]) for i in _inference_order(graph))
     return light
+
+
+def _inference_order(graph: onnx.GraphProto) -> Sequence[int]:
+    """onnx infers nodes in stored order and never revisits one whose input was not inferred
+    yet, so an unsorted graph would lose every shape downstream of the first misplaced node."""
+    try:
+        return execution_order(graph)
+    except ValueError:
+        # A cycle: no order is right. The liveness walk reports it; here, infer what we can.
+        return range(len(graph.node))
 
 
 _HEAVY_ATTRIBUTES = (
@@ -297,13 +309,22 @@ def _light_tensor(tensor: TensorProto) -> TensorProto:
     then fails cleanly ("cannot parse external data") and its output stays unknown, instead of
     being inferred from an empty payload.
     """
-    if tensor.ByteSize() <= _KEEP_PAYLOAD_BYTES:
+    if _payload_bytes(tensor) <= _KEEP_PAYLOAD_BYTES:
         return tensor
     light = TensorProto(name=tensor.name, data_type=tensor.data_type)
     light.dims.extend(tensor.dims)
     light.data_location = TensorProto.EXTERNAL
     light.external_data.add(key="location", value=_STRIPPED_LOCATION)
     return light
+
+
+def _payload_bytes(tensor: TensorProto) -> int:
+    """Size from dims and type. Not ByteSize() or len(raw_data): on a 800 MB weight those take
+    about a second each (a scan, a copy), and a model holds hundreds of weights."""
+    bits = element_size_bits(tensor.data_type)
+    if bits is None:
+        return tensor.ByteSize()
+    return (math.prod(tensor.dims) * bits + 7) // 8
 
 
 def _add_missing_opset_imports(model: onnx.ModelProto) -> None:

@@ -25,12 +25,13 @@ class Replacement:
     """What a rewrite puts in place of a match.
 
     `nodes` must produce every output of the matched root (same tensor objects, so consumers and
-    graph outputs keep their names). `reroute` instead maps a root output to an existing tensor
-    that already carries the same value (used by eliminations: Identity, Dropout, x*1).
+    graph outputs keep their names). `reroute` instead pairs a root output with an existing tensor
+    that already carries the same value (used by eliminations: Identity, Dropout, x*1). Pairs,
+    not a dict: graphsurgeon tensors define __eq__ and are unhashable.
     """
 
     nodes: list[gs.Node] = field(default_factory=list)
-    reroute: dict[gs.Tensor, gs.Tensor] = field(default_factory=dict)
+    reroute: list[tuple[gs.Tensor, gs.Tensor]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -156,7 +157,7 @@ class GraphEditor:
     def apply(self, m: Match, replacement: Replacement) -> list[str]:
         """Splice `replacement` in for the match; returns the names of the removed intermediates."""
         removed = [out.name for n in m.covered if n is not m.root for out in n.outputs]
-        for old, new in replacement.reroute.items():
+        for old, new in replacement.reroute:
             # A graph output keeps its name: `new` takes it, so the name that vanishes is new's.
             removed.append(new.name if self.is_graph_output(old) else old.name)
             self._reroute(old, new)

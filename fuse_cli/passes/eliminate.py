@@ -21,7 +21,7 @@ class EliminateIdentity(PatternPass):
         return g.reroute_reason(m.node("identity").outputs[0], m.tensor("x"))
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
-        return Replacement(reroute={m.node("identity").outputs[0]: m.tensor("x")})
+        return Replacement(reroute=[(m.node("identity").outputs[0], m.tensor("x"))])
 
 
 @register
@@ -55,4 +55,4 @@ class EliminateDropout(PatternPass):
         return g.reroute_reason(dropout.outputs[0], m.tensor("x"))
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
-        return Replacement(reroute={m.node("dropout").outputs[0]: m.tensor("x")})
+        return Replacement(reroute=[(m.node("dropout").outputs[0], m.tensor("x"))])

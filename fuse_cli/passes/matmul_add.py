@@ -36,8 +36,7 @@ class FuseMatMulAddIntoGemm(PatternPass):
         if x_shape is None:
             return f"{matmul.name}'s input rank is unknown (Gemm needs a rank-2 activation)"
         if x_shape.rank != 2:
-            return (f"{matmul.name}'s activation has rank {x_shape.rank}: Gemm takes rank-2 inputs "
-                    "(transformer Linear layers keep MatMul + Add)")
+            return f"{matmul.name}'s activation has rank {x_shape.rank}; Gemm takes rank 2"
         if w.ndim != 2:
             return f"{matmul.name}'s weight has rank {w.ndim}, Gemm needs rank 2"
         if w.dtype.type not in GEMM_DTYPES:

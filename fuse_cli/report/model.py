@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from fuse_cli.analysis.memory import MemoryProfile
 from fuse_cli.errors import EXIT_CHECK_FAILED, EXIT_OK
 
 SCHEMA_VERSION = 1
@@ -59,6 +60,17 @@ class FusionRow:
 
 
 @dataclass(frozen=True)
+class MemoryAudit:
+    """Liveness before and after fusion at the bound shapes, and what each fusion kind alone does
+    to the peak (the original's peak with only that kind's removed intermediates taken away)."""
+
+    before: MemoryProfile
+    after: MemoryProfile
+    peak_delta_by_pattern: tuple[tuple[str, str, int], ...]  # (pass, pattern, delta bytes)
+    unknown_dims: tuple[str, ...]  # "tensor[dim]" entries whose size stays unknown
+
+
+@dataclass(frozen=True)
 class Report:
     model_path: str
     output_path: str | None
@@ -75,12 +87,14 @@ class Report:
     written_files: tuple[str, ...] = ()
     dry_run: bool = False
     notes: tuple[str, ...] = field(default_factory=tuple)
+    memory: MemoryAudit | None = None
 
     def rows(self) -> list[FusionRow]:
         """Fusions grouped by (pass, pattern) in the order they first happened."""
         groups: OrderedDict[tuple[str, str], list[FusionRecord]] = OrderedDict()
         for record in self.fusions:
             groups.setdefault((record.pass_name, record.pattern), []).append(record)
+        deltas = {(p, pat): d for p, pat, d in self.memory.peak_delta_by_pattern} if self.memory else {}
         rows = []
         for (pass_name, pattern), records in groups.items():
             removed = [t for r in records for t in r.removed]
@@ -92,6 +106,7 @@ class Report:
                 intermediates_removed=len(removed),
                 removed_bytes=sum(t.nbytes or 0 for t in removed),
                 unknown_sizes=sum(1 for t in removed if t.nbytes is None),
+                peak_delta_bytes=deltas.get((pass_name, pattern)),
             ))
         return rows
 

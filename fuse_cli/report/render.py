@@ -14,7 +14,10 @@ from rich.table import Table
 
 from fuse_cli.report.model import SCHEMA_VERSION, Report
 
-SAVINGS_HEADERS = ("Pattern", "Pass", "Count", "Nodes removed", "Intermediates removed", "Activation memory saved")
+# "Tensors removed" are intermediate activations; "Memory saved" is their bytes at the bound shapes
+# (the traffic that no longer happens); "Peak change" is what removing them alone does to the peak.
+SAVINGS_HEADERS = ("Pattern", "Pass", "Count", "Nodes removed", "Tensors removed", "Memory saved", "Peak change")
+SPARK = " ▁▂▃▄▅▆▇█"
 NEAR_MISS_LIMIT = 20
 
 
@@ -37,12 +40,58 @@ def savings_rows(report: Report) -> list[tuple[str, ...]]:
         if row.unknown_sizes:
             saved += f" (+{row.unknown_sizes} of unknown size)"
         rows.append((row.pattern, row.pass_name, str(row.count), str(row.nodes_removed),
-                     str(row.intermediates_removed), saved))
+                     str(row.intermediates_removed), saved, _signed_bytes(row.peak_delta_bytes)))
     if rows:
         all_rows = report.rows()
+        total_peak = report.memory.after.peak_bytes - report.memory.before.peak_bytes if report.memory else None
         rows.append(("Total", "", str(sum(r.count for r in all_rows)), str(sum(r.nodes_removed for r in all_rows)),
-                     str(sum(r.intermediates_removed for r in all_rows)), human_bytes(report.removed_bytes)))
+                     str(sum(r.intermediates_removed for r in all_rows)), human_bytes(report.removed_bytes),
+                     _signed_bytes(total_peak)))
     return rows
+
+
+def _signed_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    if n == 0:
+        return "0"
+    return ("-" if n < 0 else "+") + human_bytes(abs(n))
+
+
+def _percent(before: int, after: int) -> str:
+    return f"{(after - before) / before * 100:+.1f}%" if before else "n/a"
+
+
+def memory_lines(report: Report) -> list[str]:
+    """The model-level before -> after figures, and the one thing people misread."""
+    audit = report.memory
+    if audit is None:
+        return []
+    b, a = audit.before, audit.after
+    lines = [
+        f"Peak activation memory: {human_bytes(b.peak_bytes)} -> {human_bytes(a.peak_bytes)} "
+        f"({_percent(b.peak_bytes, a.peak_bytes)}), at {b.peak_node or '-'} -> {a.peak_node or '-'}",
+        f"Intermediate traffic (bytes written by nodes): {human_bytes(b.intermediate_bytes)} -> "
+        f"{human_bytes(a.intermediate_bytes)} ({_percent(b.intermediate_bytes, a.intermediate_bytes)})",
+    ]
+    if report.removed_bytes and a.peak_bytes - b.peak_bytes > -report.removed_bytes:
+        lines.append("A removed intermediate lowers the peak only if it was alive at the peak; "
+                     "the others save traffic, not peak.")
+    if b.unknown_tensors or a.unknown_tensors:
+        names = ", ".join(b.unknown_tensors[:5]) + (" ..." if len(b.unknown_tensors) > 5 else "")
+        lines.append(f"Unknown size, left out of the sums: {len(b.unknown_tensors)} tensors before"
+                     f"{' (' + names + ')' if names else ''}, {len(a.unknown_tensors)} after")
+    return lines
+
+
+def sparkline(timeline: tuple[int, ...], width: int = 60, scale: int | None = None) -> str:
+    """Live bytes over execution steps, squeezed into `width` cells (max of each bucket)."""
+    if not timeline:
+        return ""
+    scale = scale or max(timeline) or 1
+    buckets = [max(timeline[i * len(timeline) // width:max((i + 1) * len(timeline) // width, i * len(timeline) // width + 1)])
+               for i in range(min(width, len(timeline)))]
+    return "".join(SPARK[min(len(SPARK) - 1, round(v / scale * (len(SPARK) - 1)))] for v in buckets)
 
 
 def summary_lines(report: Report) -> list[str]:
@@ -66,7 +115,7 @@ def render_rich(report: Report, console: Console) -> None:
     title = f"fuse {'report' if report.dry_run else 'optimize'}: {report.model_path} (target {report.target})"
     table = Table(title=title, title_justify="left")
     for i, header in enumerate(SAVINGS_HEADERS):
-        table.add_column(header, justify="left" if i < 2 else "right")
+        table.add_column(header, justify="left" if i < 2 else "right", no_wrap=i < 2)
     rows = savings_rows(report)
     for i, row in enumerate(rows):
         table.add_row(*row, style="bold" if i == len(rows) - 1 else None)
@@ -74,8 +123,10 @@ def render_rich(report: Report, console: Console) -> None:
         console.print(table)
     else:
         console.print(f"[bold]{title}[/bold]\nNo fusion applied.")
-    for line in summary_lines(report):
+    for line in summary_lines(report) + memory_lines(report):
         console.print(line, highlight=False)
+    if report.dry_run and report.memory:
+        _render_audit(report, console)
     if report.near_misses:
         misses = Table(title=f"Not fused ({len(report.near_misses)})", title_justify="left")
         for header in ("Pattern", "Nodes", "Why not"):
@@ -85,6 +136,29 @@ def render_rich(report: Report, console: Console) -> None:
         console.print(misses)
         if len(report.near_misses) > NEAR_MISS_LIMIT:
             console.print(f"... and {len(report.near_misses) - NEAR_MISS_LIMIT} more (see --json)")
+
+
+def _render_audit(report: Report, console: Console) -> None:
+    """The memory audit's detail: where the bytes go, before fusion and after."""
+    audit = report.memory
+    scale = max(audit.before.peak_bytes, audit.after.peak_bytes, 1)
+    console.print(f"Live activations over execution steps (peak marked by the tallest bar, same scale):", highlight=False)
+    console.print(f"  before |{sparkline(audit.before.timeline, scale=scale)}|", highlight=False)
+    console.print(f"  after  |{sparkline(audit.after.timeline, scale=scale)}|", highlight=False)
+    for title, tensors in (("Alive at the peak (after fusion)", audit.after.live_at_peak[:10]),
+                           ("Largest activations (after fusion)", audit.after.largest)):
+        table = Table(title=title, title_justify="left")
+        for header in ("Tensor", "Produced by", "Size"):
+            table.add_column(header, justify="right" if header == "Size" else "left")
+        for t in tensors:
+            table.add_row(t.name, t.producer, human_bytes(t.nbytes))
+        console.print(table)
+    ops = Table(title="Bytes written per op type", title_justify="left")
+    for header in ("Op type", "Before", "After"):
+        ops.add_column(header, justify="left" if header == "Op type" else "right")
+    for op in dict.fromkeys([*audit.before.by_op_type, *audit.after.by_op_type]):
+        ops.add_row(op, human_bytes(audit.before.by_op_type.get(op, 0)), human_bytes(audit.after.by_op_type.get(op, 0)))
+    console.print(ops)
 
 
 def to_json_dict(report: Report) -> dict[str, Any]:
@@ -114,6 +188,35 @@ def to_json_dict(report: Report) -> dict[str, Any]:
             for m in report.near_misses
         ],
         "written_files": list(report.written_files),
+        "notes": list(report.notes),
+        "memory": _memory_json(report),
+    }
+
+
+def _memory_json(report: Report) -> dict[str, Any] | None:
+    audit = report.memory
+    if audit is None:
+        return None
+
+    def side(p) -> dict[str, Any]:
+        return {
+            "peak_node": p.peak_node,
+            "peak_step": p.peak_step,
+            "live_at_peak": [asdict(t) for t in p.live_at_peak],
+            "largest": [asdict(t) for t in p.largest],
+            "by_op_type": dict(p.by_op_type),
+            "unknown_tensors": list(p.unknown_tensors),
+            "timeline": list(p.timeline),
+        }
+
+    return {
+        "peak_bytes": {"before": audit.before.peak_bytes, "after": audit.after.peak_bytes},
+        "intermediate_bytes": {"before": audit.before.intermediate_bytes, "after": audit.after.intermediate_bytes},
+        "weight_bytes": {"before": audit.before.weight_bytes, "after": audit.after.weight_bytes},
+        "unknown_dims": list(audit.unknown_dims),
+        "assumed_dims": {name: 1 for name in report.unbound_dims},
+        "before": side(audit.before),
+        "after": side(audit.after),
     }
 
 
@@ -131,7 +234,7 @@ def render_markdown(report: Report) -> str:
     else:
         out.append("No fusion applied.")
     out.append("")
-    out += [f"- {line}" for line in summary_lines(report)]
+    out += [f"- {line}" for line in summary_lines(report) + memory_lines(report)]
     if report.near_misses:
         out += ["", f"<details><summary>Not fused ({len(report.near_misses)})</summary>", "",
                 "| Pattern | Nodes | Why not |", "|---|---|---|"]

@@ -1,0 +1,85 @@
+"""Execution order of a graph's nodes, and what each node reads (subgraph reads included).
+
+Shared by shape inference (onnx infers nodes in stored order and never revisits one whose input
+was not inferred yet) and by the liveness walk.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+
+import onnx
+
+
+def node_label(node: onnx.NodeProto, index: int) -> str:
+    """The node's name, or `op_type#index` (index in the stored node list) when it has none."""
+    return node.name or f"{node.op_type}#{index}"
+
+
+def execution_order(graph: onnx.GraphProto) -> list[int]:
+    """Indices into `graph.node` in an order that respects data dependencies.
+
+    The stored order when it is already topological (the ONNX requirement, and the order a
+    runtime follows); otherwise Kahn's algorithm, iterative because graphs reach 10k+ nodes,
+    taking the lowest stored index among ready nodes so the result stays close to the file.
+    Raises ValueError on a cycle.
+    """
+    nodes = graph.node
+    consumed = [consumed_names(node) for node in nodes]
+    producer = {name: i for i, node in enumerate(nodes) for name in node.output if name}
+    if all(producer.get(name, -1) < i for i, names in enumerate(consumed) for name in names):
+        return list(range(len(nodes)))
+
+    dependents: list[list[int]] = [[] for _ in nodes]
+    pending = [0] * len(nodes)
+    for i, names in enumerate(consumed):
+        for j in {producer[name] for name in names if name in producer}:
+            dependents[j].append(i)
+            pending[i] += 1
+    ready = [i for i, count in enumerate(pending) if count == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for k in dependents[i]:
+            pending[k] -= 1
+            if pending[k] == 0:
+                heapq.heappush(ready, k)
+    if len(order) != len(nodes):
+        stuck = [node_label(nodes[i], i) for i, count in enumerate(pending) if count]
+        raise ValueError(f"the graph has a cycle through {', '.join(stuck[:5])}")
+    return order
+
+
+def consumed_names(node: onnx.NodeProto) -> set[str]:
+    """Names a node reads: its inputs plus what its subgraphs read from the enclosing scope
+    (an If branch that uses `x` keeps `x` alive until the If runs)."""
+    names = {name for name in node.input if name}
+    for graph in _subgraphs(node):
+        names |= _outer_references(graph)
+    return names
+
+
+def _subgraphs(node: onnx.NodeProto) -> Sequence[onnx.GraphProto]:
+    graphs: list[onnx.GraphProto] = []
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            graphs.append(attr.g)
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            graphs.extend(attr.graphs)
+    return graphs
+
+
+def _outer_references(graph: onnx.GraphProto) -> set[str]:
+    """Names used in `graph` (and graphs nested in it) that it does not define itself. ONNX
+    forbids shadowing, so set difference is exact. Recursion depth is the nesting depth."""
+    defined = {vi.name for vi in graph.input}
+    defined |= {t.name for t in graph.initializer}
+    defined |= {t.values.name for t in graph.sparse_initializer}
+    used = {vi.name for vi in graph.output}
+    for node in graph.node:
+        defined.update(node.output)
+        used |= consumed_names(node)
+    return used - defined - {""}

@@ -1,0 +1,241 @@
+"""Activation liveness: every expected number here is worked out by hand in the comments.
+
+Unless noted, activations are float32 [4, 8] = 128 bytes ("S").
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from fuse_cli.analysis.memory import INPUT_PRODUCER, LiveTensor, profile_memory
+from fuse_cli.analysis.order import execution_order
+from fuse_cli.analysis.shapes import infer_shapes
+
+FLOAT = TensorProto.FLOAT
+S = 4 * 8 * 4
+
+
+def value(name, shape=None, elem_type=FLOAT):
+    return helper.make_tensor_value_info(name, elem_type, shape)
+
+
+def model(nodes, inputs, outputs, initializers=(), extra_opsets=()):
+    graph = helper.make_graph(nodes, "test", inputs, outputs, list(initializers))
+    opsets = [helper.make_opsetid("", 17), *extra_opsets]
+    return helper.make_model(graph, ir_version=8, opset_imports=opsets)
+
+
+def node(op, inputs, outputs, **kwargs):
+    """A node named after its first output, so expectations can name nodes."""
+    return helper.make_node(op, inputs, outputs, name=f"{op}_{outputs[0]}", **kwargs)
+
+
+def profile(m, **bindings):
+    return profile_memory(m, infer_shapes(m, dims=bindings))
+
+
+def relu_chain_nodes():
+    return [node("Relu", ["x"], ["a"]), node("Relu", ["a"], ["b"]), node("Relu", ["b"], ["y"])]
+
+
+def test_chain():
+    # x -> a -> b -> y. Each step holds its input and its output:
+    #   step 0: x, a = 2S (x freed after)   step 1: a, b = 2S   step 2: b, y = 2S
+    p = profile(model(relu_chain_nodes(), [value("x", [4, 8])], [value("y")]))
+    assert p.timeline == (2 * S, 2 * S, 2 * S)
+    assert (p.peak_bytes, p.peak_step, p.peak_node) == (2 * S, 0, "Relu_a")
+    assert p.live_at_peak == (LiveTensor("x", S, INPUT_PRODUCER), LiveTensor("a", S, "Relu_a"))
+    assert p.intermediate_bytes == 3 * S  # a, b, y written; x is not written by a node
+    assert dict(p.by_op_type) == {"Relu": 3 * S}
+    assert p.unknown_tensors == ()
+    assert p.weight_bytes == 0
+
+
+def test_diamond():
+    # A = Relu(x), B = Neg(x), C = Add(A, B), y = Relu(C)
+    #   step 0: x, A = 2S   step 1: x, A, B = 3S (x freed after)
+    #   step 2: A, B, C = 3S   step 3: C, y = 2S
+    # The peak is the FIRST step reaching the maximum.
+    nodes = [
+        node("Relu", ["x"], ["A"]),
+        node("Neg", ["x"], ["B"]),
+        node("Add", ["A", "B"], ["C"]),
+        node("Relu", ["C"], ["y"]),
+    ]
+    p = profile(model(nodes, [value("x", [4, 8])], [value("y")]))
+    assert p.timeline == (2 * S, 3 * S, 3 * S, 2 * S)
+    assert (p.peak_bytes, p.peak_step, p.peak_node) == (3 * S, 1, "Neg_B")
+    assert [t.name for t in p.live_at_peak] == ["x", "A", "B"]
+
+
+def test_residual_block():
+    # a = Relu(x), b = Neg(a), c = Add(b, x), y = Relu(c): x stays live across the branch.
+    #   step 0: x, a = 2S   step 1: x, a, b = 3S   step 2: x, b, c = 3S   step 3: c, y = 2S
+    nodes = [
+        node("Relu", ["x"], ["a"]),
+        node("Neg", ["a"], ["b"]),
+        node("Add", ["b", "x"], ["c"]),
+        node("Relu", ["c"], ["y"]),
+    ]
+    p = profile(model(nodes, [value("x", [4, 8])], [value("y")]))
+    assert p.timeline == (2 * S, 3 * S, 3 * S, 2 * S)
+    assert (p.peak_bytes, p.peak_step) == (3 * S, 1)
+
+
+def test_graph_output_also_consumed_lives_to_the_end():
+    # a = Relu(x) is a graph output AND read by Neg. b = Neg(a), c = Exp(b), y = Sigmoid(c).
+    #   step 0: x, a = 2S   step 1: a, b = 2S   step 2: a, b, c = 3S   step 3: a, c, y = 3S
+    # (were a freed after its last consumer, steps 2 and 3 would hold only 2S)
+    nodes = [
+        node("Relu", ["x"], ["a"]),
+        node("Neg", ["a"], ["b"]),
+        node("Exp", ["b"], ["c"]),
+        node("Sigmoid", ["c"], ["y"]),
+    ]
+    p = profile(model(nodes, [value("x", [4, 8])], [value("a"), value("y")]))
+    assert p.timeline == (2 * S, 2 * S, 3 * S, 3 * S)
+    assert (p.peak_bytes, p.peak_step, p.peak_node) == (3 * S, 2, "Exp_c")
+
+
+def test_weights_are_counted_apart_and_sizes_differ():
+    # x[4,8] @ w1[8,16] -> h[4,16] (256 B) -> Relu r (256 B) -> @ w2[16,8] -> y[4,8] (128 B)
+    #   step 0: x + h = 384   step 1: h + r = 512   step 2: r + y = 384
+    # weights: 8*16*4 + 16*8*4 = 1024
+    w1 = numpy_helper.from_array(np.ones((8, 16), np.float32), "w1")
+    w2 = numpy_helper.from_array(np.ones((16, 8), np.float32), "w2")
+    nodes = [
+        node("MatMul", ["x", "w1"], ["h"]),
+        node("Relu", ["h"], ["r"]),
+        node("MatMul", ["r", "w2"], ["y"]),
+    ]
+    p = profile(model(nodes, [value("x", [4, 8])], [value("y")], [w1, w2]))
+    assert p.timeline == (384, 512, 384)
+    assert (p.peak_bytes, p.peak_node) == (512, "Relu_r")
+    assert p.weight_bytes == 1024
+    assert p.intermediate_bytes == 256 + 256 + 128
+    assert list(p.by_op_type.items()) == [("MatMul", 384), ("Relu", 256)]
+    # largest first; equal sizes keep execution order
+    largest = [(t.name, t.nbytes) for t in p.largest]
+    assert largest == [("h", 256), ("r", 256), ("x", 128), ("y", 128)]
+
+
+def test_initializer_listed_as_graph_input_is_a_weight():
+    w = numpy_helper.from_array(np.ones((4, 8), np.float32), "w")
+    inputs = [value("x", [4, 8]), value("w", [4, 8])]
+    m = model([node("Add", ["x", "w"], ["y"])], inputs, [value("y")], [w])
+    p = profile(m)
+    assert p.timeline == (2 * S,)  # x and y; w is not an activation
+    assert p.weight_bytes == S
+
+
+def test_constant_node_output_is_a_weight():
+    # step 0 (Constant): x = S   step 1: x + y = 2S
+    c = helper.make_tensor("c_value", FLOAT, [4, 8], [0.5] * 32)
+    nodes = [node("Constant", [], ["c"], value=c), node("Add", ["x", "c"], ["y"])]
+    p = profile(model(nodes, [value("x", [4, 8])], [value("y")]))
+    assert p.timeline == (S, 2 * S)
+    assert p.weight_bytes == S
+    assert p.intermediate_bytes == S
+    assert "c" not in {t.name for t in p.largest}
+
+
+def test_output_nobody_reads_dies_after_its_step():
+    # TopK(x[4,8], k=2) -> values float[4,2] = 32 B, indices int64[4,2] = 64 B (unread).
+    #   step 0: x + values + indices = 128 + 32 + 64 = 224   step 1: values + y = 64
+    k = numpy_helper.from_array(np.array([2], np.int64), "k")
+    nodes = [node("TopK", ["x", "k"], ["values", "indices"]), node("Relu", ["values"], ["y"])]
+    p = profile(model(nodes, [value("x", [4, 8])], [value("y")], [k]))
+    assert p.timeline == (224, 64)
+    assert p.weight_bytes == 8
+
+
+def test_empty_optional_names_are_ignored():
+    # Clip(x, "", max): the empty optional input is no tensor.
+    mx = numpy_helper.from_array(np.array(6.0, np.float32), "max")
+    nodes = [node("Clip", ["x", "", "max"], ["y"])]
+    p = profile(model(nodes, [value("x", [4, 8])], [value("y")], [mx]))
+    assert p.timeline == (2 * S,)
+    assert p.unknown_tensors == ()
+
+
+def test_symbolic_dims_are_unknown_not_zero_until_bound():
+    m = model(relu_chain_nodes(), [value("x", ["batch", 8])], [value("y")])
+    unbound = profile(m)
+    assert unbound.unknown_tensors == ("x", "a", "b", "y")
+    assert unbound.timeline == (0, 0, 0)
+    bound = profile(m, batch=4)
+    assert bound.unknown_tensors == ()
+    assert bound.peak_bytes == 2 * S
+
+
+def test_custom_domain_node_outputs_are_listed_unknown():
+    # x -> Relu a -> com.microsoft Foo b (unknown) -> Relu y (unknown)
+    #   step 0: x + a = 2S   step 1: a (+ b unknown) = S   step 2: (b, y unknown) = 0
+    nodes = [
+        node("Relu", ["x"], ["a"]),
+        node("Foo", ["a"], ["b"], domain="com.microsoft"),
+        node("Relu", ["b"], ["y"]),
+    ]
+    ms = helper.make_opsetid("com.microsoft", 1)
+    p = profile(model(nodes, [value("x", [4, 8])], [value("y")], extra_opsets=[ms]))
+    assert p.timeline == (2 * S, S, 0)
+    assert p.unknown_tensors == ("b", "y")
+
+
+def test_tensor_read_inside_a_subgraph_lives_until_the_if():
+    # a = Relu(x); y = If(cond) {then: Relu(a)} {else: Neg(a)}; cond is bool[] = 1 B.
+    #   step 0: x, cond, a = 257   step 1: cond, a, y = 257
+    # (a read only inside the branches; without the implicit-input rule step 1 would be 129)
+    def branch(op, out):
+        return helper.make_graph([helper.make_node(op, ["a"], [out])], op, [], [value(out)])
+
+    nodes = [
+        node("Relu", ["x"], ["a"]),
+        node(
+            "If", ["cond"], ["y"], then_branch=branch("Relu", "t"), else_branch=branch("Neg", "e")
+        ),
+    ]
+    inputs = [value("x", [4, 8]), value("cond", [], TensorProto.BOOL)]
+    p = profile(model(nodes, inputs, [value("y")]))
+    assert p.timeline == (2 * S + 1, 2 * S + 1)
+
+
+def test_out_of_order_nodes_are_sorted_keeping_stored_order_among_ready_ones():
+    # Stored: y = Relu(b), a = Relu(x), c = Neg(x), b = Add(a, c). Ready at first: a and c;
+    # stored order puts a first.
+    nodes = [
+        node("Relu", ["b"], ["y"]),
+        node("Relu", ["x"], ["a"]),
+        node("Neg", ["x"], ["c"]),
+        node("Add", ["a", "c"], ["b"]),
+    ]
+    m = model(nodes, [value("x", [4, 8])], [value("y")])
+    assert execution_order(m.graph) == [1, 2, 3, 0]
+    p = profile(m)
+    assert p.timeline == (2 * S, 3 * S, 3 * S, 2 * S)
+    assert p.peak_node == "Neg_c"
+
+
+def test_long_reversed_chain_sorts_without_recursion():
+    n = 20_000
+    nodes = [helper.make_node("Relu", [f"t{i}"], [f"t{i + 1}"]) for i in range(n)]
+    m = model(list(reversed(nodes)), [value("t0", [4, 8])], [value(f"t{n}")])
+    assert execution_order(m.graph) == list(range(n - 1, -1, -1))
+    p = profile(m)
+    assert p.timeline == (2 * S,) * n
+    assert p.peak_node == f"Relu#{n - 1}"  # unnamed: op_type#stored index
+
+
+def test_cycle_is_a_value_error():
+    nodes = [node("Relu", ["b"], ["a"]), node("Relu", ["a"], ["b"])]
+    m = model(nodes, [value("x", [4, 8])], [value("b")])
+    with pytest.raises(ValueError, match="cycle"):
+        execution_order(m.graph)
+
+
+def test_graph_without_nodes():
+    m = model([], [value("x", [4, 8])], [value("x")])
+    p = profile(m)
+    assert (p.peak_bytes, p.peak_step, p.peak_node, p.timeline) == (0, -1, "", ())
