@@ -15,6 +15,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
+	mkdir -p build
 	$(BIN)/fuse optimize sample_models/cnn_bn_relu.onnx -o build/cnn_bn_relu.fused.onnx
 	$(BIN)/fuse report sample_models/transformer_block_opset17.onnx --dim batch=1 --dim sequence=128
 

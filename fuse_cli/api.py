@@ -16,9 +16,12 @@ from fuse_cli.config import FuseConfig
 from fuse_cli.errors import FuseError, UsageError
 from fuse_cli.graph.edit import GraphEditor, toposort
 from fuse_cli.graph.io import LoadedModel, assemble_model, load_model, save_model
+from fuse_cli.graph.opset import default_opset, upgrade_opset
 from fuse_cli.passes import resolve
 from fuse_cli.passes.engine import run_pipeline
-from fuse_cli.report.model import FusionRecord, MemoryAudit, Report
+from fuse_cli.passes.base import Pass
+from fuse_cli.report.model import FusionRecord, MemoryAudit, NearMiss, Report, RolledBack
+from fuse_cli.verify import VerifyResult, verify_models
 
 
 @dataclass(frozen=True)
@@ -41,25 +44,23 @@ def optimize(model_path: str | os.PathLike, config: FuseConfig, output_path: str
     if not dry_run:
         _check_output_path(source, target_path, in_place)
     loaded = load_model(source, freeze_inputs=config.freeze_inputs)
+    opset_before = default_opset(loaded.model)
+    if config.upgrade_opset:
+        loaded.model = upgrade_opset(loaded.model, config.upgrade_opset)
     passes = resolve(config.target, config.passes, config.disable)
     symbolic = infer_shapes(loaded.model)
     bound, unbound = _bound_shapes(loaded.model, config)
 
-    graph = gs.import_onnx(loaded.model)
-    editor = GraphEditor(
-        graph,
-        opset=_default_opset(loaded.model),
-        shapes={name: info.shape for name, info in symbolic.tensors.items()},
-        dtypes={name: info.elem_type for name, info in symbolic.tensors.items()},
-        input_defaults=loaded.input_defaults,
-        fold_limit_bytes=config.fold_limit_bytes,
-    )
-    fusions, near_misses = run_pipeline(editor, passes, bound.nbytes)
-    graph.cleanup(remove_unused_graph_inputs=False, recurse_subgraphs=False)
-    toposort(graph)
-    exported = gs.export_onnx(graph, do_type_check=False)
-    provenance = f"fuse {__version__} --target {config.target} passes: {','.join(p.name for p in passes)}"
-    optimized = assemble_model(loaded, exported.graph, provenance)
+    def fuse(selected: list[Pass]) -> _Fused:
+        return _fuse(loaded, selected, symbolic, bound, config)
+
+    fused = fuse(passes)
+    verification: VerifyResult | None = None
+    rolled_back: tuple[RolledBack, ...] = ()
+    notes: tuple[str, ...] = ()
+    if config.verify:
+        fused, verification, rolled_back, notes = _verify_and_roll_back(source, passes, fused, fuse, config)
+    optimized, fusions, near_misses = fused.model, fused.fusions, fused.near_misses
 
     written: tuple[str, ...] = ()
     if not dry_run:
@@ -79,10 +80,72 @@ def optimize(model_path: str | os.PathLike, config: FuseConfig, output_path: str
         dims=tuple(sorted(bound.bound_dims.items())),
         written_files=written,
         dry_run=dry_run,
-        notes=_notes(bound),
+        notes=_notes(bound) + _opset_note(opset_before, loaded.model) + notes,
+        verification=verification,
+        rolled_back=rolled_back,
+        allow_mismatch=config.allow_mismatch,
         memory=_memory_audit(loaded, bound, optimized, config, unbound, fusions),
     )
     return OptimizeResult(report=report, model=optimized)
+
+
+@dataclass(frozen=True)
+class _Fused:
+    model: onnx.ModelProto
+    fusions: list[FusionRecord]
+    near_misses: list[NearMiss]
+
+
+def _fuse(loaded: LoadedModel, passes: list[Pass], symbolic: ShapeTable, bound: ShapeTable,
+          config: FuseConfig) -> _Fused:
+    """One run of the pipeline on a fresh import of the loaded model."""
+    graph = gs.import_onnx(loaded.model)
+    # Sorted once up front (iteratively): every replacement then stands where its root stood, so
+    # the order stays topological without re-sorting per match.
+    toposort(graph)
+    editor = GraphEditor(
+        graph,
+        opset=default_opset(loaded.model),
+        shapes={name: info.shape for name, info in symbolic.tensors.items()},
+        dtypes={name: info.elem_type for name, info in symbolic.tensors.items()},
+        input_defaults=loaded.input_defaults,
+        fold_limit_bytes=config.fold_limit_bytes,
+    )
+    fusions, near_misses = run_pipeline(editor, passes, bound.nbytes)
+    graph.cleanup(remove_unused_graph_inputs=False, recurse_subgraphs=False)
+    toposort(graph)
+    exported = gs.export_onnx(graph, do_type_check=False)
+    provenance = f"fuse {__version__} --target {config.target} passes: {','.join(p.name for p in passes)}"
+    return _Fused(assemble_model(loaded, exported.graph, provenance), fusions, near_misses)
+
+
+def _verify_and_roll_back(source: Path, passes: list[Pass], fused: _Fused, fuse, config: FuseConfig):
+    """Compare with the original in onnxruntime. On a mismatch, bisect the pipeline for the first
+    pass whose rewrites break the outputs, drop it, and try again until the outputs match."""
+
+    def check(candidate: _Fused) -> VerifyResult:
+        return verify_models(str(source), candidate.model, dims=config.dims, rtol=config.rtol, atol=config.atol)
+
+    try:
+        result = check(fused)
+    except FuseError as exc:
+        return fused, None, (), (f"not verified: {exc}",)
+    active = list(passes)
+    rolled_back: list[RolledBack] = []
+    while not result.passed and active:
+        good, bad = 0, len(active)  # a prefix of `good` passes matches, one of `bad` does not
+        while bad - good > 1:
+            middle = (good + bad) // 2
+            if check(fuse(active[:middle])).passed:
+                good = middle
+            else:
+                bad = middle
+        culprit = active.pop(bad - 1)
+        worst = max(result.failing(), key=lambda o: o.max_abs_diff)
+        rolled_back.append(RolledBack(culprit.name, worst.name, worst.max_abs_diff))
+        fused = fuse(active)
+        result = check(fused)
+    return fused, result, tuple(rolled_back), ()
 
 
 def _check_output_path(source: Path, target: Path, in_place: bool) -> None:
@@ -127,16 +190,14 @@ def _memory_audit(loaded: LoadedModel, bound: ShapeTable, optimized: onnx.ModelP
     return MemoryAudit(before=before, after=after, peak_delta_by_pattern=deltas, unknown_dims=unknown)
 
 
+def _opset_note(before: int, model: onnx.ModelProto) -> tuple[str, ...]:
+    after = default_opset(model)
+    return (f"converted from opset {before} to {after} (IR version {model.ir_version})",) if after != before else ()
+
+
 def _notes(table: ShapeTable) -> tuple[str, ...]:
     notes = [f"--dim {name} matches no dimension of this model" for name in table.unused_dims]
     return tuple(notes + list(table.warnings))
-
-
-def _default_opset(model: onnx.ModelProto) -> int:
-    for opset in model.opset_import:
-        if opset.domain in ("", "ai.onnx"):
-            return opset.version
-    raise FuseError("model imports no default-domain (ai.onnx) opset")
 
 
 def _tensor_bytes(tensor: onnx.TensorProto) -> int:

@@ -16,6 +16,7 @@ from rich.console import Console
 from fuse_cli import __version__, api
 from fuse_cli.config import load_config, parse_dims, parse_input_shapes, split_names
 from fuse_cli.errors import FuseError
+from fuse_cli.graph.io import load_model
 from fuse_cli.passes import REGISTRY, TARGETS, pipeline_for
 from fuse_cli.report.model import Report
 from fuse_cli.report.render import render_json, render_markdown, render_rich
@@ -65,6 +66,14 @@ def fusion_options(func):
                      help="Treat initializers listed as graph inputs as constants and drop them from the inputs."),
         click.option("--fold-limit", type=float, default=None, metavar="MB",
                      help="Largest tensor constant folding may create (default 64 MB)."),
+        click.option("--upgrade-opset", type=int, default=None, metavar="N",
+                     help="Convert the model to opset N first (onnx version converter), so newer fused ops apply."),
+        click.option("--verify/--no-verify", default=None,
+                     help="Compare outputs with the original in onnxruntime (default on); roll back passes that break them."),
+        click.option("--rtol", type=float, default=None, help="Relative tolerance for verification (default by dtype)."),
+        click.option("--atol", type=float, default=None, help="Absolute tolerance for verification (default by dtype)."),
+        click.option("--allow-mismatch", is_flag=True, default=None,
+                     help="Exit 0 even when a pass had to be rolled back."),
         click.option("--json", "json_path", default=None, metavar="PATH|-", help="Write the report as JSON."),
         click.option("--markdown", "markdown_path", default=None, metavar="PATH|-", help="Write the report as Markdown."),
         click.option("--debug", is_flag=True, help="Show tracebacks."),
@@ -74,7 +83,8 @@ def fusion_options(func):
     return func
 
 
-def _config(target, passes, disable, dims, input_shapes, freeze_inputs, fold_limit):
+def _config(target, passes, disable, dims, input_shapes, freeze_inputs, fold_limit, upgrade_opset, verify, rtol,
+            atol, allow_mismatch):
     base = load_config()
     return base.with_overrides(
         target=target,
@@ -84,6 +94,11 @@ def _config(target, passes, disable, dims, input_shapes, freeze_inputs, fold_lim
         input_shapes=parse_input_shapes(input_shapes) if input_shapes else None,
         freeze_inputs=freeze_inputs,
         fold_limit_bytes=int(fold_limit * 2**20) if fold_limit is not None else None,
+        upgrade_opset=upgrade_opset,
+        verify=verify,
+        rtol=rtol,
+        atol=atol,
+        allow_mismatch=allow_mismatch,
     )
 
 
@@ -140,6 +155,38 @@ def report(model, json_path, markdown_path, **options):
     result = api.optimize(model, _config(**options), dry_run=True)
     _emit(result.report, json_path, markdown_path)
     sys.exit(result.report.exit_code)
+
+
+@cli.command(name="verify")
+@click.argument("original")
+@click.argument("optimized")
+@click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE", help="Value for a symbolic dimension (default 2).")
+@click.option("--int-range", "int_ranges", multiple=True, metavar="INPUT=LOW:HIGH",
+              help="Range for an integer input's random values, high exclusive (default 0:10).")
+@click.option("--inputs", "inputs_path", default=None, metavar="FILE.npz|DIR",
+              help="Real inputs: a .npz file, or a folder of onnx TensorProto .pb files named after the inputs.")
+@click.option("--rtol", type=float, default=None, help="Relative tolerance (default by dtype: fp32 1e-4).")
+@click.option("--atol", type=float, default=None, help="Absolute tolerance (default by dtype: fp32 1e-5).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
+@click.option("--json", "json_path", default=None, metavar="PATH|-", help="Write the comparison as JSON.")
+@click.option("--debug", is_flag=True, help="Show tracebacks.")
+@guarded
+def verify_command(original, optimized, dims, int_ranges, inputs_path, rtol, atol, seed, json_path):
+    """Run ORIGINAL and OPTIMIZED on the same inputs and compare every output."""
+    from fuse_cli.report.render import render_verify_json, render_verify_rich
+    from fuse_cli.verify import load_inputs, parse_int_ranges, verify_models
+
+    for path in (original, optimized):
+        load_model(path)  # the same one-line errors as every command, before onnxruntime sees the file
+    feeds = load_inputs(inputs_path) if inputs_path else None
+    result = verify_models(original, optimized, dims=parse_dims(dims), seed=seed, rtol=rtol, atol=atol, feeds=feeds,
+                           int_ranges=parse_int_ranges(int_ranges))
+    render_verify_rich(result, _console(stderr=json_path == "-"))
+    if json_path == "-":
+        click.echo(render_verify_json(result), nl=False)
+    elif json_path:
+        Path(json_path).write_text(render_verify_json(result), encoding="utf-8")
+    sys.exit(0 if result.passed else 1)
 
 
 @cli.command(name="passes")

@@ -155,3 +155,46 @@ def verify_models(original: onnx.ModelProto | str, optimized: onnx.ModelProto | 
     after_inputs = {i.name for i in after.get_inputs()}
     return compare_outputs(run(before, feeds), run(after, {k: v for k, v in feeds.items() if k in after_inputs}),
                            rtol, atol)
+
+
+def parse_int_ranges(items) -> dict[str, tuple[int, int]]:
+    """`input_ids=0:30522` -> {"input_ids": (0, 30522)} (high exclusive)."""
+    ranges = {}
+    for item in items:
+        name, _, span = item.rpartition("=")
+        low, sep, high = span.partition(":")
+        try:
+            if not name or not sep:
+                raise ValueError
+            ranges[name] = (int(low), int(high))
+        except ValueError:
+            raise FuseError(f"--int-range expects INPUT=LOW:HIGH, got {item!r}") from None
+        if ranges[name][0] >= ranges[name][1]:
+            raise FuseError(f"--int-range {item}: LOW must be below HIGH")
+    return ranges
+
+
+def load_inputs(path) -> dict[str, np.ndarray]:
+    """Real inputs: a .npz archive keyed by input name, or a folder of TensorProto .pb files
+    (the tensor's own name, else the file's stem, names the input)."""
+    from pathlib import Path
+
+    from onnx import numpy_helper
+
+    path = Path(path)
+    try:
+        if path.is_dir():
+            feeds = {}
+            for pb in sorted(path.glob("*.pb")):
+                tensor = onnx.TensorProto()
+                tensor.ParseFromString(pb.read_bytes())
+                feeds[tensor.name or pb.stem] = numpy_helper.to_array(tensor)
+            if not feeds:
+                raise FuseError(f"{path}: no .pb tensor files in this folder")
+            return feeds
+        with np.load(path, allow_pickle=False) as archive:
+            return {name: archive[name] for name in archive.files}
+    except FuseError:
+        raise
+    except (OSError, ValueError) as exc:
+        raise FuseError(f"{path}: cannot read inputs ({str(exc).splitlines()[0][:200]})") from exc

@@ -21,6 +21,7 @@ def optimize_model(model: onnx.ModelProto, tmp_path: Path, *, name: str = "model
     """Save `model`, run fuse on it with the given FuseConfig fields, return the result."""
     path = tmp_path / f"{name}.onnx"
     onnx.save(model, path)
+    config.setdefault("verify", False)  # tests compare outputs themselves; rollback would hide bugs
     return api.optimize(path, FuseConfig(**config), tmp_path / f"{name}.out.onnx")
 
 

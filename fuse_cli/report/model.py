@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from fuse_cli.analysis.memory import MemoryProfile
 from fuse_cli.errors import EXIT_CHECK_FAILED, EXIT_OK
+from fuse_cli.verify import VerifyResult
 
 SCHEMA_VERSION = 1
 
@@ -71,6 +72,15 @@ class MemoryAudit:
 
 
 @dataclass(frozen=True)
+class RolledBack:
+    """A pass whose rewrites changed the outputs beyond tolerance and were left out."""
+
+    pass_name: str
+    output: str
+    max_abs_diff: float
+
+
+@dataclass(frozen=True)
 class Report:
     model_path: str
     output_path: str | None
@@ -88,6 +98,9 @@ class Report:
     dry_run: bool = False
     notes: tuple[str, ...] = field(default_factory=tuple)
     memory: MemoryAudit | None = None
+    verification: VerifyResult | None = None
+    rolled_back: tuple[RolledBack, ...] = ()
+    allow_mismatch: bool = False
 
     def rows(self) -> list[FusionRow]:
         """Fusions grouped by (pass, pattern) in the order they first happened."""
@@ -120,4 +133,13 @@ class Report:
 
     @property
     def failures(self) -> tuple[str, ...]:
-        return ()
+        """What makes the run a failed check (exit 1). Rolled-back passes count unless the user
+        allowed mismatches: the written model is then correct but not what was asked for."""
+        problems = []
+        if not self.allow_mismatch:
+            problems += [f"pass {r.pass_name} changed output {r.output!r} (max abs diff {r.max_abs_diff:.3g}); "
+                         "its rewrites were rolled back" for r in self.rolled_back]
+        if self.verification is not None and not self.verification.passed:
+            problems += [f"output {o.name!r} differs from the original (max abs diff {o.max_abs_diff:.3g})"
+                         for o in self.verification.failing()]
+        return tuple(problems)

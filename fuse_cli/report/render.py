@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fuse_cli.report.model import SCHEMA_VERSION, Report
+from fuse_cli.verify import VerifyResult
 
 # "Tensors removed" are intermediate activations; "Memory saved" is their bytes at the bound shapes
 # (the traffic that no longer happens); "Peak change" is what removing them alone does to the peak.
@@ -62,6 +63,20 @@ def _percent(before: int, after: int) -> str:
     return f"{(after - before) / before * 100:+.1f}%" if before else "n/a"
 
 
+def verification_lines(report: Report) -> list[str]:
+    lines = [f"Rolled back: pass {r.pass_name} changed output {r.output!r} by up to {r.max_abs_diff:.3g}; "
+             "the model was written without its rewrites" for r in report.rolled_back]
+    result = report.verification
+    if result is not None:
+        worst_abs = max((o.max_abs_diff for o in result.outputs), default=0.0)
+        worst_rel = max((o.max_rel_diff for o in result.outputs), default=0.0)
+        cosine = min((o.cosine_similarity for o in result.outputs), default=1.0)
+        verdict = "outputs match" if result.passed else "OUTPUTS DIFFER"
+        lines.append(f"Verified in onnxruntime (CPU, seeded random inputs): {verdict}; {len(result.outputs)} outputs, "
+                     f"max abs diff {worst_abs:.3g}, max rel diff {worst_rel:.3g}, min cosine {cosine:.6f}")
+    return lines
+
+
 def memory_lines(report: Report) -> list[str]:
     """The model-level before -> after figures, and the one thing people misread."""
     audit = report.memory
@@ -104,6 +119,8 @@ def summary_lines(report: Report) -> list[str]:
                      "(bind them with --dim NAME=VALUE)")
     if report.dims:
         lines.append("Bound dims: " + ", ".join(f"{k}={v}" for k, v in report.dims))
+    lines += verification_lines(report)
+    lines += [f"Note: {note}" for note in report.notes]
     if report.dry_run:
         lines.append("Dry run: nothing written.")
     elif report.written_files:
@@ -189,6 +206,13 @@ def to_json_dict(report: Report) -> dict[str, Any]:
         ],
         "written_files": list(report.written_files),
         "notes": list(report.notes),
+        "verification": None if report.verification is None else {
+            "passed": report.verification.passed,
+            "outputs": [asdict(o) for o in report.verification.outputs],
+        },
+        "rolled_back": [asdict(r) for r in report.rolled_back],
+        "failures": list(report.failures),
+        "exit_code": report.exit_code,
         "memory": _memory_json(report),
     }
 
@@ -246,3 +270,19 @@ def render_markdown(report: Report) -> str:
 
 def _md_escape(text: str) -> str:
     return text.replace("|", "\\|")
+
+
+def render_verify_rich(result: VerifyResult, console: Console) -> None:
+    table = Table(title=f"fuse verify: {'outputs match' if result.passed else 'OUTPUTS DIFFER'}", title_justify="left")
+    for header in ("Output", "Dtype", "Shape", "Max abs diff", "Max rel diff", "Cosine", "rtol / atol", "Result"):
+        table.add_column(header, justify="left" if header in ("Output", "Dtype", "Shape", "Result") else "right")
+    for o in result.outputs:
+        table.add_row(o.name, o.dtype, "x".join(map(str, o.shape)) or "scalar", f"{o.max_abs_diff:.3g}",
+                      f"{o.max_rel_diff:.3g}", f"{o.cosine_similarity:.6f}", f"{o.rtol:g} / {o.atol:g}",
+                      "ok" if o.passed else "[bold red]FAIL[/bold red]")
+    console.print(table)
+
+
+def render_verify_json(result: VerifyResult) -> str:
+    return json.dumps({"schema_version": SCHEMA_VERSION, "passed": result.passed,
+                       "outputs": [asdict(o) for o in result.outputs]}, indent=2) + "\n"

@@ -1,0 +1,39 @@
+"""Opset conversion on request (`--upgrade-opset N`), with onnx's own version converter."""
+
+from __future__ import annotations
+
+import onnx
+from onnx import version_converter
+
+from fuse_cli.errors import FuseError
+
+
+def default_opset(model: onnx.ModelProto) -> int:
+    for opset in model.opset_import:
+        if opset.domain in ("", "ai.onnx"):
+            return opset.version
+    raise FuseError("model imports no default-domain (ai.onnx) opset")
+
+
+def minimum_ir_version(opset: int) -> int:
+    """The oldest IR version that may carry `opset` (onnx.helper.VERSION_TABLE)."""
+    candidates = [ir for _, ir, ai_onnx, *_ in onnx.helper.VERSION_TABLE if ai_onnx >= opset]
+    if not candidates:
+        raise FuseError(f"opset {opset} is unknown to the installed onnx {onnx.__version__}")
+    return min(candidates)
+
+
+def upgrade_opset(model: onnx.ModelProto, target: int) -> onnx.ModelProto:
+    """Convert to `target`. The IR version moves only as far as the new opset requires, so a
+    model stays loadable by runtimes that cap the IR version (onnxruntime 1.31: IR <= 13)."""
+    current = default_opset(model)
+    if target < current:
+        raise FuseError(f"--upgrade-opset {target} is older than the model's opset {current}; fuse only upgrades")
+    if target == current:
+        return model
+    try:
+        converted = version_converter.convert_version(model, target)
+    except Exception as exc:  # the converter raises RuntimeError or its own C++ exceptions
+        raise FuseError(f"cannot convert the model to opset {target}: {str(exc).splitlines()[0][:200]}") from exc
+    converted.ir_version = max(model.ir_version, minimum_ir_version(target))
+    return converted

@@ -1,0 +1,123 @@
+"""Self-checking: verification statistics, input sources, and bisect + rollback of a bad pass."""
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from onnx import TensorProto, numpy_helper
+
+from fuse_cli import api
+from fuse_cli.cli import cli
+from fuse_cli.config import FuseConfig
+from fuse_cli.graph.edit import Replacement
+from fuse_cli.passes import REGISTRY
+from fuse_cli.passes.conv_bn import FoldBatchNormIntoConv
+from fuse_cli.verify import load_inputs, make_session, random_inputs, verify_models
+from tests.graphs import GraphBuilder, op_counts
+
+
+def conv_bn_model(tiny_var: bool = True) -> onnx.ModelProto:
+    """Conv -> BN -> Relu where eps matters: variance ~1e-4 next to eps 1e-3."""
+    b = GraphBuilder()
+    x = b.input("x", ["batch", 3, 8, 8])
+    c = b.op("Conv", x, b.const(b.rand(4, 3, 3, 3)), pads=[1, 1, 1, 1], name="conv")
+    var = b.rand(4, low=1e-4, high=2e-4) if tiny_var else b.rand(4, low=0.5, high=1.5)
+    y = b.op("BatchNormalization", c, b.const(b.rand(4, low=0.5, high=1.5)), b.const(b.rand(4)), b.const(b.rand(4)),
+             b.const(var), epsilon=1e-3, name="bn")
+    return b.build(b.op("Relu", y), output_names=["y"])
+
+
+class DropsEpsilon(FoldBatchNormIntoConv):
+    """Test-only: the classic accuracy bug, a Conv+BN fold that forgets eps."""
+
+    name = "test-conv-bn-without-eps"
+    description = "Broken on purpose: folds BatchNormalization ignoring epsilon"
+
+    def rewrite(self, m, g) -> Replacement:
+        m.node("bn").attrs["epsilon"] = 0.0
+        return super().rewrite(m, g)
+
+
+@pytest.fixture
+def broken_pass(monkeypatch):
+    monkeypatch.setitem(REGISTRY, DropsEpsilon.name, DropsEpsilon())
+    return DropsEpsilon.name
+
+
+def test_a_pass_that_drops_eps_is_caught_bisected_and_rolled_back(tmp_path, broken_pass):
+    path = tmp_path / "m.onnx"
+    onnx.save(conv_bn_model(), path)
+    out = tmp_path / "m.out.onnx"
+    config = FuseConfig(passes=("fold-constants", "eliminate-identity", broken_pass), verify=True)
+    report = api.optimize(path, config, out).report
+    assert [r.pass_name for r in report.rolled_back] == [broken_pass]
+    assert report.rolled_back[0].output == "y" and report.rolled_back[0].max_abs_diff > 1e-2
+    assert report.exit_code == 1 and "rolled back" in report.failures[0]
+    written = onnx.load(out)
+    assert op_counts(written)["BatchNormalization"] == 1, "the broken pass's rewrite must not be in the output"
+    assert verify_models(str(path), written).passed
+    allowed = api.optimize(path, FuseConfig(passes=config.passes, verify=True, allow_mismatch=True), out).report
+    assert allowed.exit_code == 0 and allowed.rolled_back
+
+
+def test_cli_exits_1_and_names_the_pass(tmp_path, broken_pass):
+    path = tmp_path / "m.onnx"
+    onnx.save(conv_bn_model(), path)
+    result = CliRunner().invoke(cli, ["optimize", str(path), "--passes", f"fold-constants,{broken_pass}",
+                                      "--json", str(tmp_path / "r.json")])
+    assert result.exit_code == 1, result.output
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["rolled_back"][0]["pass_name"] == broken_pass and data["exit_code"] == 1
+    assert data["verification"]["passed"] is True  # the model written without the broken rewrites
+
+
+def test_a_correct_pass_verifies_with_statistics(tmp_path):
+    path = tmp_path / "m.onnx"
+    onnx.save(conv_bn_model(), path)
+    report = api.optimize(path, FuseConfig(verify=True), tmp_path / "o.onnx").report
+    assert report.exit_code == 0 and not report.rolled_back
+    (out,) = report.verification.outputs
+    assert out.passed and out.max_abs_diff < 1e-4 and out.cosine_similarity > 0.999999
+
+
+def test_verify_command_fails_on_a_real_difference(tmp_path):
+    good, bad = tmp_path / "good.onnx", tmp_path / "bad.onnx"
+    onnx.save(conv_bn_model(), good)
+    changed = conv_bn_model()
+    for init in changed.graph.initializer:
+        if init.dims == [4, 3, 3, 3]:
+            init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * 1.01, init.name))
+    onnx.save(changed, bad)
+    result = CliRunner().invoke(cli, ["verify", str(good), str(bad), "--json", "-"])
+    assert result.exit_code == 1
+    same = CliRunner().invoke(cli, ["verify", str(good), str(good), "--dim", "batch=3", "--json", "-"])
+    assert same.exit_code == 0
+    payload = json.loads(same.stdout[same.stdout.index("{"):])
+    assert payload["passed"] and payload["outputs"][0]["shape"] == [3, 4, 8, 8]
+
+
+def test_int_inputs_respect_ranges():
+    b = GraphBuilder()
+    ids = b.input("input_ids", ["batch", 16], dtype=TensorProto.INT64)
+    table = b.const(b.rand(100, 4))
+    model = b.build(b.op("Gather", table, ids), output_names=["emb"])
+    session = make_session(model)
+    feeds = random_inputs(session, dims={"batch": 64}, int_ranges={"input_ids": (90, 100)})
+    assert feeds["input_ids"].dtype == np.int64 and feeds["input_ids"].shape == (64, 16)
+    assert feeds["input_ids"].min() >= 90 and feeds["input_ids"].max() < 100
+
+
+def test_npz_and_pb_inputs_load(tmp_path):
+    x = np.arange(2 * 3 * 8 * 8, dtype=np.float32).reshape(2, 3, 8, 8) / 100
+    np.savez(tmp_path / "in.npz", x=x)
+    assert np.array_equal(load_inputs(tmp_path / "in.npz")["x"], x)
+    folder = tmp_path / "pb"
+    folder.mkdir()
+    (folder / "input_0.pb").write_bytes(numpy_helper.from_array(x, "x").SerializeToString())
+    assert np.array_equal(load_inputs(folder)["x"], x)
+    model_path = tmp_path / "m.onnx"
+    onnx.save(conv_bn_model(), model_path)
+    result = CliRunner().invoke(cli, ["verify", str(model_path), str(model_path), "--inputs", str(folder)])
+    assert result.exit_code == 0, result.output
