@@ -34,8 +34,9 @@ class FoldBatchNormIntoConv(PatternPass):
     label = "Conv + BatchNormalization"
     pattern = Op(
         "BatchNormalization",
-        Op(("Conv", "ConvTranspose"), Var("x"), Var("w", const=True), Var("b", const=True, optional=True), name="conv"),
-        Var("gamma", const=True), Var("beta", const=True), Var("mean", const=True), Var("var", const=True),
+        Op(("Conv", "ConvTranspose"), Var("x"), Var("weight", const=True),
+           Var("bias", const=True, optional=True), name="conv"),
+        Var("scale", const=True), Var("beta", const=True), Var("mean", const=True), Var("variance", const=True),
         name="bn",
     )
 
@@ -43,29 +44,33 @@ class FoldBatchNormIntoConv(PatternPass):
         bn, conv = m.node("bn"), m.node("conv")
         if bn.attrs.get("training_mode", 0) == 1:
             return f"{bn.name} is in training mode (training_mode=1): its statistics change per batch"
+        if g.opset < 7 and bn.attrs.get("is_test", 0) != 1:
+            return f"{bn.name} has is_test=0 (training mode before opset 7)"
         if any(out.outputs or g.is_graph_output(out) for out in bn.outputs[1:]):
             return f"{bn.name} exposes running statistics (training-mode outputs are read)"
         if bn.attrs.get("spatial", 1) == 0:
             return f"{bn.name} has spatial=0 (per-activation statistics), which does not fold per channel"
-        w = constant_value(m.tensor("w"))
+        w = constant_value(m.tensor("weight"))
         if w.dtype.type not in FOLDABLE_WEIGHT_DTYPES:
             return f"{conv.name}'s weight has dtype {w.dtype}, not a float type that can be folded"
         channels = _output_channels(conv, w)
-        for role in ("gamma", "beta", "mean", "var"):
+        for role in ("scale", "beta", "mean", "variance"):
             value = constant_value(m.tensor(role))
             if value.size != channels or value.ndim != 1:
-                return f"{bn.name}'s {role} has shape {list(value.shape)}, expected [{channels}] (one per output channel)"
-        bias = m.tensor("b")
+                return (f"{bn.name}'s {role} has shape {list(value.shape)}, expected [{channels}] "
+                        "(one per output channel)")
+        bias = m.tensor("bias")
         if bias is not None and constant_value(bias).size != channels:
             return f"{conv.name}'s bias has {constant_value(bias).size} values for {channels} output channels"
         return None
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
         bn, conv = m.node("bn"), m.node("conv")
-        w = constant_value(m.tensor("w"))
-        gamma, beta, mean, var = (constant_value(m.tensor(k)).astype(np.float64) for k in ("gamma", "beta", "mean", "var"))
+        w = constant_value(m.tensor("weight"))
+        gamma, beta, mean, var = (constant_value(m.tensor(k)).astype(np.float64)
+                                  for k in ("scale", "beta", "mean", "variance"))
         scale = gamma / np.sqrt(var + float(bn.attrs.get("epsilon", 1e-5)))
-        bias = constant_value(m.tensor("b")) if m.tensor("b") is not None else np.zeros(scale.shape, w.dtype)
+        bias = constant_value(m.tensor("bias")) if m.tensor("bias") is not None else np.zeros(scale.shape, w.dtype)
         folded_w = _scale_output_channels(conv, w.astype(np.float64), scale).astype(w.dtype)
         folded_b = ((bias.astype(np.float64) - mean) * scale + beta).astype(w.dtype)
         fused = gs.Node(

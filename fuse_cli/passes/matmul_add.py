@@ -26,12 +26,13 @@ class FuseMatMulAddIntoGemm(PatternPass):
     description = "Fuse MatMul + constant bias Add into Gemm (rank-2 activations)"
     label = "MatMul + Add (bias) -> Gemm"
     min_opset = 7  # Gemm's C broadcasts unidirectionally from opset 7
-    pattern = Op("Add", Op("MatMul", Var("x"), Var("w", const=True), name="matmul"), Var("bias", const=True), name="add")
+    pattern = Op("Add", Op("MatMul", Var("x"), Var("weight", const=True), name="matmul"), Var("bias", const=True),
+                 name="add")
 
     def check(self, m: Match, g: GraphEditor) -> str | None:
         matmul = m.node("matmul")
         x_shape = g.shape(m.tensor("x"))
-        w = constant_value(m.tensor("w"))
+        w = constant_value(m.tensor("weight"))
         bias = constant_value(m.tensor("bias"))
         if x_shape is None:
             return f"{matmul.name}'s input rank is unknown (Gemm needs a rank-2 activation)"
@@ -52,7 +53,7 @@ class FuseMatMulAddIntoGemm(PatternPass):
         matmul, add = m.node("matmul"), m.node("add")
         bias = m.tensor("bias")
         gemm = gs.Node(op="Gemm", name=g.unique_name(f"{matmul.name}_gemm"), attrs={},
-                       inputs=[m.tensor("x"), m.tensor("w"), bias], outputs=[add.outputs[0]])
+                       inputs=[m.tensor("x"), m.tensor("weight"), bias], outputs=[add.outputs[0]])
         return Replacement(nodes=[gemm])
 
 

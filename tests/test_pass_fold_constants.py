@@ -1,0 +1,90 @@
+"""fold-constants: run-time-constant subgraphs become initializers; dead nodes go."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+from onnx import numpy_helper
+
+from tests.conftest import assert_equivalent, optimize_model
+from tests.graphs import GraphBuilder, op_counts
+
+# Pinned, so passes added to the default pipeline cannot change what these tests exercise.
+PASSES = ("fold-constants", "conv-bn")
+
+
+def fusions_by_pass(result) -> Counter:
+    return Counter(record.pass_name for record in result.report.fusions)
+
+
+def ints(b: GraphBuilder, values) -> str:
+    return b.const(np.asarray(values, np.int64))
+
+
+def test_weight_built_at_run_time_folds_then_conv_bn_fires(tmp_path):
+    b = GraphBuilder()
+    x = b.input("x", [2, 4, 8, 8])
+    base = b.op("Constant", value=numpy_helper.from_array(b.rand(6, 4, 3, 3), "base"))
+    offset = b.op("ConstantOfShape", ints(b, [6, 4, 3, 3]),
+                  value=numpy_helper.from_array(np.array([0.25], np.float32), "v"))
+    conv = b.op("Conv", x, b.op("Add", base, offset), pads=[1, 1, 1, 1])
+    y = b.op("BatchNormalization", conv, *(b.const(b.rand(6, low=0.5, high=1.5)) for _ in range(4)))
+    model = b.build(y, output_names=["y"])
+    result = optimize_model(model, tmp_path, passes=PASSES)
+    assert op_counts(result.model) == {"Conv": 1}
+    assert fusions_by_pass(result).keys() == {"fold-constants", "conv-bn"}
+    assert fusions_by_pass(result)["conv-bn"] == 1
+    assert_equivalent(model, result.model)
+    assert not optimize_model(result.model, tmp_path, name="again", passes=PASSES).report.fusions
+
+
+def test_shape_arithmetic_on_static_input_folds(tmp_path):
+    b = GraphBuilder()
+    x = b.input("x", [2, 3, 4, 4])
+    batch = b.op("Unsqueeze", b.op("Gather", b.op("Shape", x), b.const(np.array(0, np.int64))), ints(b, [0]))
+    y = b.op("Reshape", x, b.op("Concat", batch, ints(b, [-1]), axis=0))
+    model = b.build(y, output_names=["y"])
+    result = optimize_model(model, tmp_path, passes=PASSES)
+    assert op_counts(result.model) == {"Reshape": 1}
+    shape = next(t for t in result.model.graph.initializer if t.name == result.model.graph.node[0].input[1])
+    assert numpy_helper.to_array(shape).tolist() == [2, -1]
+    assert_equivalent(model, result.model)
+
+
+def test_dead_node_is_removed(tmp_path):
+    b = GraphBuilder()
+    x = b.input("x", [2, 3])
+    b.op("Relu", b.op("Exp", x, name="dead_exp"), name="dead_relu")
+    model = b.build(b.op("Neg", x), output_names=["y"])
+    result = optimize_model(model, tmp_path, passes=PASSES)
+    assert op_counts(result.model) == {"Neg": 1}
+    assert sorted(name for r in result.report.fusions for name in r.replaced) == ["dead_exp", "dead_relu"]
+    assert_equivalent(model, result.model)
+
+
+@pytest.mark.parametrize("limit, folded", [(1024, False), (64 * 2**10, True)], ids=["over-limit", "under-limit"])
+def test_fold_limit(tmp_path, limit, folded):
+    b = GraphBuilder()
+    x = b.input("x", [64, 64])
+    filled = b.op("ConstantOfShape", ints(b, [64, 64]),
+                  value=numpy_helper.from_array(np.array([1.5], np.float32), "v"))  # 16 KiB of float32
+    model = b.build(b.op("Add", x, filled), output_names=["y"])
+    result = optimize_model(model, tmp_path, fold_limit_bytes=limit, passes=PASSES)
+    assert op_counts(result.model) == ({"Add": 1} if folded else {"Add": 1, "ConstantOfShape": 1})
+    assert_equivalent(model, result.model)
+
+
+@pytest.mark.parametrize("random_op", ["RandomUniform", "Dropout"])
+def test_random_ops_are_not_folded(tmp_path, random_op):
+    b = GraphBuilder()
+    x = b.input("x", [2, 3])
+    if random_op == "RandomUniform":
+        noise = b.op("RandomUniform", shape=[2, 3])
+    else:  # training mode on a constant: a fresh mask every run
+        noise = b.op("Dropout", b.const(np.ones((2, 3))), b.const(0.5), b.const(True, dtype=np.bool_))
+    model = b.build(b.op("Add", x, noise), output_names=["y"])
+    result = optimize_model(model, tmp_path, passes=PASSES)
+    assert op_counts(result.model) == {"Add": 1, random_op: 1}
+    assert "fold-constants" not in fusions_by_pass(result)
