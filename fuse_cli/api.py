@@ -16,7 +16,7 @@ from fuse_cli.config import FuseConfig
 from fuse_cli.errors import FuseError, UsageError
 from fuse_cli.graph.edit import GraphEditor, toposort
 from fuse_cli.graph.io import LoadedModel, assemble_model, load_model, save_model
-from fuse_cli.graph.opset import default_opset, upgrade_opset
+from fuse_cli.graph.opset import default_opset, ensure_domain_imports, upgrade_opset
 from fuse_cli.passes import resolve
 from fuse_cli.passes.engine import run_pipeline
 from fuse_cli.passes.base import Pass
@@ -61,6 +61,7 @@ def optimize(model_path: str | os.PathLike, config: FuseConfig, output_path: str
     if config.verify:
         fused, verification, rolled_back, notes = _verify_and_roll_back(source, passes, fused, fuse, config)
     optimized, fusions, near_misses = fused.model, fused.fusions, fused.near_misses
+    runtime_extra = _what_runtime_target_adds(config, fuse) if config.target == "onnx" else ()
 
     written: tuple[str, ...] = ()
     if not dry_run:
@@ -83,6 +84,7 @@ def optimize(model_path: str | os.PathLike, config: FuseConfig, output_path: str
         notes=_notes(bound) + _opset_note(opset_before, loaded.model) + notes,
         verification=verification,
         rolled_back=rolled_back,
+        runtime_target_would_add=runtime_extra,
         allow_mismatch=config.allow_mismatch,
         memory=_memory_audit(loaded, bound, optimized, config, unbound, fusions),
     )
@@ -110,13 +112,16 @@ def _fuse(loaded: LoadedModel, passes: list[Pass], symbolic: ShapeTable, bound: 
         dtypes={name: info.elem_type for name, info in symbolic.tensors.items()},
         input_defaults=loaded.input_defaults,
         fold_limit_bytes=config.fold_limit_bytes,
+        target=config.target,
     )
     fusions, near_misses = run_pipeline(editor, passes, bound.nbytes)
     graph.cleanup(remove_unused_graph_inputs=False, recurse_subgraphs=False)
     toposort(graph)
     exported = gs.export_onnx(graph, do_type_check=False)
     provenance = f"fuse {__version__} --target {config.target} passes: {','.join(p.name for p in passes)}"
-    return _Fused(assemble_model(loaded, exported.graph, provenance), fusions, near_misses)
+    model = assemble_model(loaded, exported.graph, provenance)
+    ensure_domain_imports(model)
+    return _Fused(model, fusions, near_misses)
 
 
 def _verify_and_roll_back(source: Path, passes: list[Pass], fused: _Fused, fuse, config: FuseConfig):
@@ -146,6 +151,22 @@ def _verify_and_roll_back(source: Path, passes: list[Pass], fused: _Fused, fuse,
         fused = fuse(active)
         result = check(fused)
     return fused, result, tuple(rolled_back), ()
+
+
+RUNTIME_TARGET = "ort"
+
+
+def _what_runtime_target_adds(config: FuseConfig, fuse) -> tuple[tuple[str, int], ...]:
+    """The cost of portability: fusions only an onnxruntime target would make, by pattern."""
+    portable = set(resolve("onnx", None, config.disable))
+    extra = [p for p in resolve(RUNTIME_TARGET, None, config.disable) if p not in portable]
+    if not extra:
+        return ()
+    counts: dict[str, int] = {}
+    for record in fuse(resolve(RUNTIME_TARGET, None, config.disable)).fusions:
+        if record.pass_name in {p.name for p in extra}:
+            counts[record.pattern] = counts.get(record.pattern, 0) + 1
+    return tuple(counts.items())
 
 
 def _check_output_path(source: Path, target: Path, in_place: bool) -> None:

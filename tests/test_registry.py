@@ -3,13 +3,20 @@
 import pytest
 
 from fuse_cli.errors import UsageError
-from fuse_cli.passes import DEFAULT_PIPELINE, REGISTRY, TARGETS, pipeline_for, resolve
+from fuse_cli.passes import REGISTRY, TARGETS, pipeline_for, resolve
+from fuse_cli.passes.registry import PIPELINES
 from fuse_cli.passes.base import ALL_TARGETS, GraphPass, PatternPass
 
 
-def test_every_pipeline_pass_is_registered():
-    missing = [name for name in DEFAULT_PIPELINE if name not in REGISTRY]
-    assert not missing, f"DEFAULT_PIPELINE names passes that do not exist: {missing}"
+@pytest.mark.parametrize("target", TARGETS)
+def test_every_pipeline_pass_is_registered(target):
+    missing = [name for name in PIPELINES[target] if name not in REGISTRY]
+    assert not missing, f"the {target} pipeline names passes that do not exist: {missing}"
+
+
+def test_every_registered_pass_is_in_a_pipeline():
+    in_pipelines = {name for pipeline in PIPELINES.values() for name in pipeline}
+    assert set(REGISTRY) <= in_pipelines
 
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))

@@ -55,9 +55,10 @@ class GraphEditor:
 
     def __init__(self, graph: gs.Graph, *, opset: int, shapes: Mapping[str, tuple | None],
                  dtypes: Mapping[str, int], input_defaults: Iterable[str] = (),
-                 fold_limit_bytes: int = 64 * 2**20):
+                 fold_limit_bytes: int = 64 * 2**20, target: str = "onnx"):
         self.graph = graph
         self.opset = opset
+        self.target = target
         self.fold_limit_bytes = fold_limit_bytes
         self._shapes = shapes
         self._dtypes = dtypes
@@ -87,6 +88,12 @@ class GraphEditor:
             return np.dtype(tensor.dtype) if not isinstance(tensor.dtype, int) else _np_dtype(tensor.dtype)
         elem = self._dtypes.get(tensor.name)
         return _np_dtype(elem) if elem else None
+
+    def target_reason(self, op: str, dtype: np.dtype | None, domain: str = "com.microsoft") -> str | None:
+        """None if the chosen target runs `domain::op` at `dtype`, else why not (capability table)."""
+        from fuse_cli.targets import target_reason
+
+        return target_reason(self.target, op, dtype, domain)
 
     def is_graph_output(self, tensor: gs.Tensor) -> bool:
         return id(tensor) in self.graph_outputs

@@ -37,3 +37,16 @@ def upgrade_opset(model: onnx.ModelProto, target: int) -> onnx.ModelProto:
         raise FuseError(f"cannot convert the model to opset {target}: {str(exc).splitlines()[0][:200]}") from exc
     converted.ir_version = max(model.ir_version, minimum_ir_version(target))
     return converted
+
+
+CONTRIB_DOMAIN_VERSIONS = {"com.microsoft": 1}
+
+
+def ensure_domain_imports(model: onnx.ModelProto) -> None:
+    """Fused operators from onnxruntime's contrib domain need that domain imported, or the model
+    does not load; add the imports the rewrites made necessary, and only those."""
+    imported = {o.domain for o in model.opset_import}
+    used = {n.domain for n in model.graph.node if n.domain not in ("", "ai.onnx")}
+    for domain in sorted(used - imported):
+        if domain in CONTRIB_DOMAIN_VERSIONS:
+            model.opset_import.append(onnx.helper.make_opsetid(domain, CONTRIB_DOMAIN_VERSIONS[domain]))

@@ -17,7 +17,7 @@ REGISTRY: dict[str, Pass] = {}
 
 TARGETS = ("onnx", "ort", "ort-cpu", "ort-cuda")
 
-DEFAULT_PIPELINE: tuple[str, ...] = (
+PORTABLE_PIPELINE: tuple[str, ...] = (
     # 1. make weights constant and drop what computes nothing
     "fold-constants",
     "eliminate-identity",
@@ -48,6 +48,42 @@ DEFAULT_PIPELINE: tuple[str, ...] = (
     "bn-affine",
 )
 
+# onnxruntime targets: the portable pipeline with onnxruntime's fused operators slotted in where
+# their inputs are ready. Order dependencies (each has a test in tests/test_pipeline_order.py):
+# - attention and bias-gelu run before matmul-add, which would otherwise turn their MatMul + Add
+#   into Gemm and hide the pattern;
+# - skip-layer-norm runs after layer-norm, whose LayerNormalization it absorbs;
+# - fused-conv runs after every fold into Conv weights, fused-gemm after matmul-add.
+RUNTIME_PIPELINE: tuple[str, ...] = (
+    *PORTABLE_PIPELINE[: PORTABLE_PIPELINE.index("layer-norm")],
+    "layer-norm",
+    "rms-norm",
+    "simplified-layer-norm",
+    "skip-layer-norm",
+    "skip-simplified-layer-norm",
+    "attention",
+    "gelu",
+    "contrib-gelu",
+    "fast-gelu",
+    "quick-gelu",
+    "bias-gelu",
+    "hard-sigmoid",
+    "hard-swish",
+    "fused-matmul",
+    "matmul-add",
+    "fused-conv",
+    "fused-gemm",
+    "bn-affine",
+)
+
+PIPELINES: dict[str, tuple[str, ...]] = {
+    "onnx": PORTABLE_PIPELINE,
+    "ort": RUNTIME_PIPELINE,
+    "ort-cpu": RUNTIME_PIPELINE,
+    "ort-cuda": RUNTIME_PIPELINE,
+}
+DEFAULT_PIPELINE = PORTABLE_PIPELINE
+
 
 def register(cls: type[Pass]) -> type[Pass]:
     instance = cls()
@@ -58,9 +94,10 @@ def register(cls: type[Pass]) -> type[Pass]:
 
 
 def pipeline_for(target: str) -> tuple[str, ...]:
+    """The target's pipeline, less the passes whose output that target cannot run."""
     _check_target(target)
     # Names not registered yet are skipped here; tests/test_registry.py fails until they all are.
-    return tuple(name for name in DEFAULT_PIPELINE if name in REGISTRY and target in REGISTRY[name].targets)
+    return tuple(name for name in PIPELINES[target] if name in REGISTRY and target in REGISTRY[name].targets)
 
 
 def resolve(target: str, passes: Iterable[str] | None = None, disable: Iterable[str] = ()) -> list[Pass]:
@@ -75,7 +112,7 @@ def resolve(target: str, passes: Iterable[str] | None = None, disable: Iterable[
         if target not in REGISTRY[name].targets:
             allowed = ", ".join(sorted(REGISTRY[name].targets))
             raise UsageError(f"pass {name!r} emits operators that target {target!r} cannot run (targets: {allowed})")
-    order = {name: i for i, name in enumerate(DEFAULT_PIPELINE)}
+    order = {name: i for i, name in enumerate(PIPELINES[target])}
     selected = sorted(set(chosen) - set(disabled), key=lambda n: order.get(n, len(order)))
     return [REGISTRY[name] for name in selected]
 

@@ -24,7 +24,7 @@ th, td { border-bottom: 1px solid #e3e3e3; padding: 4px 10px; text-align: left; 
 th { background: #f5f5f5; } td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
 tr.total td { font-weight: 600; border-top: 2px solid #bbb; }
 td { overflow-wrap: anywhere; }
-.pair { display: flex; flex-wrap: wrap; gap: 32px; } .muted { color: #666; }
+.pair { display: flex; flex-wrap: wrap; align-items: flex-start; gap: 32px; } .muted { color: #666; }
 svg { max-width: 100%; height: auto; }
 """
 
@@ -41,15 +41,13 @@ def render_html(report: Report) -> str:
     audit = report.memory
     if audit is not None:
         body += ["<h2>Activation memory over execution</h2>", render_timeline_svg(report)]
-        body.append('<div class="pair">')
-        for caption, tensors in (
-            (f"Alive at the peak, before fusion ({audit.before.peak_node or '-'})", audit.before.live_at_peak),
-            (f"Alive at the peak, after fusion ({audit.after.peak_node or '-'})", audit.after.live_at_peak),
-            ("Largest activations, before fusion", audit.before.largest),
-            ("Largest activations, after fusion", audit.after.largest),
+        for side_by_side in (
+            ((f"Alive at the peak, before fusion ({audit.before.peak_node or '-'})", audit.before.live_at_peak),
+             (f"Alive at the peak, after fusion ({audit.after.peak_node or '-'})", audit.after.live_at_peak)),
+            (("Largest activations, before fusion", audit.before.largest),
+             ("Largest activations, after fusion", audit.after.largest)),
         ):
-            body.append(_tensor_table(caption, tensors))
-        body.append("</div>")
+            body += ['<div class="pair">', *(_tensor_table(c, t) for c, t in side_by_side), "</div>"]
         ops = dict.fromkeys([*audit.before.by_op_type, *audit.after.by_op_type])
         op_rows = [(op, human_bytes(audit.before.by_op_type.get(op, 0)), human_bytes(audit.after.by_op_type.get(op, 0)))
                    for op in ops]

@@ -101,6 +101,7 @@ class Report:
     verification: VerifyResult | None = None
     rolled_back: tuple[RolledBack, ...] = ()
     allow_mismatch: bool = False
+    runtime_target_would_add: tuple[tuple[str, int], ...] = ()  # (pattern, count) with --target ort
 
     def rows(self) -> list[FusionRow]:
         """Fusions grouped by (pass, pattern) in the order they first happened."""

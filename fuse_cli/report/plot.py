@@ -8,7 +8,7 @@ lengths: both are drawn over normalized execution progress, step i of n spanning
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from html import escape
 from pathlib import Path
 
@@ -17,12 +17,14 @@ from fuse_cli.errors import UsageError
 from fuse_cli.report.model import Report
 from fuse_cli.report.render import human_bytes
 
+X_TICKS = (0, 0.25, 0.5, 0.75, 1)
 X_LABEL = "execution progress, normalized 0 to 1 (before and after have different node counts)"
 # Where fusion left the timeline unchanged the lines coincide: the wider "before" line, drawn
 # first, stays visible as a rim around the narrower "after" line.
 BEFORE_STYLE, AFTER_STYLE = ("#1f6fb4", 3.5), ("#e0640c", 1.6)
 _TICK_COUNT = 5  # gridlines aimed for; the step is the smallest power of two giving at most this many
-_CHAR_WIDTH = 6.6  # px per character at font-size 12, to keep peak labels inside the plot and apart
+_CHAR_WIDTH = 6.6  # px per character at font-size 12, to keep peak labels inside the plot
+_LABEL_CHAR_FRACTION = 1 / 120  # of the plot's width per label character, to tell if two labels overlap
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,7 @@ class Series:
     points: tuple[tuple[float, int], ...]  # corners of the step line: (progress 0..1, live bytes)
     peak: tuple[float, int]  # the middle of the peak step
     peak_label: str
+    label_level: int = 0  # 1: stacked above the other peak's label, which it would overlap
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,10 @@ def timeline_chart(report: Report) -> Chart:
                                _series("after fusion", AFTER_STYLE, audit.after)) if s)
     if not series:
         return Chart(title, (), (0, 1), "The graph has no nodes: no timeline to draw.")
-    return Chart(title, series, _y_ticks(max(s.peak[1] for s in series)))
+    ticks = _y_ticks(max(s.peak[1] for s in series))
+    if len(series) == 2 and _labels_overlap(*series, ticks[-1]):
+        series = (series[0], replace(series[1], label_level=1))
+    return Chart(title, series, ticks)
 
 
 def _series(label: str, style: tuple[str, float], profile: MemoryProfile) -> Series | None:
@@ -66,6 +72,11 @@ def _series(label: str, style: tuple[str, float], profile: MemoryProfile) -> Ser
     points = tuple((x / steps, live) for i, live in enumerate(profile.timeline) for x in (i, i + 1))
     return Series(f"{label} ({steps} steps)", *style, points, ((profile.peak_step + 0.5) / steps, profile.peak_bytes),
                   f"peak {human_bytes(profile.peak_bytes)} at {profile.peak_node}")
+
+
+def _labels_overlap(a: Series, b: Series, y_max: int) -> bool:
+    half_widths = (len(a.peak_label) + len(b.peak_label)) / 2 * _LABEL_CHAR_FRACTION
+    return abs(a.peak[0] - b.peak[0]) < half_widths and abs(a.peak[1] - b.peak[1]) < 0.08 * y_max
 
 
 def _y_ticks(peak: int) -> tuple[int, ...]:
@@ -97,14 +108,15 @@ def render_timeline_svg(report: Report, *, width: int = 900, height: int = 320) 
 
     legend_x = left
     for s in chart.series:
-        out.append(f'<line x1="{legend_x}" y1="44" x2="{legend_x + 22}" y2="44" stroke="{s.color}" stroke-width="{s.line_width}"/>')
+        out.append(f'<line x1="{legend_x}" y1="44" x2="{legend_x + 22}" y2="44" stroke="{s.color}" '
+                   f'stroke-width="{s.line_width}"/>')
         out.append(_text(legend_x + 28, 48, s.label))
         legend_x += 28 + len(s.label) * _CHAR_WIDTH + 24
     for tick in chart.y_ticks:
         _, y = px(0, tick)
         out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{right}" y2="{y:.1f}" stroke="#e3e3e3"/>')
         out.append(_text(left - 8, y + 4, human_bytes(tick), anchor="end", fill="#555"))
-    for fraction in (0, 0.25, 0.5, 0.75, 1):
+    for fraction in X_TICKS:
         x, _ = px(fraction, 0)
         out.append(f'<line x1="{x:.1f}" y1="{bottom}" x2="{x:.1f}" y2="{bottom + 4}" stroke="#888"/>')
         out.append(_text(x, bottom + 17, f"{fraction:g}", anchor="middle", fill="#555"))
@@ -115,17 +127,12 @@ def render_timeline_svg(report: Report, *, width: int = 900, height: int = 320) 
         corners = " ".join(f"{x:.1f},{y:.1f}" for x, y in (px(*p) for p in s.points))
         out.append(f'<polyline points="{corners}" fill="none" stroke="{s.color}" stroke-width="{s.line_width}" '
                    f'stroke-linejoin="round"/>')
-    taken: list[tuple[float, float, float]] = []  # (x0, x1, baseline) of labels placed so far
     for s in chart.series:
         x, y = px(*s.peak)
         width_px = len(s.peak_label) * _CHAR_WIDTH
         x0 = min(max(x - width_px / 2, left + 2), right - width_px)
-        baseline = y - 9
-        while any(a < x0 + width_px and x0 < b and abs(base - baseline) < 15 for a, b, base in taken):
-            baseline -= 15  # the other peak's label sits here already: stack above it
-        taken.append((x0, x0 + width_px, baseline))
         out.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="{s.color}" stroke="#fff" stroke-width="1.5"/>')
-        out.append(_text(x0, baseline, s.peak_label, fill=s.color, halo=True))
+        out.append(_text(x0, y - 9 - 15 * s.label_level, s.peak_label, fill=s.color, halo=True))
     return "\n".join(out + ["</svg>"]) + "\n"
 
 
@@ -147,24 +154,29 @@ def write_plot(report: Report, path: str | os.PathLike) -> None:
 
 def _write_png(chart: Chart, path: Path) -> None:
     try:  # imported here: matplotlib is an optional extra, needed for PNG only
+        import matplotlib
         from matplotlib.figure import Figure
     except ImportError:
         raise UsageError("PNG needs matplotlib (pip install matplotlib); write .svg instead") from None
-    figure = Figure(figsize=(9, 3.2), dpi=150, layout="constrained")
-    axes = figure.add_subplot()
-    axes.set_title(chart.title, loc="left", fontweight="bold")
-    axes.set_xlim(0, 1)
-    axes.set_ylim(0, chart.y_ticks[-1])
-    axes.set_yticks(chart.y_ticks, [human_bytes(t) for t in chart.y_ticks])
-    axes.grid(axis="y", color="#e3e3e3")
-    axes.set_xlabel(X_LABEL)
-    if chart.empty_reason:
-        axes.text(0.5, 0.5, chart.empty_reason, ha="center", transform=axes.transAxes)
-    for s in chart.series:
-        xs, ys = zip(*s.points)
-        axes.plot(xs, ys, color=s.color, linewidth=s.line_width, label=s.label)
-        axes.plot(*s.peak, "o", color=s.color)
-        axes.annotate(s.peak_label, s.peak, xytext=(0, 6), textcoords="offset points", ha="center", color=s.color)
-    if chart.series:
-        axes.legend(loc="upper right", frameon=False)
-    figure.savefig(path)
+    with matplotlib.rc_context({"text.parse_math": False}):  # a "$" in a tensor name is text, not TeX
+        figure = Figure(figsize=(9, 3.2), dpi=150, layout="constrained")
+        axes = figure.add_subplot()
+        axes.set_title(chart.title, loc="left", fontweight="bold")
+        axes.set_xlim(0, 1)
+        axes.set_ylim(0, chart.y_ticks[-1])
+        axes.set_yticks(chart.y_ticks, [human_bytes(t) for t in chart.y_ticks])
+        axes.set_xticks(X_TICKS, [f"{x:g}" for x in X_TICKS])
+        axes.grid(axis="y", color="#e3e3e3")
+        axes.set_axisbelow(True)
+        axes.set_xlabel(X_LABEL)
+        if chart.empty_reason:
+            axes.text(0.5, 0.5, chart.empty_reason, ha="center", transform=axes.transAxes)
+        for s in chart.series:
+            xs, ys = zip(*s.points)
+            axes.plot(xs, ys, color=s.color, linewidth=s.line_width * 0.6, label=s.label)  # points, not pixels
+            axes.plot(*s.peak, "o", color=s.color, markeredgecolor="#fff")
+            axes.annotate(s.peak_label, s.peak, xytext=(0, 6 + 11 * s.label_level), textcoords="offset points",
+                          ha="center", color=s.color)
+        if chart.series:
+            axes.legend(loc="best", frameon=False)
+        figure.savefig(path)

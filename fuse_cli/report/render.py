@@ -119,6 +119,9 @@ def summary_lines(report: Report) -> list[str]:
                      "(bind them with --dim NAME=VALUE)")
     if report.dims:
         lines.append("Bound dims: " + ", ".join(f"{k}={v}" for k, v in report.dims))
+    if report.runtime_target_would_add:
+        extra = ", ".join(f"+{count} {pattern}" for pattern, count in report.runtime_target_would_add)
+        lines.append(f"With --target ort (onnxruntime's fused operators) fuse would also make: {extra}")
     lines += verification_lines(report)
     lines += [f"Note: {note}" for note in report.notes]
     if report.dry_run:
@@ -211,6 +214,7 @@ def to_json_dict(report: Report) -> dict[str, Any]:
             "outputs": [asdict(o) for o in report.verification.outputs],
         },
         "rolled_back": [asdict(r) for r in report.rolled_back],
+        "runtime_target_would_add": [{"pattern": p, "count": c} for p, c in report.runtime_target_would_add],
         "failures": list(report.failures),
         "exit_code": report.exit_code,
         "memory": _memory_json(report),
