@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +46,8 @@ def optimize(model_path: str | os.PathLike, config: FuseConfig, output_path: str
     if not dry_run:
         _check_output_path(source, target_path, in_place)
     loaded = load_model(source, freeze_inputs=config.freeze_inputs)
+    if not dry_run:
+        _check_not_over_weights(loaded, target_path, config.external_data)
     opset_before = default_opset(loaded.model)
     if config.upgrade_opset:
         loaded.model = upgrade_opset(loaded.model, config.upgrade_opset)
@@ -101,6 +105,13 @@ class _Fused:
 def _fuse(loaded: LoadedModel, passes: list[Pass], symbolic: ShapeTable, bound: ShapeTable,
           config: FuseConfig) -> _Fused:
     """One run of the pipeline on a fresh import of the loaded model."""
+    # onnx-graphsurgeon's logger print()s its warnings: keep stdout for results (`--json -`).
+    with contextlib.redirect_stdout(sys.stderr):
+        return _fuse_quietly(loaded, passes, symbolic, bound, config)
+
+
+def _fuse_quietly(loaded: LoadedModel, passes: list[Pass], symbolic: ShapeTable, bound: ShapeTable,
+                  config: FuseConfig) -> _Fused:
     graph = gs.import_onnx(loaded.model)
     # Sorted once up front (iteratively): every replacement then stands where its root stood, so
     # the order stays topological without re-sorting per match.
@@ -170,11 +181,29 @@ def _what_runtime_target_adds(config: FuseConfig, fuse) -> tuple[tuple[str, int]
 
 
 def _check_output_path(source: Path, target: Path, in_place: bool) -> None:
+    """Before any work: the output must be writable and must not clobber the input."""
     if target.exists() and target.is_dir():
         raise UsageError(f"{target}: output path is a directory")
-    same = target.exists() and source.exists() and os.path.samefile(source, target)
-    if (same or target.resolve() == source.resolve()) and not in_place:
+    folder = target.parent if str(target.parent) else Path(".")
+    if not folder.is_dir():
+        raise UsageError(f"{target}: output folder {folder} does not exist")
+    if _same_file(source, target) and not in_place:
         raise UsageError(f"{target}: output would overwrite the input; pass --in-place to allow it")
+
+
+def _check_not_over_weights(loaded: LoadedModel, target: Path, external_data: bool | None) -> None:
+    """Writing over the file the input's weights live in would corrupt the input (--in-place
+    included: the model file is replaced atomically, its weights file is not)."""
+    for weights in loaded.external_files:
+        for written in (target, target.with_name(target.name + ".data")):
+            if _same_file(weights, written) and (written == target or external_data is not False):
+                raise UsageError(f"{written}: output would overwrite the input's external data file")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    if a.exists() and b.exists():
+        return os.path.samefile(a, b)
+    return a.resolve() == b.resolve()
 
 
 def _bound_shapes(model: onnx.ModelProto, config: FuseConfig,

@@ -64,14 +64,16 @@ def fusion_options(func):
                      help="Give an input's full shape for the memory estimate (repeatable)."),
         click.option("--freeze-inputs", is_flag=True, default=None,
                      help="Treat initializers listed as graph inputs as constants and drop them from the inputs."),
-        click.option("--fold-limit", type=float, default=None, metavar="MB",
+        click.option("--fold-limit", type=click.FloatRange(min=0), default=None, metavar="MB",
                      help="Largest tensor constant folding may create (default 64 MB)."),
         click.option("--upgrade-opset", type=int, default=None, metavar="N",
                      help="Convert the model to opset N first (onnx version converter), so newer fused ops apply."),
         click.option("--verify/--no-verify", default=None,
                      help="Compare outputs with the original in onnxruntime (default on); roll back passes that break them."),
-        click.option("--rtol", type=float, default=None, help="Relative tolerance for verification (default by dtype)."),
-        click.option("--atol", type=float, default=None, help="Absolute tolerance for verification (default by dtype)."),
+        click.option("--rtol", type=click.FloatRange(min=0), default=None,
+                     help="Relative tolerance for verification (default by dtype)."),
+        click.option("--atol", type=click.FloatRange(min=0), default=None,
+                     help="Absolute tolerance for verification (default by dtype)."),
         click.option("--allow-mismatch", is_flag=True, default=None,
                      help="Exit 0 even when a pass had to be rolled back."),
         click.option("--json", "json_path", default=None, metavar="PATH|-", help="Write the report as JSON."),
@@ -165,8 +167,8 @@ def report(model, json_path, markdown_path, **options):
               help="Range for an integer input's random values, high exclusive (default 0:10).")
 @click.option("--inputs", "inputs_path", default=None, metavar="FILE.npz|DIR",
               help="Real inputs: a .npz file, or a folder of onnx TensorProto .pb files named after the inputs.")
-@click.option("--rtol", type=float, default=None, help="Relative tolerance (default by dtype: fp32 1e-4).")
-@click.option("--atol", type=float, default=None, help="Absolute tolerance (default by dtype: fp32 1e-5).")
+@click.option("--rtol", type=click.FloatRange(min=0), default=None, help="Relative tolerance (default by dtype: fp32 1e-4).")
+@click.option("--atol", type=click.FloatRange(min=0), default=None, help="Absolute tolerance (default by dtype: fp32 1e-5).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
 @click.option("--json", "json_path", default=None, metavar="PATH|-", help="Write the comparison as JSON.")
 @click.option("--debug", is_flag=True, help="Show tracebacks.")

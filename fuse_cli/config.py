@@ -6,6 +6,8 @@ nearest pyproject.toml with a [tool.fuse] table, wins. Command-line flags overri
 
 from __future__ import annotations
 
+import math
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -32,6 +34,11 @@ class FuseConfig:
     freeze_inputs: bool = False
     fold_limit_bytes: int = DEFAULT_FOLD_LIMIT_BYTES
     external_data: bool | None = None  # None: only when the model needs it (> 2 GB)
+    upgrade_opset: int | None = None  # convert to this opset before fusing (onnx version converter)
+    verify: bool = True  # compare with the original in onnxruntime; roll back passes that break it
+    rtol: float | None = None  # None: per-dtype defaults (fuse_cli.verify.DEFAULT_TOLERANCES)
+    atol: float | None = None
+    allow_mismatch: bool = False  # exit 0 even when a pass had to be rolled back
     source: str = "defaults"
 
     def with_overrides(self, **overrides: Any) -> FuseConfig:
@@ -58,8 +65,11 @@ def find_config_file(start: Path | None = None) -> tuple[Path, Mapping[str, Any]
             return fuse_toml, _read_toml(fuse_toml)
         pyproject = candidate / "pyproject.toml"
         if pyproject.is_file():
-            table = _read_toml(pyproject).get("tool", {}).get("fuse")
+            tool = _read_toml(pyproject).get("tool", {})
+            table = tool.get("fuse") if isinstance(tool, Mapping) else None
             if table is not None:
+                if not isinstance(table, Mapping):
+                    raise UsageError(f"{pyproject}: [tool.fuse] must be a table of settings")
                 return pyproject, table
     return None
 
@@ -68,7 +78,8 @@ def _read_toml(path: Path) -> Mapping[str, Any]:
     try:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise UsageError(f"{path}: cannot read configuration ({exc})") from exc
+        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise UsageError(f"{path}: cannot read configuration ({detail})") from exc
 
 
 def load_config(start: Path | None = None) -> FuseConfig:
@@ -89,18 +100,26 @@ def load_config(start: Path | None = None) -> FuseConfig:
 
 
 def _convert(path: Path, key: str, kind: Any, raw: Any) -> Any:
+    """Check a file value's type strictly: TOML is typed, so `target = 1` or `fold-limit = true`
+    is a mistake to report, not a value to coerce."""
     try:
         if kind == "names":
-            return split_names(raw if isinstance(raw, str) else ",".join(raw))
+            if isinstance(raw, str):
+                return split_names(raw)
+            if isinstance(raw, list) and all(isinstance(name, str) for name in raw):
+                return split_names(",".join(raw))
+            raise TypeError('expected a list of pass names, like ["conv-bn", "matmul-add"]')
         if kind == "dims":
             if not isinstance(raw, Mapping):
                 raise TypeError("expected a table of NAME = VALUE")
             return {str(k): _positive_int(v) for k, v in raw.items()}
         if kind == "megabytes":
-            return int(float(raw) * 2**20)
-        if kind is bool and not isinstance(raw, bool):
-            raise TypeError("expected true or false")
-        return kind(raw)
+            if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not 0 <= raw < math.inf:
+                raise TypeError(f"expected a number of megabytes >= 0, got {raw!r}")
+            return int(raw * 2**20)
+        if not isinstance(raw, kind):
+            raise TypeError(f"expected {'true or false' if kind is bool else 'a string'}, got {raw!r}")
+        return raw
     except (TypeError, ValueError) as exc:
         raise UsageError(f"{path}: bad value for {key!r}: {exc}") from exc
 
@@ -110,10 +129,13 @@ def split_names(text: str) -> tuple[str, ...]:
 
 
 def _positive_int(value: Any) -> int:
-    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-        raise ValueError(f"{value!r} is not a positive integer")
-    number = int(value)
-    if number <= 0:
+    number = None
+    if not isinstance(value, bool) and not (isinstance(value, float) and not value.is_integer()):
+        try:
+            number = int(value)
+        except (TypeError, ValueError):
+            pass
+    if number is None or number <= 0:
         raise ValueError(f"{value!r} is not a positive integer")
     return number
 
@@ -140,7 +162,7 @@ def parse_input_shapes(items: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
         if not sep or not name:
             raise UsageError(f"--input-shape expects NAME:D1xD2x..., got {item!r}")
         try:
-            shapes[name] = tuple(_positive_int(d) for d in dims.lower().split("x"))
+            shapes[name] = tuple(_positive_int(d) for d in re.split("[xX]", dims))
         except ValueError as exc:
             raise UsageError(f"--input-shape {item}: {exc}") from exc
     return shapes

@@ -245,7 +245,9 @@ def _inference_copy(model: onnx.ModelProto) -> onnx.ModelProto:
     Always light, not only above 2 GB: it halves peak memory on big models, and small and huge
     models then go through the same code path.
     """
-    copy = onnx.ModelProto(ir_version=model.ir_version)
+    # IR < 4 requires every initializer to be listed as a graph input; fuse's in-memory model
+    # has them set aside (they are constants there), so infer under IR 4 rules.
+    copy = onnx.ModelProto(ir_version=max(model.ir_version, 4))
     copy.opset_import.extend(model.opset_import)
     copy.functions.extend(model.functions)
     copy.graph.CopyFrom(_light_graph(model.graph))

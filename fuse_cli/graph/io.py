@@ -9,19 +9,22 @@ puts the optimized graph back into a copy of the original ModelProto shell.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
 from google.protobuf.message import DecodeError
+from onnx.external_data_helper import set_external_data
 
 from fuse_cli import __version__
 from fuse_cli.errors import FuseError, ModelLoadError
 
 # protobuf refuses to serialize a message of 2 GiB or more; leave headroom for the graph itself.
-PROTOBUF_LIMIT_BYTES = 2**31 - 1
 INLINE_SAVE_LIMIT_BYTES = 1_800_000_000
+# Smaller initializers stay inline in the .onnx file, as onnx.save does by default.
+EXTERNAL_DATA_MIN_BYTES = 1024
 
 
 @dataclass
@@ -37,6 +40,7 @@ class LoadedModel:
     model: onnx.ModelProto
     input_defaults: dict[str, onnx.TensorProto] = field(default_factory=dict)
     file_bytes: int = 0
+    external_files: tuple[Path, ...] = ()  # the side files its weights were read from
 
 
 def load_model(path: str | os.PathLike, *, freeze_inputs: bool = False) -> LoadedModel:
@@ -55,14 +59,14 @@ def load_model(path: str | os.PathLike, *, freeze_inputs: bool = False) -> Loade
         raise ModelLoadError(f"{path}: not a readable ONNX model ({_first_line(exc)})") from exc
     if not model.HasField("graph") or (not model.graph.node and not model.graph.output):
         raise ModelLoadError(f"{path}: not an ONNX model (no graph found)")
-    _check_external_data_locations(model, path.parent)
+    _check_opsets(model, path)
+    external_files = _check_external_data_locations(model, path)
     try:
         onnx.load_external_data_for_model(model, str(path.parent))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, onnx.checker.ValidationError) as exc:
         raise ModelLoadError(f"{path}: cannot read external data ({_first_line(exc)})") from exc
-    _check_opsets(model, path)
     _check_graph_wiring(model.graph, path)
-    loaded = LoadedModel(path=path, model=model, file_bytes=size)
+    loaded = LoadedModel(path=path, model=model, file_bytes=size, external_files=external_files)
     _separate_initializer_inputs(loaded, freeze_inputs)
     return loaded
 
@@ -72,33 +76,55 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0][:200]
 
 
-def _check_external_data_locations(model: onnx.ModelProto, base_dir: Path) -> None:
+def _check_external_data_locations(model: onnx.ModelProto, path: Path) -> tuple[Path, ...]:
     """Refuse external-data paths that leave the model's folder: a model file must not make us read
-    arbitrary files (`../../etc/passwd`, absolute paths, symlinks pointing elsewhere)."""
-    base = base_dir.resolve()
-    for tensor in _all_initializers(model):
+    arbitrary files (`../../etc/passwd`, absolute paths, symlinks pointing elsewhere). Every tensor
+    onnx would load is checked, Constant nodes' values included, not only initializers."""
+    base = path.parent.resolve()
+    files: dict[Path, None] = {}
+    for tensor in _all_tensors(model):
         if tensor.data_location != onnx.TensorProto.EXTERNAL:
             continue
         location = next((e.value for e in tensor.external_data if e.key == "location"), "")
         if not location or os.path.isabs(location):
-            raise ModelLoadError(f"external data of {tensor.name!r} has an absolute or empty location: refused")
-        target = (base / location).resolve()
-        if base != target and base not in target.parents:
-            raise ModelLoadError(f"external data of {tensor.name!r} points outside the model's folder: refused")
+            raise ModelLoadError(f"{path}: external data of {tensor.name!r} has an absolute or empty location: refused")
+        try:
+            target = (base / location).resolve()
+        except (OSError, ValueError):  # a NUL byte, a symlink loop
+            target = None
+        if target is None or (base != target and base not in target.parents):
+            raise ModelLoadError(f"{path}: external data of {tensor.name!r} points outside the model's folder "
+                                 f"({location}): refused")
+        files[target] = None
+    return tuple(files)
 
 
 def _all_initializers(model: onnx.ModelProto):
-    def walk(graph: onnx.GraphProto):
-        yield from graph.initializer
-        for node in graph.node:
+    """Initializers of the main graph and of every subgraph (If/Loop/Scan bodies)."""
+    return (t for graph in _all_graphs(model.graph) for t in graph.initializer)
+
+
+def _all_tensors(model: onnx.ModelProto):
+    """Every tensor that may hold external data: initializers and node attribute tensors, in all
+    graphs and model-local functions (a superset of what onnx.load_external_data_for_model reads)."""
+    yield from _all_initializers(model)
+    for body in _all_graphs(model.graph, *model.functions):
+        for node in body.node:
+            for attr in node.attribute:
+                if attr.HasField("t"):
+                    yield attr.t
+                yield from attr.tensors
+
+
+def _all_graphs(*bodies):
+    """The given graphs (or functions) and every subgraph nested in their nodes."""
+    for body in bodies:
+        yield body
+        for node in body.node:
             for attr in node.attribute:
                 if attr.type == onnx.AttributeProto.GRAPH:
-                    yield from walk(attr.g)
-                elif attr.type == onnx.AttributeProto.GRAPHS:
-                    for sub in attr.graphs:
-                        yield from walk(sub)
-
-    return walk(model.graph)
+                    yield from _all_graphs(attr.g)
+                yield from _all_graphs(*attr.graphs)
 
 
 def _check_opsets(model: onnx.ModelProto, path: Path) -> None:
@@ -225,13 +251,13 @@ def _record_provenance(model: onnx.ModelProto, original: onnx.ModelProto, proven
 
 
 def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, external_data: bool | None = None) -> list[Path]:
-    """Write atomically (temp file + rename) and return the paths written.
+    """Write atomically (temp files + rename) and return the paths written. `model` is left as it was.
 
-    external_data: True forces a side `.data` file, None picks it when the model would not fit
+    external_data: True forces a side `<name>.data` file, None picks it when the model would not fit
     protobuf's 2 GB limit inline.
     """
     path = Path(path)
-    folder = path.parent if str(path.parent) else Path(".")
+    folder = path.parent
     if not folder.is_dir():
         raise FuseError(f"{path}: output folder {folder} does not exist")
     if external_data is None:
@@ -242,8 +268,7 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, external_data
         tmp_model = Path(tmp_dir) / path.name
         if external_data:
             data_name = path.name + ".data"
-            onnx.save_model(model, str(tmp_model), save_as_external_data=True, all_tensors_to_one_file=True,
-                            location=data_name, size_threshold=1024)
+            _save_with_external_data(model, tmp_model, data_name)
             os.replace(Path(tmp_dir) / data_name, folder / data_name)
             written.append(folder / data_name)
         else:
@@ -255,18 +280,42 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, external_data
     except ValueError as exc:
         raise FuseError(f"{path}: cannot serialize model ({_first_line(exc)}); try --external-data") from exc
     finally:
-        for leftover in Path(tmp_dir).glob("*"):
-            leftover.unlink()
-        os.rmdir(tmp_dir)
+        shutil.rmtree(tmp_dir, ignore_errors=True)
     return written
+
+
+def _save_with_external_data(model: onnx.ModelProto, model_file: Path, data_name: str) -> None:
+    """Initializers of 1 KiB or more go to `data_name` beside `model_file`, then are put back.
+
+    Not onnx.save_model(save_as_external_data=True): it strips the weights out of the caller's
+    model for good, and refuses a location that exists relative to the *working directory*, so a
+    second `--external-data` run from the output's folder failed.
+    """
+    moved: list[tuple[onnx.TensorProto, bytes]] = []
+    try:
+        with open(model_file.parent / data_name, "wb") as data:
+            for tensor in _all_initializers(model):
+                raw, offset = tensor.raw_data, data.tell()
+                if len(raw) < EXTERNAL_DATA_MIN_BYTES:
+                    continue
+                data.write(raw)
+                moved.append((tensor, raw))
+                set_external_data(tensor, data_name, offset, len(raw))
+                tensor.ClearField("raw_data")
+        onnx.save_model(model, str(model_file))
+    finally:
+        for tensor, raw in moved:
+            tensor.ClearField("external_data")
+            tensor.ClearField("data_location")
+            tensor.raw_data = raw
 
 
 def _make_temp_dir(folder: Path, path: Path) -> str:
     try:
         return tempfile.mkdtemp(prefix=f".{path.name}.", dir=folder)
     except OSError as exc:
-        raise FuseError(f"{path}: cannot write to {folder} ({_first_line(exc)})") from exc
+        raise FuseError(f"{path}: cannot write to {folder} ({exc.strerror or _first_line(exc)})") from exc
 
 
 def _tensor_bytes(model: onnx.ModelProto) -> int:
-    return sum(len(t.raw_data) or t.ByteSize() for t in _all_initializers(model))
+    return sum(t.ByteSize() for t in _all_tensors(model))  # ByteSize: no copy of the weights

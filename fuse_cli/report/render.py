@@ -64,8 +64,9 @@ def _percent(before: int, after: int) -> str:
 
 
 def verification_lines(report: Report) -> list[str]:
-    lines = [f"Rolled back: pass {r.pass_name} changed output {r.output!r} by up to {r.max_abs_diff:.3g}; "
-             "the model was written without its rewrites" for r in report.rolled_back]
+    outcome = "its rewrites are left out of the result" if report.dry_run else "the model was written without its rewrites"
+    lines = [f"Rolled back: pass {r.pass_name} changed output {r.output!r} by up to {r.max_abs_diff:.3g}; {outcome}"
+             for r in report.rolled_back]
     result = report.verification
     if result is not None:
         worst_abs = max((o.max_abs_diff for o in result.outputs), default=0.0)
