@@ -111,13 +111,15 @@ class GraphEditor:
         return f"{where} is computed at run time by {tensor.inputs[0].name}"
 
     # ---- the one safety check ------------------------------------------------------------
-    def replace_reason(self, m: Match) -> str | None:
+    def replace_reason(self, m: Match, kept: Iterable[gs.Node] = ()) -> str | None:
         """May the matched nodes be replaced? Every intermediate (an output of a non-root node)
         must be read only inside the match and must not be a graph output; constants must be
-        constants. Returns None or the reason in plain words."""
+        constants. `kept` nodes are exempt: the rewrite promises to produce their outputs too
+        (e.g. SkipLayerNormalization's optional sum output). Returns None or the reason."""
         covered = {id(n) for n in m.covered}
+        exempt = {id(n) for n in kept}
         for node in m.covered:
-            if node is m.root:
+            if node is m.root or id(node) in exempt:
                 continue
             for out in node.outputs:
                 if self.is_graph_output(out):
@@ -163,7 +165,8 @@ class GraphEditor:
 
     def apply(self, m: Match, replacement: Replacement) -> list[str]:
         """Splice `replacement` in for the match; returns the names of the removed intermediates."""
-        removed = [out.name for n in m.covered if n is not m.root for out in n.outputs]
+        still_made = {id(t) for node in replacement.nodes for t in node.outputs}
+        removed = [out.name for n in m.covered if n is not m.root for out in n.outputs if id(out) not in still_made]
         for old, new in replacement.reroute:
             # A graph output keeps its name: `new` takes it, so the name that vanishes is new's.
             removed.append(new.name if self.is_graph_output(old) else old.name)

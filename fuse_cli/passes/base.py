@@ -33,6 +33,9 @@ class PatternPass(Pass):
 
     label: ClassVar[str]
     pattern: ClassVar[Op]
+    # Capture names of matched nodes whose outputs may be read outside the match, because the
+    # rewrite produces those tensors too (as an extra output of the fused node).
+    keeps: ClassVar[tuple[str, ...]] = ()
 
     def check(self, m: Match, g: GraphEditor) -> str | None:
         return None
