@@ -197,7 +197,8 @@ class GraphEditor:
         nodes: list[gs.Node] = []
         for node in self.graph.nodes:
             if id(node) in self._replacements:
-                nodes.extend(self._replacements[id(node)])
+                # a replacement that a later match of the same sweep consumed is gone as well
+                nodes.extend(n for n in self._replacements[id(node)] if id(n) not in self._removed)
             elif id(node) not in self._removed:
                 nodes.append(node)
         self.graph.nodes = nodes

@@ -192,6 +192,7 @@ def assemble_model(original: LoadedModel, optimized_graph: onnx.GraphProto, prov
     model = _shell_of(original.model)
     model.graph.CopyFrom(optimized_graph)
     graph = model.graph
+    _restore_subgraphs(graph, original.model.graph)
     used = _tensor_names_read(graph)
     for name, tensor in original.input_defaults.items():
         if name in used or name in {o.name for o in graph.output}:
@@ -204,6 +205,23 @@ def assemble_model(original: LoadedModel, optimized_graph: onnx.GraphProto, prov
                 graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims)))
     _record_provenance(model, original.model, provenance)
     return model
+
+
+def _restore_subgraphs(graph: onnx.GraphProto, original: onnx.GraphProto) -> None:
+    """fuse leaves If/Loop/Scan bodies untouched, but graphsurgeon's export rewrites them (it adds
+    value_info for the outer tensors they read): put each body back exactly as it was."""
+    bodies = {n.name: n for n in original.node if n.name and _has_subgraph(n)}
+    for node in graph.node:
+        source = bodies.get(node.name)
+        if source is not None and _has_subgraph(node) and source.op_type == node.op_type:
+            originals = {a.name: a for a in source.attribute}
+            for attr in node.attribute:
+                if attr.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) and attr.name in originals:
+                    attr.CopyFrom(originals[attr.name])
+
+
+def _has_subgraph(node: onnx.NodeProto) -> bool:
+    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
 
 
 def _shell_of(model: onnx.ModelProto) -> onnx.ModelProto:

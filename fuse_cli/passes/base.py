@@ -37,6 +37,11 @@ class PatternPass(Pass):
     # rewrite produces those tensors too (as an extra output of the fused node).
     keeps: ClassVar[tuple[str, ...]] = ()
 
+    def matches(self, m: Match, g: GraphEditor) -> bool:
+        """A structural predicate the declarative pattern cannot express ("this Reshape keeps the
+        shape"). False means "not this pattern" and is silent; a near-miss comes from `check`."""
+        return True
+
     def check(self, m: Match, g: GraphEditor) -> str | None:
         return None
 

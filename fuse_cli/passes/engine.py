@@ -49,6 +49,8 @@ def _sweep(p: PatternPass, g: GraphEditor, size_of: SizeOf) -> tuple[list[Fusion
             continue
         first_miss: NearMiss | None = None
         for m in match_root(p.pattern, node):
+            if not p.matches(m, g):
+                continue
             kept = [m.nodes[name] for name in p.keeps if name in m.nodes]
             reason = g.replace_reason(m, kept) or p.check(m, g) or _opset_reason(p, g)
             if reason:

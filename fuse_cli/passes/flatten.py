@@ -1,0 +1,46 @@
+"""A Flatten in front of Gemm that flattens nothing: its input is already a matrix."""
+
+from __future__ import annotations
+
+import onnx_graphsurgeon as gs
+
+from fuse_cli.graph.edit import GraphEditor, Replacement
+from fuse_cli.match import Match, Op, Var
+from fuse_cli.passes.base import PatternPass
+from fuse_cli.passes.registry import register
+
+
+@register
+class EliminateFlattenBeforeGemm(PatternPass):
+    """x[N, C] ── Flatten(axis=1) ── Gemm(B, C?) ── y   =>   x ── Gemm(B, C?) ── y
+
+    Flatten(axis) gives [prod(dims[:axis]), prod(dims[axis:])]: for a rank-2 input and axis 1
+    (or -1) that is the input's own shape, whatever N and C are; at axis 0 (or -2) only when
+    N is statically 1, at axis 2 only when C is. Any other rank changes the shape (a
+    [N, C, 1, 1] input becomes [N, C]), so the Flatten stays.
+    """
+
+    name = "eliminate-flatten"
+    description = "Remove a Flatten(axis=1) of a rank-2 tensor that feeds Gemm"
+    label = "Flatten (no-op) + Gemm"
+    pattern = Op("Gemm", Op("Flatten", Var("x"), name="flatten"), Var("b"), Var("c", optional=True),
+                 name="gemm")
+
+    def check(self, m: Match, g: GraphEditor) -> str | None:
+        flatten = m.node("flatten")
+        dims = g.shape(m.tensor("x"))
+        if dims is None:
+            return f"{flatten.name}'s input rank is unknown"
+        if dims.rank != 2:
+            return f"{flatten.name} turns a rank-{dims.rank} input {list(dims.dims)} into a matrix (not a no-op)"
+        axis = flatten.attrs.get("axis", 1)
+        # [N, C] -> [1, N*C] at axis 0 and [N*C, 1] at axis 2: no-ops only when N (or C) is 1
+        if axis % 2 != 1 and dims.static(axis % 2) != 1:
+            return f"{flatten.name} with axis={axis} changes the shape {list(dims.dims)}"
+        return None
+
+    def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
+        gemm, flattened = m.node("gemm"), m.node("flatten").outputs[0]
+        inputs = [m.tensor("x") if t is flattened else t for t in gemm.inputs]
+        fused = gs.Node(op="Gemm", name=gemm.name, attrs=dict(gemm.attrs), inputs=inputs, outputs=list(gemm.outputs))
+        return Replacement(nodes=[fused])

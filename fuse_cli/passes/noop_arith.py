@@ -1,0 +1,61 @@
+"""Arithmetic with the identity element: x*1, x/1, x+0, x-0 leave x as it was."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fuse_cli.graph.edit import GraphEditor, Replacement
+from fuse_cli.match import Const, Match, Op, Var, constant_value
+from fuse_cli.passes.base import PatternPass
+from fuse_cli.passes.registry import register
+
+IDENTITY_ELEMENT = {"Add": 0, "Sub": 0, "Mul": 1, "Div": 1}
+
+
+def _uniform_zero_or_one(value: np.ndarray) -> bool:
+    if value.size == 0 or value.dtype == np.bool_ or value.flat[0] not in (0, 1):
+        return False
+    return bool(np.all(value == value.flat[0]))
+
+
+@register
+class EliminateNoopArithmetic(PatternPass):
+    """x ── Mul/Div(1) ── y,  x ── Add/Sub(0) ── y   =>   readers of y read x
+
+    Mul and Add in either order; Sub and Div only with the constant second (0 - x and 1 / x are
+    not x). Every element of the constant must be the identity element, and the constant must
+    not broadcast x to a larger shape: each of its dims, aligned from the right, is 1 or x's
+    static dim there, and its rank is at most x's. Exact for integers; for floats x*1, x/1, x-0
+    give x bit for bit, and x+0 too except that a -0.0 in x comes out as +0.0 (an equal value).
+    """
+
+    name = "eliminate-noop-arith"
+    description = "Remove x*1, x/1, x+0 and x-0 with a constant that does not broadcast x"
+    label = "x*1, x/1, x+0, x-0"
+    pattern = Op(("Add", "Sub", "Mul", "Div"), Var("x"), Const(_uniform_zero_or_one, name="constant"), name="op")
+
+    def matches(self, m: Match, g: GraphEditor) -> bool:
+        """x*0 or x+1 is not a near-miss of x*1: only the op's own identity element counts."""
+        return constant_value(m.tensor("constant")).flat[0] == IDENTITY_ELEMENT[m.node("op").op]
+
+    def check(self, m: Match, g: GraphEditor) -> str | None:
+        node, x = m.node("op"), m.tensor("x")
+        value = constant_value(m.tensor("constant"))
+        x_dtype = g.dtype(x)
+        if x_dtype is not None and x_dtype != value.dtype:
+            return f"{node.name}'s constant has dtype {value.dtype}, {x.name!r} has {x_dtype}"
+        dims = g.shape(x)
+        if dims is None and value.ndim > 0:
+            return f"{node.name}: the rank of {x.name!r} is unknown, so its constant may broadcast it"
+        if dims is not None:
+            if value.ndim > dims.rank:
+                return (f"{node.name}'s constant of shape {list(value.shape)} broadcasts {x.name!r} of shape "
+                        f"{list(dims.dims)} to a higher rank")
+            trailing = dims.dims[dims.rank - value.ndim:]
+            if any(c != 1 and c != d for c, d in zip(value.shape, trailing)):
+                return (f"{node.name}'s constant of shape {list(value.shape)} may broadcast {x.name!r} of shape "
+                        f"{list(dims.dims)} to a larger shape")
+        return g.reroute_reason(node.outputs[0], x)
+
+    def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
+        return Replacement(reroute=[(m.node("op").outputs[0], m.tensor("x"))])

@@ -1,0 +1,58 @@
+"""eliminate-flatten: Flatten(axis=1) of a rank-2 tensor in front of Gemm is removed."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import assert_equivalent, optimize_model
+from tests.graphs import GraphBuilder, op_counts
+
+PASSES = ("eliminate-flatten",)
+
+
+def signature(model):
+    return [(n.op_type, list(n.input), list(n.output)) for n in model.graph.node]
+
+
+def flatten_gemm(x_shape=("batch", 4), *, k=4, bias=True, trans_a=0, opset=13, **flatten_attrs):
+    """Abs(x) -> Flatten named "flat" -> Gemm(W[k, 5], bias?) named "gemm" -> y."""
+    b = GraphBuilder(opset=opset)
+    f = b.op("Flatten", b.op("Abs", b.input("x", list(x_shape))), name="flat", **flatten_attrs)
+    args = [b.const(b.rand(k, 5))] + ([b.const(b.rand(5))] if bias else [])
+    return b.build(b.op("Gemm", f, *args, name="gemm", transA=trans_a), output_names=["y"])
+
+
+@pytest.mark.parametrize("kw", [
+    {}, {"axis": 1}, {"axis": -1}, {"bias": False}, {"x_shape": (3, 4)}, {"opset": 9},
+    {"x_shape": (4, "batch"), "trans_a": 1}, {"x_shape": (1, 4), "axis": 0}, {"x_shape": (1, 4), "axis": -2},
+], ids=["default-axis", "axis-1", "axis-minus-1", "no-bias", "static", "opset-9", "transA", "axis-0-of-1xC",
+        "axis-minus-2-of-1xC"])
+def test_removed(tmp_path, kw):
+    model = flatten_gemm(**kw)
+    result = optimize_model(model, tmp_path, passes=PASSES)
+    assert op_counts(result.model) == {"Abs": 1, "Gemm": 1}
+    assert [o.name for o in result.model.graph.output] == ["y"]
+    for dims in ({"batch": 1}, {"batch": 3}):
+        assert_equivalent(model, result.model, dims=dims, rtol=0.0, atol=0.0)  # the same Gemm on the same data
+    assert not optimize_model(result.model, tmp_path, name="again", passes=PASSES).report.fusions
+
+
+def _flatten_read_elsewhere():
+    b = GraphBuilder()
+    f = b.op("Flatten", b.input("x", ["batch", 4]), name="flat")
+    y = b.op("Gemm", f, b.const(b.rand(4, 5)), name="gemm")
+    return b.build(y, b.op("Relu", f, name="reader"), output_names=["y", "z"])
+
+
+@pytest.mark.parametrize("build, reason", [
+    (lambda: flatten_gemm(("batch", 4, 1, 1)), "flat turns a rank-4 input ['batch', 4, 1, 1] into a matrix"),
+    (lambda: flatten_gemm((2, 2), axis=0), "flat with axis=0 changes the shape [2, 2]"),
+    (lambda: flatten_gemm(("batch", 4), k=1, axis=2), "flat with axis=2 changes the shape ['batch', 4]"),
+    (_flatten_read_elsewhere, "flat's output 'flat_out' is also read by reader"),
+], ids=["rank-4", "axis-0", "axis-2", "read-elsewhere"])
+def test_kept(tmp_path, build, reason):
+    model = build()
+    result = optimize_model(model, tmp_path, passes=PASSES)
+    assert signature(result.model) == signature(model)
+    (miss,) = [m.reason for m in result.report.near_misses if m.pass_name == "eliminate-flatten"]
+    assert reason in miss
