@@ -22,7 +22,7 @@ from fuse_cli.graph.opset import default_opset, ensure_domain_imports, upgrade_o
 from fuse_cli.passes import resolve
 from fuse_cli.passes.engine import run_pipeline
 from fuse_cli.passes.base import Pass
-from fuse_cli.report.model import FusionRecord, MemoryAudit, NearMiss, Report, RolledBack
+from fuse_cli.report.model import FusionRecord, Gates, MemoryAudit, NearMiss, Report, RolledBack
 from fuse_cli.verify import VerifyResult, verify_models
 
 
@@ -52,6 +52,7 @@ def optimize(model_path: str | os.PathLike, config: FuseConfig, output_path: str
     if config.upgrade_opset:
         loaded.model = upgrade_opset(loaded.model, config.upgrade_opset)
     passes = resolve(config.target, config.passes, config.disable)
+    resolve(config.target, config.fail_on_near_miss)  # the same "did you mean" for gate pass names
     symbolic = infer_shapes(loaded.model)
     bound, unbound = _bound_shapes(loaded.model, config)
 
@@ -89,6 +90,7 @@ def optimize(model_path: str | os.PathLike, config: FuseConfig, output_path: str
         verification=verification,
         rolled_back=rolled_back,
         runtime_target_would_add=runtime_extra,
+        gates=Gates(config.fail_on_fusable, config.max_peak_bytes, config.fail_on_near_miss),
         allow_mismatch=config.allow_mismatch,
         memory=_memory_audit(loaded, bound, optimized, config, unbound, fusions),
     )

@@ -19,6 +19,8 @@ from fuse_cli.errors import FuseError
 from fuse_cli.graph.io import load_model
 from fuse_cli.passes import REGISTRY, TARGETS, pipeline_for
 from fuse_cli.report.model import Report
+from fuse_cli.report.html import write_html
+from fuse_cli.report.plot import write_plot
 from fuse_cli.report.render import render_json, render_markdown, render_rich
 
 EXIT_INTERNAL = 3
@@ -76,8 +78,17 @@ def fusion_options(func):
                      help="Absolute tolerance for verification (default by dtype)."),
         click.option("--allow-mismatch", is_flag=True, default=None,
                      help="Exit 0 even when a pass had to be rolled back."),
+        click.option("--fail-on-fusable", is_flag=True, default=None,
+                     help="CI gate: exit 1 when any pass would still fire (the model was not optimized)."),
+        click.option("--max-peak", type=click.FloatRange(min=0), default=None, metavar="MB",
+                     help="CI gate: exit 1 when the estimated peak activation memory exceeds MB."),
+        click.option("--fail-on-near-miss", default=None, metavar="PASS[,PASS]",
+                     help="CI gate: exit 1 when these passes report a near-miss."),
         click.option("--json", "json_path", default=None, metavar="PATH|-", help="Write the report as JSON."),
         click.option("--markdown", "markdown_path", default=None, metavar="PATH|-", help="Write the report as Markdown."),
+        click.option("--plot", "plot_path", default=None, metavar="PATH.svg",
+                     help="Write the memory timeline (before/after, peaks marked) as SVG (.png needs matplotlib)."),
+        click.option("--html", "html_path", default=None, metavar="PATH", help="Write a self-contained HTML report."),
         click.option("--debug", is_flag=True, help="Show tracebacks."),
     ]
     for option in reversed(options):
@@ -86,7 +97,7 @@ def fusion_options(func):
 
 
 def _config(target, passes, disable, dims, input_shapes, freeze_inputs, fold_limit, upgrade_opset, verify, rtol,
-            atol, allow_mismatch):
+            atol, allow_mismatch, fail_on_fusable, max_peak, fail_on_near_miss):
     base = load_config()
     return base.with_overrides(
         target=target,
@@ -101,12 +112,22 @@ def _config(target, passes, disable, dims, input_shapes, freeze_inputs, fold_lim
         rtol=rtol,
         atol=atol,
         allow_mismatch=allow_mismatch,
+        fail_on_fusable=fail_on_fusable,
+        max_peak_bytes=int(max_peak * 2**20) if max_peak is not None else None,
+        fail_on_near_miss=split_names(fail_on_near_miss) if fail_on_near_miss is not None else None,
     )
 
 
-def _emit(report: Report, json_path: str | None, markdown_path: str | None) -> None:
+def _emit(report: Report, json_path: str | None, markdown_path: str | None, plot_path: str | None = None,
+          html_path: str | None = None) -> None:
     to_stdout = "-" in (json_path, markdown_path)
     render_rich(report, _console(stderr=to_stdout))
+    for path, write in ((plot_path, write_plot), (html_path, write_html)):
+        if path is not None:
+            try:
+                write(report, path)
+            except OSError as exc:
+                raise FuseError(f"{path}: cannot write ({exc.strerror or exc})") from exc
     for path, text in ((json_path, render_json), (markdown_path, render_markdown)):
         if path is None:
             continue
@@ -140,11 +161,11 @@ def cli() -> None:
 @click.option("--external-data", is_flag=True, default=None, help="Store weights in a side .data file.")
 @fusion_options
 @guarded
-def optimize(model, output, in_place, external_data, json_path, markdown_path, **options):
+def optimize(model, output, in_place, external_data, json_path, markdown_path, plot_path, html_path, **options):
     """Fuse MODEL and write the optimized model."""
     config = _config(**options).with_overrides(external_data=external_data)
     result = api.optimize(model, config, output, in_place=in_place)
-    _emit(result.report, json_path, markdown_path)
+    _emit(result.report, json_path, markdown_path, plot_path, html_path)
     sys.exit(result.report.exit_code)
 
 
@@ -152,10 +173,10 @@ def optimize(model, output, in_place, external_data, json_path, markdown_path, *
 @click.argument("model")
 @fusion_options
 @guarded
-def report(model, json_path, markdown_path, **options):
-    """Dry run: what fusion would do to MODEL, without writing anything."""
+def report(model, json_path, markdown_path, plot_path, html_path, **options):
+    """Memory audit and dry run: what fusion would do to MODEL, without writing the model."""
     result = api.optimize(model, _config(**options), dry_run=True)
-    _emit(result.report, json_path, markdown_path)
+    _emit(result.report, json_path, markdown_path, plot_path, html_path)
     sys.exit(result.report.exit_code)
 
 

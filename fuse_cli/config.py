@@ -39,6 +39,10 @@ class FuseConfig:
     rtol: float | None = None  # None: per-dtype defaults (fuse_cli.verify.DEFAULT_TOLERANCES)
     atol: float | None = None
     allow_mismatch: bool = False  # exit 0 even when a pass had to be rolled back
+    # CI gates: each makes the run exit 1 when its condition holds
+    fail_on_fusable: bool = False  # any pass still fires: the model was not optimized
+    max_peak_bytes: int | None = None  # estimated peak activation memory (after fusion) above this
+    fail_on_near_miss: tuple[str, ...] = ()  # these passes report a near-miss
     source: str = "defaults"
 
     def with_overrides(self, **overrides: Any) -> FuseConfig:

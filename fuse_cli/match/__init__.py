@@ -112,9 +112,26 @@ def producer_of(tensor: gs.Tensor) -> gs.Node | None:
     return tensor.inputs[0] if len(tensor.inputs) == 1 else None
 
 
-def match_root(pattern: Op, node: gs.Node) -> Iterator[Match]:
-    """Every way `pattern` fits with `node` as its root (the node producing the pattern's value)."""
-    yield from _match_node(pattern, node, Match(root=node))
+def root_op_types(pattern: Op | Alt) -> frozenset[str]:
+    """The op types a pattern's root node may have (an Alt at the root allows several)."""
+    if isinstance(pattern, Alt):
+        return frozenset().union(*(root_op_types(option) for option in pattern.options))
+    if isinstance(pattern, Op):
+        return frozenset(pattern.op_types)
+    raise TypeError(f"a pattern's root must be an Op or an Alt of Ops, not {pattern!r}")
+
+
+def match_root(pattern: Op | Alt, node: gs.Node) -> Iterator[Match]:
+    """Every way `pattern` fits with `node` as its root (the node producing the pattern's value).
+    An Alt at the root is tried option by option, in order: put the largest form first."""
+    if isinstance(pattern, Alt):
+        for option in pattern.options:
+            yield from match_root(option, node)
+        return
+    for m in _match_node(pattern, node, Match(root=node)):
+        if pattern.name:
+            m.tensors.setdefault(pattern.name, node.outputs[pattern.output] if len(node.outputs) > pattern.output else None)
+        yield m
 
 
 def _match_node(pattern: Op, node: gs.Node, m: Match) -> Iterator[Match]:
@@ -166,7 +183,7 @@ def _match_tensor(pattern: Pattern, tensor: gs.Tensor | None, consumer: gs.Node,
         yield m
     elif isinstance(pattern, Const):
         value = constant_value(tensor)
-        if value is not None and pattern.test(value):
+        if value is not None and pattern.test(value) and _may_bind(m, pattern.name, tensor):
             m = m.copy()
             if pattern.name:
                 m.tensors[pattern.name] = tensor
@@ -175,14 +192,24 @@ def _match_tensor(pattern: Pattern, tensor: gs.Tensor | None, consumer: gs.Node,
         for option in pattern.options:
             yield from _match_tensor(option, tensor, consumer, m)
     elif isinstance(pattern, Op):
-        if tensor is None or _is_missing(tensor):
+        if tensor is None or _is_missing(tensor) or not _may_bind(m, pattern.name, tensor):
             return
         producer = producer_of(tensor)
         if producer is None or len(producer.outputs) <= pattern.output or producer.outputs[pattern.output] is not tensor:
             return
-        yield from _match_node(pattern, producer, m)
+        for matched in _match_node(pattern, producer, m):
+            if pattern.name:
+                # A named Op also names its output: a Var of that name elsewhere in the pattern
+                # must be this very tensor (LayerNorm squares the Sub's output, not any tensor).
+                matched.tensors[pattern.name] = tensor
+            yield matched
     else:  # pragma: no cover - a programming error in a pattern
         raise TypeError(f"not a pattern element: {pattern!r}")
+
+
+def _may_bind(m: Match, name: str | None, tensor: gs.Tensor) -> bool:
+    """A name already bound (by a Var, Const or named Op) must be bound to the same tensor."""
+    return name is None or m.tensors.get(name, tensor) is tensor
 
 
 def _is_missing(tensor: gs.Tensor | None) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
-from fuse_cli.match import Match, Op
+from fuse_cli.match import Alt, Match, Op
 
 ALL_TARGETS = frozenset({"onnx", "ort", "ort-cpu", "ort-cuda"})
 
@@ -32,7 +32,7 @@ class PatternPass(Pass):
     memory accounting. `check` is the only place a pass declines; `rewrite` never does."""
 
     label: ClassVar[str]
-    pattern: ClassVar[Op]
+    pattern: ClassVar[Op | Alt]
     # Capture names of matched nodes whose outputs may be read outside the match, because the
     # rewrite produces those tensors too (as an extra output of the fused node).
     keeps: ClassVar[tuple[str, ...]] = ()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from fuse_cli.graph.edit import GraphEditor
-from fuse_cli.match import match_root
+from fuse_cli.match import match_root, root_op_types
 from fuse_cli.passes.base import GraphPass, Pass, PatternPass
 from fuse_cli.report.model import FusionRecord, NearMiss, RemovedTensor
 
@@ -43,8 +43,10 @@ def _run_pass(p: Pass, g: GraphEditor, size_of: SizeOf) -> tuple[list[FusionReco
 def _sweep(p: PatternPass, g: GraphEditor, size_of: SizeOf) -> tuple[list[FusionRecord], list[NearMiss]]:
     made: list[FusionRecord] = []
     missed: list[NearMiss] = []
-    root_ops = set(p.pattern.op_types)
-    for node in list(g.graph.nodes):
+    root_ops = root_op_types(p.pattern)
+    # Last node first: the largest match (rooted furthest downstream, e.g. LayerNorm's Add(beta))
+    # is tried before a smaller one rooted inside it (its Div) could take part of it.
+    for node in reversed(list(g.graph.nodes)):
         if node.op not in root_ops or g.is_removed(node):
             continue
         first_miss: NearMiss | None = None

@@ -81,6 +81,15 @@ class RolledBack:
 
 
 @dataclass(frozen=True)
+class Gates:
+    """CI conditions that turn a successful run into a failed check (exit 1)."""
+
+    fail_on_fusable: bool = False
+    max_peak_bytes: int | None = None
+    fail_on_near_miss: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Report:
     model_path: str
     output_path: str | None
@@ -102,6 +111,7 @@ class Report:
     rolled_back: tuple[RolledBack, ...] = ()
     allow_mismatch: bool = False
     runtime_target_would_add: tuple[tuple[str, int], ...] = ()  # (pattern, count) with --target ort
+    gates: Gates = field(default_factory=lambda: Gates())
 
     def rows(self) -> list[FusionRow]:
         """Fusions grouped by (pass, pattern) in the order they first happened."""
@@ -143,4 +153,21 @@ class Report:
         if self.verification is not None and not self.verification.passed:
             problems += [f"output {o.name!r} differs from the original (max abs diff {o.max_abs_diff:.3g})"
                          for o in self.verification.failing()]
-        return tuple(problems)
+        return tuple(problems + self._gate_failures())
+
+    def _gate_failures(self) -> list[str]:
+        gates, problems = self.gates, []
+        fusable = [r for r in self.rows() if r.pass_name != "fold-constants" or r.intermediates_removed]
+        if gates.fail_on_fusable and fusable:
+            kinds = ", ".join(f"{r.count} x {r.pattern}" for r in fusable)
+            problems.append(f"--fail-on-fusable: the model still has fusable patterns ({kinds})")
+        if gates.max_peak_bytes is not None and self.memory is not None:
+            peak = self.memory.after.peak_bytes
+            if peak > gates.max_peak_bytes:
+                problems.append(f"--max-peak: estimated peak activation memory {peak / 2**20:.1f} MB exceeds "
+                                f"the budget of {gates.max_peak_bytes / 2**20:.1f} MB")
+        for name in gates.fail_on_near_miss:
+            misses = [m for m in self.near_misses if m.pass_name == name]
+            if misses:
+                problems.append(f"--fail-on-near-miss {name}: {len(misses)} near-miss(es), first: {misses[0].reason}")
+        return problems

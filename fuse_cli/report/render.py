@@ -125,6 +125,7 @@ def summary_lines(report: Report) -> list[str]:
         lines.append(f"With --target ort (onnxruntime's fused operators) fuse would also make: {extra}")
     lines += verification_lines(report)
     lines += [f"Note: {note}" for note in report.notes]
+    lines += [f"FAILED: {failure}" for failure in report.failures]
     if report.dry_run:
         lines.append("Dry run: nothing written.")
     elif report.written_files:

@@ -1,0 +1,58 @@
+"""GELU written out with Erf or Tanh -> the standard Gelu operator (opset 20)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from fuse_cli.graph.edit import GraphEditor, Replacement
+from fuse_cli.match import Alt, Const, Match, Op, Var, scalar_close
+from fuse_cli.passes.base import PatternPass
+from fuse_cli.passes.registry import register
+
+X = Var("x")
+HALF = Const(scalar_close(0.5))
+ONE = Const(scalar_close(1.0))
+ERF_GATE = Op("Add", Op("Erf", Alt(Op("Div", X, Const(scalar_close(math.sqrt(2.0)))),
+                                   Op("Mul", X, Const(scalar_close(1.0 / math.sqrt(2.0))))), name="erf"), ONE)
+CUBE = Alt(Op("Pow", X, Const(scalar_close(3.0))), Op("Mul", X, Op("Mul", X, X)))
+TANH_GATE = Op("Add", Op("Tanh", Op("Mul", Const(scalar_close(math.sqrt(2.0 / math.pi))),
+                                    Op("Add", X, Op("Mul", Const(scalar_close(0.044715)), CUBE))), name="tanh"), ONE)
+GATE = Alt(ERF_GATE, TANH_GATE)
+
+
+@register
+class FuseGelu(PatternPass):
+    """gelu(x) = x * 0.5 * (1 + erf(x / sqrt(2)))                                   -> Gelu
+                 x * 0.5 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))           -> Gelu(approximate="tanh")
+
+        x ─┬─ Div(sqrt 2) ── Erf ── Add(1) ─┐
+           └─────────────────────────────── Mul ── Mul(0.5) ── y      =>   x ── Gelu ── y
+
+    The 0.5 either outside (torch: (x * gate) * 0.5) or on x (HF: (0.5 * x) * gate); x / sqrt(2)
+    or x * (1/sqrt(2)); x^3 as Pow(x, 3) or x * (x * x); operands in either order. Constants
+    match to float32 precision (relative 1e-6), so float32 math only.
+    """
+
+    name = "gelu"
+    description = "Fuse a decomposed GELU (Erf or Tanh form) into Gelu"
+    label = "decomposed GELU -> Gelu"
+    min_opset = 20
+    pattern = Op("Mul", Op("Mul", X, Alt(GATE, HALF), name="inner"), Alt(HALF, GATE), name="outer")
+
+    def check(self, m: Match, g: GraphEditor) -> str | None:
+        if "erf" not in m.nodes and "tanh" not in m.nodes:
+            # a single root cannot say "0.5 in exactly one of two places", so x * 0.5 * 0.5 gets here
+            return f"{m.node('outer').name} multiplies x by 0.5 twice: no Erf or Tanh gate"
+        dtype = g.dtype(m.tensor("x"))
+        if dtype != np.float32:
+            return f"{m.node('outer').name} computes in {dtype}; only float32 GELU is matched"
+        return None
+
+    def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
+        attrs = {"approximate": "tanh"} if "tanh" in m.nodes else {}
+        node = gs.Node(op="Gelu", name=g.unique_name(f"{m.node('outer').name}_gelu"), attrs=attrs,
+                       inputs=[m.tensor("x")], outputs=[m.root.outputs[0]])
+        return Replacement(nodes=[node])

@@ -1,0 +1,106 @@
+"""Piecewise-linear activations written out with Clip -> HardSigmoid and HardSwish."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from fuse_cli.graph.edit import GraphEditor, Replacement
+from fuse_cli.match import Alt, Const, Match, Op, Var, constant_value, scalar_close
+from fuse_cli.passes.base import PatternPass
+from fuse_cli.passes.registry import register
+
+X = Var("x")
+SCALAR = Const(lambda v: v.size == 1 and np.issubdtype(v.dtype, np.floating))
+# alpha * x + beta as x*a + b, x/d + b, or shifted first: (x + c)*k, (x + c)/d
+AFFINE = Alt(
+    Op("Add", Op(("Mul", "Div"), X, Const(SCALAR.test, "scale"), name="scale_op"), Const(SCALAR.test, "shift")),
+    Op(("Mul", "Div"), Op("Add", X, Const(SCALAR.test, "shift"), name="shift_first"), Const(SCALAR.test, "scale"),
+       name="scale_op"),
+)
+RELU6_SHIFTED = Op("Clip", Op("Add", X, Const(scalar_close(3.0))), Const(scalar_close(0.0)), Const(scalar_close(6.0)))
+SIXTH = 1.0 / 6.0
+
+
+@register
+class FuseHardSigmoid(PatternPass):
+    """hard_sigmoid(x) = max(0, min(1, alpha * x + beta))
+
+        x ── Mul(alpha) ── Add(beta) ── Clip(0, 1) ── y     =>   x ── HardSigmoid(alpha, beta) ── y
+
+    alpha * x + beta also as x / d + beta, (x + c) * k or (x + c) / d (alpha = k or 1/d, beta = c * alpha);
+    Clip bounds as inputs (opset >= 11) or attributes. HardSigmoid computes alpha * x + beta in
+    float32, so the result matches the written order of operations to float32 rounding (a few ulp).
+    """
+
+    name = "hard-sigmoid"
+    description = "Fuse Clip(alpha * x + beta, 0, 1) into HardSigmoid"
+    label = "Clip(affine, 0, 1) -> HardSigmoid"
+    min_opset = 6
+    pattern = Op("Clip", AFFINE, Var("low", optional=True), Var("high", optional=True), name="clip")
+
+    def check(self, m: Match, g: GraphEditor) -> str | None:
+        clip = m.node("clip")
+        if g.dtype(m.tensor("x")) != np.float32:
+            return f"{clip.name} computes in {g.dtype(m.tensor('x'))}; only float32 is matched"
+        if m.node("scale_op").op == "Div" and constant_value(m.tensor("scale")).reshape(-1)[0] == 0:
+            return f"{m.node('scale_op').name} divides by zero"
+        bounds = [_bound(m.tensor(name), clip.attrs.get(attr), default)
+                  for name, attr, default in (("low", "min", -np.inf), ("high", "max", np.inf))]
+        if any(b is None for b in bounds):
+            return f"{clip.name}'s bounds are computed at run time"
+        if bounds != [0.0, 1.0]:
+            return f"{clip.name} clamps to [{bounds[0]:g}, {bounds[1]:g}]; HardSigmoid clamps to [0, 1]"
+        return None
+
+    def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
+        scale_op = m.node("scale_op")
+        scale = float(constant_value(m.tensor("scale")).reshape(-1)[0])
+        alpha = scale if scale_op.op == "Mul" else 1.0 / scale
+        beta = float(constant_value(m.tensor("shift")).reshape(-1)[0])
+        if "shift_first" in m.nodes:  # (x + c) * alpha = alpha * x + c * alpha
+            beta *= alpha
+        node = gs.Node(op="HardSigmoid", name=g.unique_name(f"{m.node('clip').name}_hardsigmoid"),
+                       attrs={"alpha": alpha, "beta": beta}, inputs=[m.tensor("x")], outputs=[m.root.outputs[0]])
+        return Replacement(nodes=[node])
+
+
+@register
+class FuseHardSwish(PatternPass):
+    """hard_swish(x) = x * HardSigmoid(x; alpha=1/6, beta=0.5) = x * relu6(x + 3) / 6
+
+        x ─┬─ HardSigmoid(1/6, 0.5) ─┐
+           └──────────────────────── Mul ── y       =>   x ── HardSwish ── y
+
+    The gate also as Clip(x + 3, 0, 6) / 6 or Clip(x + 3, 0, 6) * (1/6). Equal to float32 rounding.
+    """
+
+    name = "hard-swish"
+    description = "Fuse x * HardSigmoid(x) (alpha 1/6, beta 0.5) or x * relu6(x + 3) / 6 into HardSwish"
+    label = "x * hard_sigmoid(x) -> HardSwish"
+    min_opset = 14
+    pattern = Op("Mul", X, Alt(Op("HardSigmoid", X, name="gate"),
+                               Op("Div", RELU6_SHIFTED, Const(scalar_close(6.0)), name="gate"),
+                               Op("Mul", RELU6_SHIFTED, Const(scalar_close(SIXTH)), name="gate")), name="mul")
+
+    def check(self, m: Match, g: GraphEditor) -> str | None:
+        gate, mul = m.node("gate"), m.node("mul")
+        if g.dtype(m.tensor("x")) != np.float32:
+            return f"{mul.name} computes in {g.dtype(m.tensor('x'))}; only float32 is matched"
+        alpha, beta = gate.attrs.get("alpha", 0.2), gate.attrs.get("beta", 0.5)
+        if gate.op == "HardSigmoid" and not np.allclose([alpha, beta], [SIXTH, 0.5], rtol=1e-6, atol=0):
+            return f"{gate.name} has alpha={alpha:g}, beta={beta:g}; HardSwish is alpha=1/6, beta=0.5"
+        return None
+
+    def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
+        node = gs.Node(op="HardSwish", name=g.unique_name(f"{m.node('mul').name}_hardswish"),
+                       inputs=[m.tensor("x")], outputs=[m.root.outputs[0]])
+        return Replacement(nodes=[node])
+
+
+def _bound(tensor: gs.Tensor | None, attr: float | None, default: float) -> float | None:
+    """A Clip bound: the constant input (opset >= 11), the attribute (opset < 11), or the default."""
+    if tensor is not None:
+        value = constant_value(tensor)
+        return None if value is None else float(value.reshape(-1)[0])
+    return float(attr) if attr is not None else default

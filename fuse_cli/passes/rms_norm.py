@@ -1,0 +1,72 @@
+"""A decomposed RMSNorm (T5, Llama) -> the standard RMSNormalization (opset 23)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from fuse_cli.graph.edit import GraphEditor, Replacement
+from fuse_cli.match import Alt, Const, Match, Op, Var, constant_value, producer_of, scalar_close
+from fuse_cli.passes.base import PatternPass
+from fuse_cli.passes.layer_norm import normalized_axis, param_reason, param_tensor, reduce_mean
+from fuse_cli.passes.registry import register
+
+SQUARED = Alt(Op("Pow", Var("x"), Const(scalar_close(2.0)), name="square"),
+              Op("Mul", Var("x"), Var("x"), name="square"))
+RMS = Op("Sqrt", Op("Add", reduce_mean(SQUARED, "mean_square"), Var("eps", const=True), name="add_eps"), name="sqrt")
+NORMALIZED = Alt(
+    Op("Div", Var("x"), RMS, name="normalize"),
+    Op("Mul", Var("x"), Alt(Op("Reciprocal", RMS, name="inverse"),
+                            Op("Div", Const(scalar_close(1.0)), RMS, name="inverse")), name="normalize"),
+)
+
+
+@register
+class FuseRMSNormalization(PatternPass):
+    """y = x / sqrt(mean(x^2) + eps) * gamma   over trailing axes [axis, rank)
+
+        x ─┬──────────────────────────────────────────── Div ── Mul(gamma) ── y
+           └─ Pow(2) ── ReduceMean ── Add(eps) ── Sqrt ──┘
+          =>  x ── RMSNormalization(gamma, axis, epsilon) ── y
+
+    Also Mul(x, x) for Pow, Mul(x, Reciprocal(rms)) or Mul(x, Div(1, rms)) (torch's rsqrt) for Div,
+    operands in either order. Exact under the same conditions as layer-norm: one ReduceMean
+    (keepdims=1) over trailing axes, eps a constant scalar, gamma broadcasting over those axes only.
+    """
+
+    name = "rms-norm"
+    description = "Fuse a decomposed RMSNorm (Pow/ReduceMean/Sqrt/Div/Mul) into RMSNormalization"
+    label = "decomposed RMSNorm -> RMSNormalization"
+    min_opset = 23
+    pattern = Op("Mul", NORMALIZED, Var("gamma"), name="scale")
+
+    def check(self, m: Match, g: GraphEditor) -> str | None:
+        x = m.tensor("x")
+        if g.dtype(x) != np.float32:
+            return f"{m.node('normalize').name} computes in {g.dtype(x)}; RMSNormalization would compute in float32"
+        centered = producer_of(x)
+        if centered is not None and centered.op == "Sub" and _is_mean_of(centered.inputs[1], centered.inputs[0]):
+            return f"{m.node('square').name} squares x - mean(x) from {centered.name}: a LayerNorm (see layer-norm)"
+        shape = g.shape(x)
+        axis = normalized_axis(shape, [(m.node("mean_square"), m.tensor("mean_square_axes"))])
+        if isinstance(axis, str):
+            return axis
+        eps = constant_value(m.tensor("eps"))
+        if eps.size != 1:
+            return f"{m.node('add_eps').name} adds eps of shape {list(eps.shape)}, not a scalar"
+        return param_reason(g, m.tensor("gamma"), "gamma", m.node("scale"), shape, axis, np.dtype(np.float32))
+
+    def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
+        x = m.tensor("x")
+        shape = g.shape(x)
+        axis = normalized_axis(shape, [(m.node("mean_square"), m.tensor("mean_square_axes"))])
+        gamma = param_tensor(g, m.tensor("gamma"), "gamma", shape, axis, np.dtype(np.float32))
+        attrs = {"axis": axis - shape.rank, "epsilon": float(constant_value(m.tensor("eps")).reshape(-1)[0])}
+        node = gs.Node(op="RMSNormalization", name=g.unique_name(f"{m.node('mean_square').name}_rmsnorm"),
+                       attrs=attrs, inputs=[x, gamma], outputs=[m.root.outputs[0]])
+        return Replacement(nodes=[node])
+
+
+def _is_mean_of(mean: gs.Tensor, x: gs.Tensor) -> bool:
+    node = producer_of(mean)
+    return node is not None and node.op == "ReduceMean" and node.inputs[0] is x

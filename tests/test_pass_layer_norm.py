@@ -1,0 +1,121 @@
+"""layer-norm: decomposed LayerNorm (torch.onnx.export below opset 17) -> LayerNormalization."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from tests.conftest import assert_equivalent, optimize_model
+from tests.graphs import GraphBuilder, op_counts
+
+HIDDEN = 16
+
+
+def decomposed_layer_norm(*, opset=17, x_shape=("batch", 5, HIDDEN), axes=(-1,), var_axes=None, square="pow",
+                          divide="div", gamma_shape=(HIDDEN,), beta_shape=(HIDDEN,), commuted=False,
+                          eps_input=False, reader=False, fp16=False) -> onnx.ModelProto:
+    """The graph torch.onnx.export writes for nn.LayerNorm at opset 14 (ReduceMean axes as an input
+    from opset 18): mean, Sub, Pow(2), mean, Add(eps), Sqrt, Div, Mul(gamma), Add(beta).
+    `gamma_shape=None` leaves Mul(gamma) out; `fp16` wraps the math in Cast(float)/Cast(float16)."""
+    b = GraphBuilder(opset=opset)
+    dtype = np.float16 if fp16 else np.float32
+    x = b.input("x", list(x_shape), TensorProto.FLOAT16 if fp16 else TensorProto.FLOAT)
+    xf = b.op("Cast", x, to=TensorProto.FLOAT) if fp16 else x
+
+    def reduce_mean(t, reduce_axes):
+        if opset >= 18:
+            return b.op("ReduceMean", t, b.const(list(reduce_axes), dtype=np.int64), keepdims=1)
+        return b.op("ReduceMean", t, axes=list(reduce_axes), keepdims=1)
+
+    centered = b.op("Sub", xf, reduce_mean(xf, axes))
+    squared = b.op("Pow", centered, b.const(2.0)) if square == "pow" else b.op("Mul", centered, centered)
+    eps = b.input("eps", []) if eps_input else b.const(1e-5)
+    std = b.op("Sqrt", b.op("Add", reduce_mean(squared, var_axes or axes), eps))
+    if divide == "div":
+        y = b.op("Div", centered, std)
+    else:
+        y = b.op("Mul", *((b.op("Reciprocal", std), centered) if commuted else (centered, b.op("Reciprocal", std))))
+    y = b.op("Cast", y, to=TensorProto.FLOAT16) if fp16 else y
+    if gamma_shape is not None:
+        gamma = b.const(b.rand(*gamma_shape, low=0.5, high=1.5).astype(dtype))
+        y = b.op("Mul", *((gamma, y) if commuted else (y, gamma)))
+    beta = b.const(b.rand(*beta_shape).astype(dtype))
+    y = b.op("Add", *((beta, y) if commuted else (y, beta)))
+    extra = [b.op("Neg", centered, name="reader")] if reader else []
+    return b.build(y, *extra, output_names=["y", "z"][: 1 + len(extra)])
+
+
+def assert_declined(model, result, reason: str) -> None:
+    """Nothing changed, and layer-norm's one near-miss says `reason`."""
+    def signature(m):
+        return [(n.op_type, list(n.input), list(n.output)) for n in m.graph.node]
+
+    assert not result.report.fusions
+    assert signature(result.model) == signature(model)
+    (miss,) = [m.reason for m in result.report.near_misses if m.pass_name == "layer-norm"]
+    assert reason in miss
+
+
+POSITIVE = {
+    "pow-div": {},
+    "reciprocal-mul": {"divide": "reciprocal"},
+    "mul-variance": {"square": "mul"},
+    "commuted": {"divide": "reciprocal", "commuted": True},
+    "opset18-axes-input": {"opset": 18},
+    "positive-axes": {"axes": (2,), "var_axes": (-1,)},
+    "two-axes": {"x_shape": ("batch", 4, 6), "axes": (-2, -1), "gamma_shape": (4, 6), "beta_shape": (6,)},
+    "no-gamma": {"gamma_shape": None},
+    "gamma-leading-ones": {"gamma_shape": (1, 1, HIDDEN), "beta_shape": (1,)},
+}
+
+
+@pytest.mark.parametrize("kw", POSITIVE.values(), ids=POSITIVE.keys())
+def test_fuses_to_layer_normalization(tmp_path, kw):
+    model = decomposed_layer_norm(**kw)
+    result = optimize_model(model, tmp_path, passes=("layer-norm",))
+    assert op_counts(result.model) == {"LayerNormalization": 1}
+    (node,) = result.model.graph.node
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    assert attrs["axis"] == -len(kw.get("axes", (-1,)))
+    assert attrs["epsilon"] == pytest.approx(1e-5)
+    assert [o.name for o in result.model.graph.output] == ["y"]
+    for batch in (1, 3):
+        assert_equivalent(model, result.model, dims={"batch": batch})
+    assert not optimize_model(result.model, tmp_path, name="again", passes=("layer-norm",)).report.fusions
+
+
+def test_fp16_cast_wrapped_fuses_with_stash_type(tmp_path):
+    model = decomposed_layer_norm(fp16=True)
+    result = optimize_model(model, tmp_path, passes=("layer-norm",))
+    assert op_counts(result.model) == {"LayerNormalization": 1}
+    (node,) = result.model.graph.node
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    assert node.input[0] == "x" and attrs["stash_type"] == 1
+    # fp16 tolerance (rtol 1e-2, atol 1e-3): onnxruntime rounds to fp16 once, after gamma and beta,
+    # where the decomposed graph also rounds the normalized value
+    for batch in (1, 3):
+        assert_equivalent(model, result.model, dims={"batch": batch}, rtol=1e-2, atol=1e-3)
+
+
+def test_full_pipeline_and_upgrade_from_opset14(tmp_path):
+    model = decomposed_layer_norm(opset=14)
+    result = optimize_model(model, tmp_path, upgrade_opset=17)
+    assert op_counts(result.model) == {"LayerNormalization": 1}
+    assert_equivalent(model, result.model, dims={"batch": 2})
+
+
+@pytest.mark.parametrize("kw, reason", [
+    ({"eps_input": True}, "'eps' is a graph input, not a constant"),
+    ({"gamma_shape": (5, 1)}, "broadcasts over a non-normalized axis 1"),
+    ({"gamma_shape": (3, 1, HIDDEN), "x_shape": (3, 5, HIDDEN)}, "broadcasts over a non-normalized axis 0"),
+    ({"axes": (1,)}, "not trailing axes ending at the last"),
+    ({"axes": (-1,), "var_axes": (-2, -1)}, "reduces from axis 1, the mean from axis 2"),
+    ({"reader": True}, "is also read by reader"),
+    ({"opset": 14}, "needs opset 17, the model has opset 14: pass --upgrade-opset 17"),
+], ids=["eps-not-constant", "gamma-over-sequence", "gamma-over-batch", "non-trailing-axis", "different-axes",
+        "sub-read-elsewhere", "opset14"])
+def test_near_miss(tmp_path, kw, reason):
+    model = decomposed_layer_norm(**kw)
+    assert_declined(model, optimize_model(model, tmp_path, passes=("layer-norm",)), reason)

@@ -1,0 +1,106 @@
+"""rms-norm: decomposed RMSNorm -> RMSNormalization (opset 23)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+from fuse_cli.verify import make_session
+from tests.conftest import assert_equivalent, optimize_model
+from tests.graphs import GraphBuilder, op_counts
+
+HIDDEN = 16
+
+
+def decomposed_rms_norm(*, opset=23, x_shape=("batch", 5, HIDDEN), axes=(-1,), square="pow", divide="div",
+                        gamma_shape=(HIDDEN,), commuted=False, eps_input=False, reader=False,
+                        centered=False) -> onnx.ModelProto:
+    """x * 1/sqrt(mean(x^2) + eps) * gamma as T5/Llama exports write it; `divide` is "div",
+    "reciprocal" or "rsqrt" (torch's rsqrt: Div(1, Sqrt)); `centered` feeds x - mean(x) instead of x."""
+    b = GraphBuilder(opset=opset)
+    x = b.input("x", list(x_shape))
+
+    def reduce_mean(t):
+        if opset >= 18:
+            return b.op("ReduceMean", t, b.const(list(axes), dtype=np.int64), keepdims=1)
+        return b.op("ReduceMean", t, axes=list(axes), keepdims=1)
+
+    if centered:
+        x = b.op("Sub", x, reduce_mean(x))
+    squared = b.op("Pow", x, b.const(2.0)) if square == "pow" else b.op("Mul", x, x)
+    eps = b.input("eps", []) if eps_input else b.const(1e-6)
+    rms = b.op("Sqrt", b.op("Add", *((eps, reduce_mean(squared)) if commuted else (reduce_mean(squared), eps))))
+    if divide == "div":
+        y = b.op("Div", x, rms)
+    else:
+        inverse = b.op("Reciprocal", rms) if divide == "reciprocal" else b.op("Div", b.const(1.0), rms)
+        y = b.op("Mul", *((inverse, x) if commuted else (x, inverse)))
+    gamma = b.const(b.rand(*gamma_shape, low=0.5, high=1.5))
+    y = b.op("Mul", *((gamma, y) if commuted else (y, gamma)))
+    extra = [b.op("Neg", squared, name="reader")] if reader else []
+    return b.build(y, *extra, output_names=["y", "z"][: 1 + len(extra)])
+
+
+def _ort_runs_rms_normalization() -> bool:
+    b = GraphBuilder(opset=23)
+    model = b.build(b.op("RMSNormalization", b.input("x", [2, 4]), b.const(np.ones(4, np.float32))))
+    try:
+        make_session(model).run(None, {"x": np.ones((2, 4), np.float32)})
+    except Exception:  # onnxruntime raises its own exception types
+        return False
+    return True
+
+
+needs_ort_rms = pytest.mark.skipif(not _ort_runs_rms_normalization(),
+                                   reason="the installed onnxruntime has no CPU kernel for RMSNormalization-23")
+
+
+def assert_declined(model, result, reason: str) -> None:
+    """Nothing changed, and rms-norm's one near-miss says `reason`."""
+    def signature(m):
+        return [(n.op_type, list(n.input), list(n.output)) for n in m.graph.node]
+
+    assert not result.report.fusions
+    assert signature(result.model) == signature(model)
+    (miss,) = [m.reason for m in result.report.near_misses if m.pass_name == "rms-norm"]
+    assert reason in miss
+
+
+POSITIVE = {
+    "pow-div": {},
+    "mul-square": {"square": "mul"},
+    "reciprocal": {"divide": "reciprocal"},
+    "rsqrt-div-one": {"divide": "rsqrt"},
+    "commuted": {"divide": "reciprocal", "square": "mul", "commuted": True},
+    "two-axes": {"x_shape": ("batch", 4, 6), "axes": (1, 2), "gamma_shape": (1, 6)},
+}
+
+
+@needs_ort_rms
+@pytest.mark.parametrize("kw", POSITIVE.values(), ids=POSITIVE.keys())
+def test_fuses_to_rms_normalization(tmp_path, kw):
+    model = decomposed_rms_norm(**kw)
+    result = optimize_model(model, tmp_path, passes=("rms-norm",))
+    assert op_counts(result.model) == {"RMSNormalization": 1}
+    (node,) = result.model.graph.node
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    assert attrs["axis"] == -len(kw.get("axes", (-1,))) and attrs["epsilon"] == pytest.approx(1e-6)
+    for batch in (1, 3):
+        assert_equivalent(model, result.model, dims={"batch": batch})
+    assert not optimize_model(result.model, tmp_path, name="again", passes=("rms-norm",)).report.fusions
+
+
+@pytest.mark.parametrize("kw, reason", [
+    ({"eps_input": True}, "'eps' is a graph input, not a constant"),
+    ({"gamma_shape": (5, 1)}, "broadcasts over a non-normalized axis 1"),
+    ({"axes": (1,)}, "not trailing axes ending at the last"),
+    ({"reader": True}, "is also read by reader"),
+    ({"centered": True}, "a LayerNorm (see layer-norm)"),
+    ({"opset": 17}, "needs opset 23, the model has opset 17: pass --upgrade-opset 23"),
+], ids=["eps-not-constant", "gamma-over-sequence", "non-trailing-axis", "square-read-elsewhere", "centered",
+        "opset17"])
+def test_near_miss(tmp_path, kw, reason):
+    model = decomposed_rms_norm(**kw)
+    assert_declined(model, optimize_model(model, tmp_path, passes=("rms-norm",)), reason)
