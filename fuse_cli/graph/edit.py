@@ -102,13 +102,13 @@ class GraphEditor:
         """None if `tensor` is a constant, else why not, with the hint a user needs."""
         if tensor is None or constant_value(tensor) is not None:
             return None
-        where = f"{node.name}'s {role} {tensor.name!r}"
+        where = f"{label(node)}'s {role} {tensor.name!r}"
         if tensor.name in self.input_defaults:
             return (f"{where} is a graph input with a default initializer (callers may override it): "
                     "pass --freeze-inputs to treat it as a constant")
         if not tensor.inputs:
             return f"{where} is a graph input, not a constant"
-        return f"{where} is computed at run time by {tensor.inputs[0].name}"
+        return f"{where} is computed at run time by {label(tensor.inputs[0])}"
 
     # ---- the one safety check ------------------------------------------------------------
     def replace_reason(self, m: Match, kept: Iterable[gs.Node] = ()) -> str | None:
@@ -123,10 +123,10 @@ class GraphEditor:
                 continue
             for out in node.outputs:
                 if self.is_graph_output(out):
-                    return f"{node.name}'s output {out.name!r} is a graph output"
+                    return f"{label(node)}'s output {out.name!r} is a graph output"
                 for consumer in out.outputs:
                     if id(consumer) not in covered:
-                        return f"{node.name}'s output {out.name!r} is also read by {consumer.name or consumer.op}"
+                        return f"{label(node)}'s output {out.name!r} is also read by {label(consumer)}"
         for var_name, consumer in m.const_vars:
             reason = self.not_constant_reason(m.tensors[var_name], var_name, consumer)
             if reason:
@@ -204,6 +204,11 @@ class GraphEditor:
         self.graph.nodes = nodes
         self._replacements.clear()
         self._removed.clear()
+
+
+def label(node: gs.Node) -> str:
+    """How messages name a node: its name, or its op type when it has none (names are optional)."""
+    return node.name or f"an unnamed {node.op}"
 
 
 def _np_dtype(elem_type: int) -> np.dtype | None:
