@@ -15,7 +15,7 @@ from rich.console import Console
 
 from fuse_cli import __version__, api
 from fuse_cli.config import load_config, parse_dims, parse_input_shapes, split_names
-from fuse_cli.errors import FuseError
+from fuse_cli.errors import FuseError, UsageError
 from fuse_cli.graph.io import load_model
 from fuse_cli.passes import REGISTRY, TARGETS, pipeline_for
 from fuse_cli.report.model import Report
@@ -155,18 +155,46 @@ def cli() -> None:
 
 
 @cli.command()
-@click.argument("model")
+@click.argument("models", nargs=-1, required=True, metavar="MODEL... | DIR")
 @click.option("-o", "--output", default=None, metavar="PATH", help="Where to write (default: <stem>.fused.onnx beside MODEL).")
+@click.option("--out-dir", default=None, metavar="DIR", help="Batch: write each <stem>.fused.onnx into DIR.")
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=None, help="Batch: parallel processes (default: up to 4).")
 @click.option("--in-place", is_flag=True, help="Allow writing over MODEL.")
 @click.option("--external-data", is_flag=True, default=None, help="Store weights in a side .data file.")
 @fusion_options
 @guarded
-def optimize(model, output, in_place, external_data, json_path, markdown_path, plot_path, html_path, **options):
-    """Fuse MODEL and write the optimized model."""
+def optimize(models, output, out_dir, jobs, in_place, external_data, json_path, markdown_path, plot_path, html_path,
+             **options):
+    """Fuse MODEL and write the optimized model; several models or a folder run as a batch."""
     config = _config(**options).with_overrides(external_data=external_data)
-    result = api.optimize(model, config, output, in_place=in_place)
-    _emit(result.report, json_path, markdown_path, plot_path, html_path)
-    sys.exit(result.report.exit_code)
+    if len(models) == 1 and not Path(models[0]).is_dir() and out_dir is None:
+        result = api.optimize(models[0], config, output, in_place=in_place)
+        _emit(result.report, json_path, markdown_path, plot_path, html_path)
+        sys.exit(result.report.exit_code)
+    if output or in_place or markdown_path or plot_path or html_path:
+        raise UsageError("-o, --in-place, --markdown, --plot and --html take one model; use --out-dir for a batch")
+    sys.exit(_run_batch(models, config, out_dir, jobs, json_path))
+
+
+def _run_batch(models, config, out_dir, jobs, json_path) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from fuse_cli.batch import batch_exit_code, default_jobs, expand_models, optimize_many
+    from fuse_cli.report.render import render_batch_json, render_batch_rich
+
+    paths = expand_models(models)
+    progress = Progress(TextColumn("[bold]fuse[/bold] {task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=Console(stderr=True), transient=False)
+    with progress:
+        task = progress.add_task("optimizing", total=len(paths))
+        items = optimize_many(paths, config, Path(out_dir) if out_dir else None, jobs or default_jobs(),
+                              on_done=lambda item: progress.advance(task))
+    render_batch_rich(items, _console(stderr=json_path == "-"))
+    if json_path == "-":
+        click.echo(render_batch_json(items), nl=False)
+    elif json_path:
+        Path(json_path).write_text(render_batch_json(items), encoding="utf-8")
+    return batch_exit_code(items)
 
 
 @cli.command()

@@ -292,3 +292,31 @@ def render_verify_rich(result: VerifyResult, console: Console) -> None:
 def render_verify_json(result: VerifyResult) -> str:
     return json.dumps({"schema_version": SCHEMA_VERSION, "passed": result.passed,
                        "outputs": [asdict(o) for o in result.outputs]}, indent=2) + "\n"
+
+
+def render_batch_rich(items, console: Console) -> None:
+    """One row per model: what happened, and the headline numbers."""
+    table = Table(title=f"fuse batch: {sum(i.ok for i in items)} of {len(items)} models ok", title_justify="left")
+    for header in ("Model", "Result", "Nodes", "Memory saved", "Peak before -> after", "Output / error"):
+        table.add_column(header, overflow="fold")
+    for item in items:
+        r = item.report
+        if r is None:
+            table.add_row(item.model, "[bold red]error[/bold red]", "", "", "", item.error or "")
+            continue
+        peak = r["memory"]["peak_bytes"] if r.get("memory") else None
+        table.add_row(
+            item.model,
+            "ok" if item.ok else "[bold yellow]check failed[/bold yellow]",
+            f"{r['nodes']['before']} -> {r['nodes']['after']}",
+            human_bytes(sum(f["removed_bytes"] for f in r["fusions"])),
+            f"{human_bytes(peak['before'])} -> {human_bytes(peak['after'])}" if peak else "-",
+            item.output if item.ok else "; ".join(r["failures"]),
+        )
+    console.print(table)
+
+
+def render_batch_json(items) -> str:
+    return json.dumps({"schema_version": SCHEMA_VERSION, "models": [
+        {"model": i.model, "output": i.output, "exit_code": i.exit_code, "error": i.error, "report": i.report}
+        for i in items]}, indent=2) + "\n"
