@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from fuse_cli import __version__
+from fuse_cli.analysis.measure import measure_peak
 from fuse_cli.analysis.memory import profile_memory
 from fuse_cli.analysis.shapes import ShapeTable, element_size_bits, infer_shapes
 from fuse_cli.config import FuseConfig
@@ -22,7 +24,7 @@ from fuse_cli.graph.opset import default_opset, ensure_domain_imports, upgrade_o
 from fuse_cli.passes import resolve
 from fuse_cli.passes.engine import run_pipeline
 from fuse_cli.passes.base import Pass
-from fuse_cli.report.model import FusionRecord, Gates, MemoryAudit, NearMiss, Report, RolledBack
+from fuse_cli.report.model import FusionRecord, Gates, MeasuredPeaks, MemoryAudit, NearMiss, Report, RolledBack
 from fuse_cli.verify import VerifyResult, verify_models
 
 
@@ -91,8 +93,9 @@ def optimize(model_path: str | os.PathLike, config: FuseConfig, output_path: str
         rolled_back=rolled_back,
         runtime_target_would_add=runtime_extra,
         gates=Gates(config.fail_on_fusable, config.max_peak_bytes, config.fail_on_near_miss),
+        measured=_measure(source, optimized, bound) if config.measure else None,
         allow_mismatch=config.allow_mismatch,
-        memory=_memory_audit(loaded, bound, optimized, config, unbound, fusions),
+        memory=_memory_audit(loaded, bound, symbolic, optimized, config, unbound, fusions),
     )
     return OptimizeResult(report=report, model=optimized)
 
@@ -224,22 +227,53 @@ def _bound_shapes(model: onnx.ModelProto, config: FuseConfig,
     return table, assumed
 
 
-def _memory_audit(loaded: LoadedModel, bound: ShapeTable, optimized: onnx.ModelProto, config: FuseConfig,
-                  assumed: tuple[str, ...], fusions: list[FusionRecord]) -> MemoryAudit:
+def _memory_audit(loaded: LoadedModel, bound: ShapeTable, symbolic: ShapeTable, optimized: onnx.ModelProto,
+                  config: FuseConfig, assumed: tuple[str, ...], fusions: list[FusionRecord]) -> MemoryAudit:
     defaults = tuple(loaded.input_defaults)
-    before = profile_memory(loaded.model, bound, extra_weights=defaults)
-    after_table, _ = _bound_shapes(optimized, config, assumed)
-    after = profile_memory(optimized, after_table, extra_weights=defaults)
+    before = profile_memory(loaded.model, bound, extra_weights=defaults, symbolic_shapes=symbolic)
+    after_bound, _ = _bound_shapes(optimized, config, assumed)
+    after_symbolic = infer_shapes(optimized)
+    # onnx cannot infer contrib operators (FusedConv, ...), but a fused node writes the tensor
+    # its pattern's root wrote, under the same name: the original's shapes still hold for it.
+    after = profile_memory(optimized, _fill_from(after_bound, bound), extra_weights=defaults,
+                           symbolic_shapes=_fill_from(after_symbolic, symbolic))
     removed_by_pattern: dict[tuple[str, str], set[str]] = {}
     for record in fusions:
         removed_by_pattern.setdefault((record.pass_name, record.pattern), set()).update(t.name for t in record.removed)
     deltas = tuple(
         (pass_name, pattern,
-         profile_memory(loaded.model, bound, extra_weights=defaults, absent=names).peak_bytes - before.peak_bytes)
+         profile_memory(loaded.model, bound, extra_weights=defaults, absent=names,
+                        symbolic_shapes=symbolic).peak_bytes - before.peak_bytes)
         for (pass_name, pattern), names in removed_by_pattern.items()
     )
     unknown = tuple(f"{u.tensor}[{u.dim if u.dim is not None else '?'}]" for u in bound.unknown_dims)
     return MemoryAudit(before=before, after=after, peak_delta_by_pattern=deltas, unknown_dims=unknown)
+
+
+def _measure(source: Path, optimized: onnx.ModelProto, bound: ShapeTable) -> MeasuredPeaks:
+    """The truth the estimate is checked against: both models run in onnxruntime, each in a
+    child process, at the same bound shapes the estimate used."""
+    try:
+        return MeasuredPeaks(before=measure_peak(source, dims=bound.bound_dims),
+                             after=measure_peak(optimized, dims=bound.bound_dims))
+    except ValueError as exc:
+        raise UsageError(f"--measure: {exc}") from exc
+
+
+def _fill_from(table: ShapeTable, fallback: ShapeTable) -> ShapeTable:
+    """`table` with the tensors it could not size taken from `fallback` (same names)."""
+    missing = {name for name, info in table.tensors.items() if info.nbytes() is None and info.shape is None
+               or info.elem_type == 0}
+    if not missing:
+        return table
+    merged = dict(table.tensors)
+    for name in missing:
+        info = fallback.get(name)
+        if info is not None:
+            merged[name] = info
+    filled = {name for name in missing if name in fallback.tensors}
+    return dataclasses.replace(table, tensors=merged,
+                               unknown_dims=tuple(u for u in table.unknown_dims if u.tensor not in filled))
 
 
 def _opset_note(before: int, model: onnx.ModelProto) -> tuple[str, ...]:

@@ -39,7 +39,7 @@ def expand_models(paths: Iterable[str]) -> list[Path]:
         if path.is_dir():
             found = sorted(p for p in path.glob("*.onnx") if p.is_file() and not p.name.endswith(".fused.onnx"))
             if not found:
-                raise UsageError(f"{path}: folder holds no .onnx files")
+                raise UsageError(f"{path}: is a directory with no .onnx files in it")
             models += found
         else:
             models.append(path)

@@ -84,6 +84,8 @@ def fusion_options(func):
                      help="CI gate: exit 1 when the estimated peak activation memory exceeds MB."),
         click.option("--fail-on-near-miss", default=None, metavar="PASS[,PASS]",
                      help="CI gate: exit 1 when these passes report a near-miss."),
+        click.option("--measure", is_flag=True, default=None,
+                     help="Also run both models in onnxruntime and measure the real peak activation memory."),
         click.option("--json", "json_path", default=None, metavar="PATH|-", help="Write the report as JSON."),
         click.option("--markdown", "markdown_path", default=None, metavar="PATH|-", help="Write the report as Markdown."),
         click.option("--plot", "plot_path", default=None, metavar="PATH.svg",
@@ -97,7 +99,7 @@ def fusion_options(func):
 
 
 def _config(target, passes, disable, dims, input_shapes, freeze_inputs, fold_limit, upgrade_opset, verify, rtol,
-            atol, allow_mismatch, fail_on_fusable, max_peak, fail_on_near_miss):
+            atol, allow_mismatch, fail_on_fusable, max_peak, fail_on_near_miss, measure):
     base = load_config()
     return base.with_overrides(
         target=target,
@@ -115,6 +117,7 @@ def _config(target, passes, disable, dims, input_shapes, freeze_inputs, fold_lim
         fail_on_fusable=fail_on_fusable,
         max_peak_bytes=int(max_peak * 2**20) if max_peak is not None else None,
         fail_on_near_miss=split_names(fail_on_near_miss) if fail_on_near_miss is not None else None,
+        measure=measure,
     )
 
 
@@ -266,6 +269,16 @@ def list_passes(target, explain):
         p = REGISTRY[name]
         table.add_row(name, "*" if name in default else "", str(p.min_opset), ",".join(sorted(p.targets)), p.description)
     console.print(table)
+    if target != "onnx":
+        from fuse_cli.targets import CAPABILITY_HEADERS, capability_rows
+
+        capabilities = Table(title=f"onnxruntime fused operators and where they run (target {target})",
+                             title_justify="left")
+        for header in CAPABILITY_HEADERS:
+            capabilities.add_column(header, overflow="fold")
+        for row in capability_rows(target):
+            capabilities.add_row(*row)
+        console.print(capabilities)
 
 
 def main() -> None:

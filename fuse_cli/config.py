@@ -43,6 +43,7 @@ class FuseConfig:
     fail_on_fusable: bool = False  # any pass still fires: the model was not optimized
     max_peak_bytes: int | None = None  # estimated peak activation memory (after fusion) above this
     fail_on_near_miss: tuple[str, ...] = ()  # these passes report a near-miss
+    measure: bool = False  # also measure the peak in onnxruntime (a child process per model)
     source: str = "defaults"
 
     def with_overrides(self, **overrides: Any) -> FuseConfig:

@@ -1,6 +1,9 @@
 """Activation liveness: every expected number here is worked out by hand in the comments.
 
-Unless noted, activations are float32 [4, 8] = 128 bytes ("S").
+Unless noted, activations are float32 [4, 8] = 128 bytes ("S"). The walk models onnxruntime (see
+fuse_cli/analysis/memory.py): a graph input is the caller's and live for the whole run; a graph
+output gets a buffer of its own; Relu-like activations run in place over an input they read last;
+a dead buffer of the same shape is reused; steps follow onnxruntime's order.
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from fuse_cli.analysis.memory import INPUT_PRODUCER, LiveTensor, profile_memory
+from fuse_cli.analysis.memory import INPUT_PRODUCER, LiveTensor, profile_memory, runtime_order
 from fuse_cli.analysis.order import execution_order
 from fuse_cli.analysis.shapes import infer_shapes
 
@@ -41,12 +44,16 @@ def relu_chain_nodes():
 
 
 def test_chain():
-    # x -> a -> b -> y. Each step holds its input and its output:
-    #   step 0: x, a = 2S (x freed after)   step 1: a, b = 2S   step 2: b, y = 2S
+    # x -> a -> b -> y. x is the caller's, live throughout. b = Relu(a) runs in a's buffer (Relu
+    # may run in place, Relu_b is a's last reader, same shape); y is a graph output: own buffer.
+    #   step 0: x, a = 2S   step 1: x, a/b = 2S   step 2: x, b, y = 3S
     p = profile(model(relu_chain_nodes(), [value("x", [4, 8])], [value("y")]))
-    assert p.timeline == (2 * S, 2 * S, 2 * S)
-    assert (p.peak_bytes, p.peak_step, p.peak_node) == (2 * S, 0, "Relu_a")
-    assert p.live_at_peak == (LiveTensor("x", S, INPUT_PRODUCER), LiveTensor("a", S, "Relu_a"))
+    assert p.timeline == (2 * S, 2 * S, 3 * S)
+    assert (p.peak_bytes, p.peak_step, p.peak_node) == (3 * S, 2, "Relu_y")
+    # b is the tenant of the buffer a was computed in
+    assert p.live_at_peak == (
+        LiveTensor("x", S, INPUT_PRODUCER), LiveTensor("b", S, "Relu_b"), LiveTensor("y", S, "Relu_y")
+    )
     assert p.intermediate_bytes == 3 * S  # a, b, y written; x is not written by a node
     assert dict(p.by_op_type) == {"Relu": 3 * S}
     assert p.unknown_tensors == ()
@@ -54,10 +61,10 @@ def test_chain():
 
 
 def test_diamond():
-    # A = Relu(x), B = Neg(x), C = Add(A, B), y = Relu(C)
-    #   step 0: x, A = 2S   step 1: x, A, B = 3S (x freed after)
-    #   step 2: A, B, C = 3S   step 3: C, y = 2S
-    # The peak is the FIRST step reaching the maximum.
+    # A = Relu(x), B = Neg(x), C = Add(A, B), y = Relu(C). onnxruntime visits Add's producers
+    # highest stored index first, so Neg runs before Relu. Add never runs in place on the CPU.
+    #   step 0 (Neg): x, B = 2S   step 1 (Relu): x, B, A = 3S (x is read again: not in place)
+    #   step 2 (Add): x, B, A, C = 4S   step 3: x, C, y = 3S
     nodes = [
         node("Relu", ["x"], ["A"]),
         node("Neg", ["x"], ["B"]),
@@ -65,14 +72,16 @@ def test_diamond():
         node("Relu", ["C"], ["y"]),
     ]
     p = profile(model(nodes, [value("x", [4, 8])], [value("y")]))
-    assert p.timeline == (2 * S, 3 * S, 3 * S, 2 * S)
-    assert (p.peak_bytes, p.peak_step, p.peak_node) == (3 * S, 1, "Neg_B")
-    assert [t.name for t in p.live_at_peak] == ["x", "A", "B"]
+    assert p.timeline == (2 * S, 3 * S, 4 * S, 3 * S)
+    assert (p.peak_bytes, p.peak_step, p.peak_node) == (4 * S, 2, "Add_C")
+    assert [t.name for t in p.live_at_peak] == ["x", "B", "A", "C"]
 
 
 def test_residual_block():
     # a = Relu(x), b = Neg(a), c = Add(b, x), y = Relu(c): x stays live across the branch.
-    #   step 0: x, a = 2S   step 1: x, a, b = 3S   step 2: x, b, c = 3S   step 3: c, y = 2S
+    # a dies after Neg; Add's c takes a's dead buffer (same shape) instead of a new one.
+    #   step 0: x, a = 2S   step 1: x, a, b = 3S   step 2: x, b, c (in a's buffer) = 3S
+    #   step 3: x, c, y = 3S. The peak is the FIRST step reaching the maximum.
     nodes = [
         node("Relu", ["x"], ["a"]),
         node("Neg", ["a"], ["b"]),
@@ -80,14 +89,16 @@ def test_residual_block():
         node("Relu", ["c"], ["y"]),
     ]
     p = profile(model(nodes, [value("x", [4, 8])], [value("y")]))
-    assert p.timeline == (2 * S, 3 * S, 3 * S, 2 * S)
+    assert p.timeline == (2 * S, 3 * S, 3 * S, 3 * S)
     assert (p.peak_bytes, p.peak_step) == (3 * S, 1)
 
 
 def test_graph_output_also_consumed_lives_to_the_end():
     # a = Relu(x) is a graph output AND read by Neg. b = Neg(a), c = Exp(b), y = Sigmoid(c).
-    #   step 0: x, a = 2S   step 1: a, b = 2S   step 2: a, b, c = 3S   step 3: a, c, y = 3S
-    # (were a freed after its last consumer, steps 2 and 3 would hold only 2S)
+    # Neither Neg nor Exp runs in place; Sigmoid could, but y is a graph output.
+    #   step 0: x, a = 2S   step 1: x, a, b = 3S   step 2: x, a, b, c = 4S
+    #   step 3: x, a, c, y = 4S
+    # (were a freed after its last consumer, steps 2 and 3 would hold only 3S)
     nodes = [
         node("Relu", ["x"], ["a"]),
         node("Neg", ["a"], ["b"]),
@@ -95,13 +106,14 @@ def test_graph_output_also_consumed_lives_to_the_end():
         node("Sigmoid", ["c"], ["y"]),
     ]
     p = profile(model(nodes, [value("x", [4, 8])], [value("a"), value("y")]))
-    assert p.timeline == (2 * S, 2 * S, 3 * S, 3 * S)
-    assert (p.peak_bytes, p.peak_step, p.peak_node) == (3 * S, 2, "Exp_c")
+    assert p.timeline == (2 * S, 3 * S, 4 * S, 4 * S)
+    assert (p.peak_bytes, p.peak_step, p.peak_node) == (4 * S, 2, "Exp_c")
 
 
 def test_weights_are_counted_apart_and_sizes_differ():
-    # x[4,8] @ w1[8,16] -> h[4,16] (256 B) -> Relu r (256 B) -> @ w2[16,8] -> y[4,8] (128 B)
-    #   step 0: x + h = 384   step 1: h + r = 512   step 2: r + y = 384
+    # x[4,8] @ w1[8,16] -> h[4,16] (256 B) -> Relu r (256 B, in h's buffer) -> @ w2[16,8]
+    # -> y[4,8] (128 B). x (128 B) is live throughout.
+    #   step 0: x + h = 384   step 1: x + h/r = 384   step 2: x + r + y = 512
     # weights: 8*16*4 + 16*8*4 = 1024
     w1 = numpy_helper.from_array(np.ones((8, 16), np.float32), "w1")
     w2 = numpy_helper.from_array(np.ones((16, 8), np.float32), "w2")
@@ -111,8 +123,8 @@ def test_weights_are_counted_apart_and_sizes_differ():
         node("MatMul", ["r", "w2"], ["y"]),
     ]
     p = profile(model(nodes, [value("x", [4, 8])], [value("y")], [w1, w2]))
-    assert p.timeline == (384, 512, 384)
-    assert (p.peak_bytes, p.peak_node) == (512, "Relu_r")
+    assert p.timeline == (384, 384, 512)
+    assert (p.peak_bytes, p.peak_node) == (512, "MatMul_y")
     assert p.weight_bytes == 1024
     assert p.intermediate_bytes == 256 + 256 + 128
     assert list(p.by_op_type.items()) == [("MatMul", 384), ("Relu", 256)]
@@ -141,13 +153,14 @@ def test_constant_node_output_is_a_weight():
     assert "c" not in {t.name for t in p.largest}
 
 
-def test_output_nobody_reads_dies_after_its_step():
+def test_output_nobody_reads_is_held_to_the_end():
     # TopK(x[4,8], k=2) -> values float[4,2] = 32 B, indices int64[4,2] = 64 B (unread).
-    #   step 0: x + values + indices = 128 + 32 + 64 = 224   step 1: values + y = 64
+    # onnxruntime plans no release for a tensor nobody reads: it stays until the run ends.
+    #   step 0: x + values + indices = 128 + 32 + 64 = 224   step 1: + y = 256
     k = numpy_helper.from_array(np.array([2], np.int64), "k")
     nodes = [node("TopK", ["x", "k"], ["values", "indices"]), node("Relu", ["values"], ["y"])]
     p = profile(model(nodes, [value("x", [4, 8])], [value("y")], [k]))
-    assert p.timeline == (224, 64)
+    assert p.timeline == (224, 256)
     assert p.weight_bytes == 8
 
 
@@ -167,12 +180,12 @@ def test_symbolic_dims_are_unknown_not_zero_until_bound():
     assert unbound.timeline == (0, 0, 0)
     bound = profile(m, batch=4)
     assert bound.unknown_tensors == ()
-    assert bound.peak_bytes == 2 * S
+    assert bound.peak_bytes == 3 * S  # as test_chain: ["batch", 8] equals itself for the planner
 
 
 def test_custom_domain_node_outputs_are_listed_unknown():
     # x -> Relu a -> com.microsoft Foo b (unknown) -> Relu y (unknown)
-    #   step 0: x + a = 2S   step 1: a (+ b unknown) = S   step 2: (b, y unknown) = 0
+    #   step 0: x + a = 2S   step 1: x + a (+ b unknown) = 2S   step 2: x (b, y unknown) = S
     nodes = [
         node("Relu", ["x"], ["a"]),
         node("Foo", ["a"], ["b"], domain="com.microsoft"),
@@ -180,14 +193,14 @@ def test_custom_domain_node_outputs_are_listed_unknown():
     ]
     ms = helper.make_opsetid("com.microsoft", 1)
     p = profile(model(nodes, [value("x", [4, 8])], [value("y")], extra_opsets=[ms]))
-    assert p.timeline == (2 * S, S, 0)
+    assert p.timeline == (2 * S, 2 * S, S)
     assert p.unknown_tensors == ("b", "y")
 
 
 def test_tensor_read_inside_a_subgraph_lives_until_the_if():
     # a = Relu(x); y = If(cond) {then: Relu(a)} {else: Neg(a)}; cond is bool[] = 1 B.
-    #   step 0: x, cond, a = 257   step 1: cond, a, y = 257
-    # (a read only inside the branches; without the implicit-input rule step 1 would be 129)
+    #   step 0: x, cond, a = 257   step 1: x, cond, a, y = 385
+    # (a read only inside the branches; without the implicit-input rule step 1 would be 257)
     def branch(op, out):
         return helper.make_graph([helper.make_node(op, ["a"], [out])], op, [], [value(out)])
 
@@ -199,12 +212,15 @@ def test_tensor_read_inside_a_subgraph_lives_until_the_if():
     ]
     inputs = [value("x", [4, 8]), value("cond", [], TensorProto.BOOL)]
     p = profile(model(nodes, inputs, [value("y")]))
-    assert p.timeline == (2 * S + 1, 2 * S + 1)
+    assert p.timeline == (2 * S + 1, 3 * S + 1)
 
 
 def test_out_of_order_nodes_are_sorted_keeping_stored_order_among_ready_ones():
     # Stored: y = Relu(b), a = Relu(x), c = Neg(x), b = Add(a, c). Ready at first: a and c;
-    # stored order puts a first.
+    # stored order puts a first. onnxruntime instead walks back from y and visits Add's
+    # producers highest index first: c, a, b, y.
+    #   step 0 (Neg c): x, c = 2S   step 1 (Relu a): x, c, a = 3S (x read again: not in place)
+    #   step 2 (Add b): x, c, a, b = 4S   step 3: x, b, y = 3S
     nodes = [
         node("Relu", ["b"], ["y"]),
         node("Relu", ["x"], ["a"]),
@@ -213,9 +229,10 @@ def test_out_of_order_nodes_are_sorted_keeping_stored_order_among_ready_ones():
     ]
     m = model(nodes, [value("x", [4, 8])], [value("y")])
     assert execution_order(m.graph) == [1, 2, 3, 0]
+    assert runtime_order(m.graph) == [2, 1, 3, 0]
     p = profile(m)
-    assert p.timeline == (2 * S, 3 * S, 3 * S, 2 * S)
-    assert p.peak_node == "Neg_c"
+    assert p.timeline == (2 * S, 3 * S, 4 * S, 3 * S)
+    assert p.peak_node == "Add_b"
 
 
 def test_long_reversed_chain_sorts_without_recursion():
@@ -223,9 +240,11 @@ def test_long_reversed_chain_sorts_without_recursion():
     nodes = [helper.make_node("Relu", [f"t{i}"], [f"t{i + 1}"]) for i in range(n)]
     m = model(list(reversed(nodes)), [value("t0", [4, 8])], [value(f"t{n}")])
     assert execution_order(m.graph) == list(range(n - 1, -1, -1))
+    assert runtime_order(m.graph) == list(range(n - 1, -1, -1))
     p = profile(m)
-    assert p.timeline == (2 * S,) * n
-    assert p.peak_node == f"Relu#{n - 1}"  # unnamed: op_type#stored index
+    # t0 live throughout, t1..t(n-1) all in t1's buffer (Relu in place), t(n) a graph output
+    assert p.timeline == (2 * S,) * (n - 1) + (3 * S,)
+    assert p.peak_node == "Relu#0"  # unnamed: op_type#stored index
 
 
 def test_cycle_is_a_value_error():
@@ -233,6 +252,8 @@ def test_cycle_is_a_value_error():
     m = model(nodes, [value("x", [4, 8])], [value("b")])
     with pytest.raises(ValueError, match="cycle"):
         execution_order(m.graph)
+    with pytest.raises(ValueError, match="cycle"):
+        profile(m)
 
 
 def test_graph_without_nodes():

@@ -1,13 +1,55 @@
-"""Activation liveness: how many bytes are live while each node runs, and the peak.
+"""Activation liveness as onnxruntime's CPU executor really allocates it, and the peak.
 
-The model is a sequential executor with no in-place reuse and no arena slack, walking the nodes
-in execution order (the stored order, which ONNX requires to be topological; sorted if not):
+The walk replays onnxruntime's sequential executor with graph optimizations disabled and the
+memory arena and memory pattern off: the setting `fuse_cli.analysis.measure` runs to check it.
+Each rule was read in onnxruntime's source and confirmed by measuring onnxruntime 1.31 on small
+probe graphs (tests/test_analysis_measure.py keeps the bundled samples within 25%).
 
-- a graph input is live from step 0 until its last consumer; a graph output until the end;
-- a node's outputs become live at its step; a tensor is freed after its last consumer's step;
-- an output nobody reads (and that is not a graph output) is freed right after its own step;
-- live bytes at step i = everything live before node i, plus node i's outputs: node i's inputs
-  are still held while it runs.
+Order. onnxruntime's default execution order, not the stored one: a reverse depth-first walk
+from the nodes no node reads, emitting each node after its producers and visiting a node's
+producers highest stored index first (GraphViewer's constructor and Graph::ReverseDFSFrom with
+NodeCompare, onnxruntime/core/graph/graph_viewer.cc and graph.cc). Of two independent branches
+the one stored later runs first: the transformer sample computes keys before queries, and
+values only after the softmax.
+
+Buffers. For each output of each node the allocation planner (PlannerImpl::
+ComputeSingleStreamReusePlan, onnxruntime/core/framework/allocation_planner.cc) takes the first
+that applies:
+1. a graph output gets a buffer of its own (kAllocateOutput), never shared;
+2. an output its kernel declares an Alias of an input is that input's buffer, no new bytes
+   (FindReusableInput; Reshape, Flatten, Squeeze, Unsqueeze, Identity, Dropout before opset 12);
+3. an output its kernel may compute in place (KernelDef MayInplace: the activations of
+   cpu/activation/activations.cc, Clip, Softmax and LogSoftmax on float, Cast, Trilu,
+   ScatterElements, FusedConv's residual input) takes that input's buffer when this node is the
+   buffer's last reader and both have the same element size and the same shape as the planner
+   sees it (below). Add, Sub, Mul, Div, Pow, Neg, Exp, Erf, Sqrt and Gelu declare no in-place on
+   the CPU provider: measured, they always take another buffer;
+4. a dead buffer of the same element size and planner shape, the most recently freed first
+   (FindReusableTensor; never for a scalar);
+5. a new buffer.
+The planner compares shapes before any dim is bound: the model's own shapes (`symbolic_shapes`),
+where `batch` equals `batch` but a dim that shape inference could not name (Reshape's -1 of a
+symbolic input) equals nothing, so such tensors never share.
+
+Lifetimes. A graph input belongs to the caller and is live for the whole run (kPreExisting, and
+the caller holds it). A buffer is released after the last node that reads any tensor it held
+(GenerateDeallocationPlan); one holding a graph output or a tensor nobody reads is held to the end
+of the run. A dead buffer the planner hands to a later tensor is not released in between: its
+bytes count from its first tenant's birth to its last tenant's death.
+
+Workspace. Kernel scratch, live while its node runs:
+- Conv and FusedConv on float (MlasConvPrepare, onnxruntime/core/mlas/lib/convolve.cpp, with one
+  intra-op thread): nothing for a pointwise conv (1x1 kernel, stride 1, no padding); the whole
+  im2col matrix (output pixels x K floats) when the filters per group outnumber the output
+  pixels; else one 128x128-float tile (64 KiB) per thread;
+- Dropout from opset 12 without a mask output fills a mask anyway: one byte per element
+  (cpu/nn/dropout_op.h).
+
+Not modelled, being small next to activations: allocator rounding (under a page per buffer),
+blocks glibc serves from its own heap, kernels' per-row scratch, thread stacks; with T intra-op
+threads the Conv tile is T tiles. Not modelled though not small: hidden intermediates of ops the
+CPU provider runs as several nodes (HardSwish and Mish each measured one more buffer of their
+output's size).
 
 Weights (initializers, Constant node outputs) are always resident and reported apart: counting
 them would drown the activation peak that fusion changes. Tensors whose size is unknown are
@@ -16,23 +58,58 @@ excluded from every sum and listed, never counted as 0 silently.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 import onnx
+from onnx import TensorProto, helper
 
 from fuse_cli.analysis.order import consumed_names, execution_order, node_label
-from fuse_cli.analysis.shapes import ShapeTable, TensorInfo
+from fuse_cli.analysis.shapes import ShapeTable, TensorInfo, element_size_bits, infer_shapes
 
 INPUT_PRODUCER = "<input>"
+WORKSPACE = "<workspace>"
 _LARGEST_COUNT = 10
 _DEFAULT_DOMAINS = ("", "ai.onnx")
+_MS_DOMAIN = "com.microsoft"
+
+# Kernels whose output 0 is a view of input 0 (KernelDefBuilder().Alias(0, 0)), keyed by
+# (domain, op_type) -> (first opset, last opset) of the aliasing kernels.
+_ALIAS_OPS: Mapping[tuple[str, str], tuple[int, int]] = {
+    ("", "Reshape"): (1, 10**6),
+    ("", "Flatten"): (1, 10**6),
+    ("", "Squeeze"): (1, 10**6),
+    ("", "Unsqueeze"): (1, 10**6),
+    ("", "Identity"): (1, 10**6),
+    ("", "Dropout"): (1, 11),  # IdentityOp<true>; from opset 12 a real kernel with a mask
+}
+
+_FLOAT_ONLY = frozenset({TensorProto.FLOAT})
+# (domain, op_type) -> (input index, element types the in-place kernel is registered for, None:
+# every type the op has a kernel for).
+_INPLACE_OPS: Mapping[tuple[str, str], tuple[int, frozenset[int] | None]] = {
+    **{("", op): (0, None) for op in (
+        "Relu", "LeakyRelu", "Sigmoid", "Tanh", "Elu", "Selu", "Celu", "HardSigmoid",
+        "Softplus", "Softsign", "ThresholdedRelu", "Clip", "Cast", "Trilu", "ScatterElements",
+    )},
+    ("", "Softmax"): (0, _FLOAT_ONLY),
+    ("", "LogSoftmax"): (0, _FLOAT_ONLY),
+    (_MS_DOMAIN, "FusedConv"): (3, _FLOAT_ONLY),  # the residual Z, summed into the output
+}
+
+# MLAS_SGEMM_STRIDEN * MLAS_SGEMM_STRIDEK floats: the im2col tile of one thread.
+_MLAS_CONV_TILE_BYTES = 128 * 128 * 4
 
 
 @dataclass(frozen=True)
 class LiveTensor:
-    """An activation of known size and who produced it (node label or `INPUT_PRODUCER`)."""
+    """An activation of known size and who produced it (node label or `INPUT_PRODUCER`).
+
+    In `live_at_peak` it stands for a buffer: the tensor then occupying it (or, for a buffer held
+    for reuse, its last tenant); a kernel's scratch is named `WORKSPACE`, produced by its node.
+    """
 
     name: str
     nbytes: int
@@ -41,7 +118,11 @@ class LiveTensor:
 
 @dataclass(frozen=True)
 class MemoryProfile:
-    """The liveness walk's result. A graph without nodes has peak_step -1 and peak_node ""."""
+    """The liveness walk's result. A graph without nodes has peak_step -1 and peak_node "".
+
+    Steps follow onnxruntime's execution order. `intermediate_bytes` and `by_op_type` count the
+    bytes each node writes (a view made by Reshape and its kind writes none).
+    """
 
     peak_bytes: int
     peak_step: int
@@ -56,97 +137,359 @@ class MemoryProfile:
 
 
 def profile_memory(model: onnx.ModelProto, shapes: ShapeTable, *, extra_weights: Iterable[str] = (),
-                   absent: Iterable[str] = ()) -> MemoryProfile:
+                   absent: Iterable[str] = (), symbolic_shapes: ShapeTable | None = None) -> MemoryProfile:
     """Walk the top-level graph once and account every activation's lifetime.
 
+    shapes: sizes at the user's bindings. symbolic_shapes: the model's shapes with no dim bound,
+    as onnxruntime's planner compares them; inferred from `model` when not given.
     extra_weights: graph inputs to treat as weights (initializers set aside as input defaults).
-    absent: tensors to count as 0 bytes, for "what if these intermediates did not exist".
+    absent: tensors that take no memory, for "what if these intermediates did not exist".
+    Raises ValueError when the graph has a cycle.
     """
     graph = model.graph
-    order = execution_order(graph)
+    execution_order(graph)  # the one place that reports a cycle
+    consumed = [consumed_names(node) for node in graph.node]
+    order = _runtime_order(graph.node, consumed)
     nodes = [graph.node[i] for i in order]
-    consumed = [consumed_names(node) for node in nodes]
-    last_step = len(nodes) - 1
-
+    labels = [node_label(node, index) for node, index in zip(nodes, order)]
+    symbolic = symbolic_shapes if symbolic_shapes is not None else infer_shapes(model)
     weights = _weight_names(graph) | set(extra_weights)
-    absent = set(absent)
-    graph_outputs = {vi.name for vi in graph.output}
 
-    # Activations in birth order: graph inputs, then node outputs in execution order.
-    birth: dict[str, int] = {}
     producer: dict[str, str] = {}
     for vi in graph.input:
         if vi.name and vi.name not in weights:
-            birth[vi.name] = 0
             producer[vi.name] = INPUT_PRODUCER
-    for step, (index, node) in enumerate(zip(order, nodes)):
+    for node, label in zip(nodes, labels):
         for name in node.output:
             if name and name not in weights:
-                birth[name] = step
-                producer[name] = node_label(node, index)
+                producer[name] = label
 
-    last_use: dict[str, int] = {}
-    for step, names in enumerate(consumed):
-        for name in names:
-            last_use[name] = step  # steps only grow, so the last write is the last consumer
-    death = {
-        name: last_step if name in graph_outputs else max(last_use.get(name, born), born)
-        for name, born in birth.items()
-    }
-
-    sizes = {name: 0 if name in absent else shapes.nbytes(name) for name in birth}
+    absent = set(absent)
+    sizes = {name: 0 if name in absent else shapes.nbytes(name) for name in producer}
     known = {name: size for name, size in sizes.items() if size is not None}
     unknown = tuple(name for name, size in sizes.items() if size is None)
 
-    timeline = _timeline(len(nodes), known, birth, death)
+    opset = _default_opset(model)
+    reads = [_reads(graph.node[i], consumed[i]) for i in order]
+    plan = _Planner(graph, nodes, reads, set(producer), absent, symbolic, opset).run()
+    workspace = [_workspace_bytes(node, shapes, opset) for node in nodes]
+    timeline = _timeline(len(nodes), plan.buffers, known, workspace)
     if timeline:
         peak_bytes = max(timeline)
         peak_step = timeline.index(peak_bytes)
-        peak_node = node_label(nodes[peak_step], order[peak_step])
+        peak_node = labels[peak_step]
     else:
         peak_bytes, peak_step, peak_node = 0, -1, ""
 
-    def live(names: Iterable[str]) -> tuple[LiveTensor, ...]:
+    def by_size(tensors: Iterable[LiveTensor]) -> tuple[LiveTensor, ...]:
         # Stable sort on birth order: ties stay in execution order.
-        tensors = [LiveTensor(n, known[n], producer[n]) for n in names if n in known]
         return tuple(sorted(tensors, key=lambda t: -t.nbytes))
 
-    # Traffic: every byte a node writes (Constant outputs are weights, already out of `known`).
+    live = [
+        LiveTensor(occupant, known[buffer.tenants[0]], producer[occupant])
+        for buffer in plan.buffers
+        if buffer.tenants[0] in known and buffer.birth <= peak_step <= buffer.death
+        for occupant in [buffer.occupant(peak_step, plan.birth)]
+    ]
+    live.sort(key=lambda t: plan.birth_rank[t.name])
+    if peak_step >= 0 and workspace[peak_step]:
+        live.append(LiveTensor(WORKSPACE, workspace[peak_step], peak_node))
+
     written: dict[str, int] = {}
     for node in nodes:
         for name in node.output:
-            if name in known:
+            if name in known and name not in plan.views:
                 written[node.op_type] = written.get(node.op_type, 0) + known[name]
 
     return MemoryProfile(
         peak_bytes=peak_bytes,
         peak_step=peak_step,
         peak_node=peak_node,
-        live_at_peak=live(n for n in birth if birth[n] <= peak_step <= death[n]),
+        live_at_peak=by_size(live),
         timeline=tuple(timeline),
         intermediate_bytes=sum(written.values()),
         by_op_type=MappingProxyType(dict(sorted(written.items(), key=lambda kv: -kv[1]))),
-        largest=live(birth)[:_LARGEST_COUNT],
+        largest=by_size(LiveTensor(n, known[n], producer[n]) for n in producer if n in known)[:_LARGEST_COUNT],
         unknown_tensors=unknown,
         weight_bytes=_weight_bytes(graph, shapes),
     )
 
 
-def _timeline(
-    steps: int, known: Mapping[str, int], birth: Mapping[str, int], death: Mapping[str, int]
-) -> list[int]:
-    """Live bytes per step via a difference array: O(steps + tensors), not O(steps * live)."""
+def runtime_order(graph: onnx.GraphProto) -> list[int]:
+    """Indices into `graph.node` in onnxruntime's default execution order (see the module
+    docstring). Iterative: graphs reach 10k+ nodes. Assumes an acyclic graph."""
+    return _runtime_order(graph.node, [consumed_names(node) for node in graph.node])
+
+
+def _runtime_order(nodes: Sequence[onnx.NodeProto], consumed: Sequence[set[str]]) -> list[int]:
+    producer = {name: i for i, node in enumerate(nodes) for name in node.output if name}
+    producers = [sorted({producer[n] for n in names if n in producer}) for names in consumed]
+    read = [False] * len(nodes)
+    for sources in producers:
+        for i in sources:
+            read[i] = True
+    stack = [(i, False) for i in range(len(nodes)) if not read[i]]
+    visited = [False] * len(nodes)
+    order: list[int] = []
+    while stack:
+        i, leaving = stack.pop()
+        if leaving:
+            order.append(i)
+        elif not visited[i]:
+            visited[i] = True
+            stack.append((i, True))
+            # Pushed in ascending index order, so the highest-index producer is visited first.
+            stack.extend((j, False) for j in producers[i] if not visited[j])
+    return order
+
+
+@dataclass(eq=False)
+class _Buffer:
+    """One allocation: its tenants in order of birth (the first one sized it), the step it was
+    allocated at, the step after which it is released, and the planner's reference count."""
+
+    tenants: list[str]
+    birth: int
+    uses: int
+    death: int = -1
+
+    def occupant(self, step: int, birth: Mapping[str, int]) -> str:
+        return next(t for t in reversed(self.tenants) if birth[t] <= step)
+
+
+@dataclass
+class _Plan:
+    buffers: list[_Buffer]
+    views: set[str]                 # Alias outputs: a view of their input, nothing written
+    birth: dict[str, int]
+    birth_rank: dict[str, int]
+
+
+@dataclass
+class _Planner:
+    """onnxruntime's single-stream reuse plan (allocation_planner.cc), replayed on names.
+
+    `count` holds the planner's static reference counts per tensor: one per read (with
+    multiplicity), one for the definition, one more for graph inputs and outputs (the caller's
+    use). A buffer's `uses` sums its tenants' and drops by one per read and definition passed,
+    so it reaches 0 exactly when the planner puts the buffer on its free list.
+    """
+
+    graph: onnx.GraphProto
+    nodes: Sequence[onnx.NodeProto]
+    reads: Sequence[list[str]]
+    activations: set[str]
+    absent: set[str]
+    symbolic: ShapeTable
+    opset: int
+    buffer_of: dict[str, _Buffer] = field(default_factory=dict)
+    count: dict[str, int] = field(default_factory=dict)
+    free: dict[tuple, list[_Buffer]] = field(default_factory=dict)
+
+    def run(self) -> _Plan:
+        reads = self.reads
+        last = len(self.nodes) - 1
+        graph_inputs = [vi.name for vi in self.graph.input if vi.name in self.activations]
+        graph_outputs = {vi.name for vi in self.graph.output}
+        for name in (*graph_inputs, *(n for names in reads for n in names),
+                     *(n for node in self.nodes for n in node.output), *graph_outputs):
+            self.count[name] = self.count.get(name, 0) + 1
+
+        buffers: list[_Buffer] = []
+        views: set[str] = set()
+        weight_views: set[str] = set()  # views of weights: no activation bytes at all
+        birth: dict[str, int] = {}
+        for name in graph_inputs:
+            birth[name] = 0
+            if name not in self.absent:
+                buffers.append(self._new(name, 0))
+        for step, node in enumerate(self.nodes):
+            for index, name in enumerate(node.output):
+                if name not in self.activations:
+                    continue
+                birth[name] = step
+                if name in self.absent:
+                    continue
+                if name in graph_outputs:
+                    buffers.append(self._new(name, step))
+                    continue
+                source = node.input[0] if node.input else ""
+                if self._is_alias(node, index) and source:
+                    if source in self.buffer_of:
+                        views.add(name)
+                        self._join(self.buffer_of[source], name)
+                        continue
+                    if source not in self.activations or source in weight_views:
+                        views.add(name)
+                        weight_views.add(name)
+                        continue
+                shared = self._in_place(node, index, name)
+                if shared is None:
+                    shared = self._reusable(name)
+                if shared is not None:
+                    self._join(shared, name)
+                else:
+                    buffers.append(self._new(name, step))
+            for name in (*reads[step], *node.output):
+                self._release(name)
+
+        # Released after the last read of any tenant; the caller's inputs and outputs, and
+        # tensors nobody reads (no release action is planned for them), stay to the end.
+        last_read = {name: step for step, names in enumerate(reads) for name in names}
+        held = graph_outputs | set(graph_inputs)
+        for buffer in buffers:
+            buffer.death = max(
+                last if t in held or t not in last_read else last_read[t] for t in buffer.tenants
+            )
+        rank = {name: i for i, name in enumerate(birth)}
+        return _Plan(buffers, views, birth, rank)
+
+    def _new(self, name: str, step: int) -> _Buffer:
+        buffer = _Buffer([name], step, self.count[name])
+        self.buffer_of[name] = buffer
+        return buffer
+
+    def _join(self, buffer: _Buffer, name: str) -> None:
+        buffer.tenants.append(name)
+        buffer.uses += self.count[name]
+        self.buffer_of[name] = buffer
+
+    def _release(self, name: str) -> None:
+        buffer = self.buffer_of.get(name)
+        if buffer is None:
+            return
+        buffer.uses -= 1
+        key = _planner_key(self.symbolic.get(buffer.tenants[0]))
+        if buffer.uses == 0 and key is not None and key[1]:  # scalars are never reused
+            self.free.setdefault(key, []).append(buffer)
+
+    def _is_alias(self, node: onnx.NodeProto, index: int) -> bool:
+        versions = _ALIAS_OPS.get((_domain(node), node.op_type))
+        return index == 0 and versions is not None and versions[0] <= self.opset <= versions[1]
+
+    def _in_place(self, node: onnx.NodeProto, index: int, name: str) -> _Buffer | None:
+        """The input buffer a MayInplace kernel computes this output in, if the planner allows."""
+        rule = _INPLACE_OPS.get((_domain(node), node.op_type))
+        if rule is None or index != 0 or len(node.input) <= rule[0]:
+            return None
+        source, types = rule
+        buffer = self.buffer_of.get(node.input[source])
+        if buffer is None or buffer.uses != 1:
+            return None  # read again later, or the caller's: not the last use
+        info = self.symbolic.get(node.input[source])
+        if types is not None and (info is None or info.elem_type not in types):
+            return None
+        key = _planner_key(info)
+        return buffer if key is not None and key == _planner_key(self.symbolic.get(name)) else None
+
+    def _reusable(self, name: str) -> _Buffer | None:
+        key = _planner_key(self.symbolic.get(name))
+        stack = self.free.get(key) if key is not None else None
+        return stack.pop() if stack else None
+
+
+def _planner_key(info: TensorInfo | None) -> tuple | None:
+    """What the planner's SameSize compares: element size and shape, no dim bound. None when it
+    matches nothing: unknown rank or type, a string, a dim shape inference could not name."""
+    if info is None or info.shape is None or any(d is None for d in info.shape):
+        return None
+    bits = element_size_bits(info.elem_type)  # None for strings, which are never reused
+    return None if bits is None else (bits, info.shape)
+
+
+def _reads(node: onnx.NodeProto, consumed: set[str]) -> list[str]:
+    """What the planner counts as this node's reads: each explicit input occurrence, then each
+    name its subgraphs take from the enclosing scope (`consumed` less the explicit inputs)."""
+    explicit = [name for name in node.input if name]
+    return explicit + sorted(consumed - set(explicit))
+
+
+def _domain(node: onnx.NodeProto) -> str:
+    return "" if node.domain in _DEFAULT_DOMAINS else node.domain
+
+
+def _default_opset(model: onnx.ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in _DEFAULT_DOMAINS), 0)
+
+
+def _timeline(steps: int, buffers: Sequence[_Buffer], known: Mapping[str, int],
+              workspace: Sequence[int]) -> list[int]:
+    """Live bytes per step via a difference array: O(steps + buffers), not O(steps * live)."""
     if not steps:
         return []
     delta = [0] * (steps + 1)
-    for name, size in known.items():
-        delta[birth[name]] += size
-        delta[death[name] + 1] -= size
+    for buffer in buffers:
+        size = known.get(buffer.tenants[0])
+        if size:
+            delta[buffer.birth] += size
+            delta[buffer.death + 1] -= size
     timeline, running = [], 0
     for step in range(steps):
         running += delta[step]
-        timeline.append(running)
+        timeline.append(running + workspace[step])
     return timeline
+
+
+def _workspace_bytes(node: onnx.NodeProto, shapes: ShapeTable, opset: int) -> int:
+    """Scratch a kernel allocates while it runs (see the module docstring); 0 when unknown."""
+    domain = _domain(node)
+    if node.op_type == "Conv" and domain == "" or node.op_type == "FusedConv" and domain == _MS_DOMAIN:
+        return _conv_workspace(node, shapes)
+    if node.op_type == "Dropout" and domain == "" and opset >= 12 and (len(node.output) < 2 or not node.output[1]):
+        info = shapes.get(node.input[0])
+        if info is not None and info.shape is not None and all(isinstance(d, int) for d in info.shape):
+            return math.prod(info.shape)  # a bool per element
+    return 0
+
+
+def _conv_workspace(node: onnx.NodeProto, shapes: ShapeTable) -> int:
+    """MlasConvPrepare's working buffer for one intra-op thread, in bytes."""
+    x, w = (shapes.get(name) for name in (list(node.input) + ["", ""])[:2])
+    y = shapes.get(node.output[0])
+    infos = (x, w, y)
+    if any(i is None or i.shape is None or not all(isinstance(d, int) for d in i.shape) for i in infos):
+        return 0
+    if x.elem_type != TensorProto.FLOAT or len(x.shape) < 3:
+        return 0
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    spatial_in, spatial_out = x.shape[2:], y.shape[2:]
+    rank = len(spatial_in)
+    group = int(attrs.get("group", 1)) or 1
+    kernel = list(attrs.get("kernel_shape") or w.shape[2:])
+    strides = list(attrs.get("strides") or [1] * rank)
+    dilations = list(attrs.get("dilations") or [1] * rank)
+    pads = _conv_pads(attrs, spatial_in, spatial_out, kernel, strides, dilations)
+    channels, filters = x.shape[1] // group, w.shape[0] // group
+    k = channels * math.prod(kernel)
+    pixels = math.prod(spatial_out)
+    if rank > 3:
+        return 4 * k * pixels  # the generic im2col path
+    if all(s == 1 for s in strides) and not any(pads):
+        if k == channels:
+            return 0  # pointwise: GEMM straight on the input
+        if rank <= 2 and all(d == 1 for d in dilations) and channels == 1:
+            # MLAS promotes 1-D to 2-D (height 1); a kernel spanning the input's width, or its
+            # whole height with width 1, is a direct GEMM too.
+            in2, k2 = ([1, *spatial_in], [1, *kernel]) if rank == 1 else (spatial_in, kernel)
+            if k2[1] == in2[1] or (k2[0] == in2[0] and k2[1] == 1):
+                return 0
+    if filters > pixels:
+        return 4 * k * pixels
+    return _MLAS_CONV_TILE_BYTES
+
+
+def _conv_pads(attrs: Mapping, spatial_in: Sequence[int], spatial_out: Sequence[int],
+               kernel: Sequence[int], strides: Sequence[int], dilations: Sequence[int]) -> list[int]:
+    auto_pad = attrs.get("auto_pad", b"NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        return [
+            max(0, (o - 1) * s + (k - 1) * d + 1 - i)
+            for i, o, k, s, d in zip(spatial_in, spatial_out, kernel, strides, dilations)
+        ]
+    if auto_pad == "VALID":
+        return [0] * len(spatial_in)
+    return list(attrs.get("pads") or [0] * 2 * len(spatial_in))
 
 
 def _weight_names(graph: onnx.GraphProto) -> set[str]:

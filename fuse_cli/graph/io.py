@@ -19,6 +19,7 @@ from google.protobuf.message import DecodeError
 from onnx.external_data_helper import set_external_data
 
 from fuse_cli import __version__
+from fuse_cli.analysis.order import execution_order
 from fuse_cli.errors import FuseError, ModelLoadError
 
 # protobuf refuses to serialize a message of 2 GiB or more; leave headroom for the graph itself.
@@ -59,6 +60,7 @@ def load_model(path: str | os.PathLike, *, freeze_inputs: bool = False) -> Loade
         raise ModelLoadError(f"{path}: not a readable ONNX model ({_first_line(exc)})") from exc
     if not model.HasField("graph") or (not model.graph.node and not model.graph.output):
         raise ModelLoadError(f"{path}: not an ONNX model (no graph found)")
+    _check_text_fields(model, path)
     _check_opsets(model, path)
     external_files = _check_external_data_locations(model, path)
     try:
@@ -66,9 +68,96 @@ def load_model(path: str | os.PathLike, *, freeze_inputs: bool = False) -> Loade
     except (OSError, ValueError, onnx.checker.ValidationError) as exc:
         raise ModelLoadError(f"{path}: cannot read external data ({_first_line(exc)})") from exc
     _check_graph_wiring(model.graph, path)
+    try:
+        execution_order(model.graph)
+    except ValueError as exc:
+        raise ModelLoadError(f"{path}: invalid graph: {_first_line(exc)}") from exc
+    _check_tensor_payloads(model, path)
+    _check_attribute_types(model, path)
     loaded = LoadedModel(path=path, model=model, file_bytes=size, external_files=external_files)
     _separate_initializer_inputs(loaded, freeze_inputs)
     return loaded
+
+
+def _check_text_fields(model: onnx.ModelProto, path: Path) -> None:
+    """protobuf parses string fields without checking UTF-8 and raises on first access instead,
+    which could be anywhere later: read every string once, here, and fail with one clear line."""
+    try:
+        _read_strings(model)
+    except UnicodeDecodeError as exc:
+        raise ModelLoadError(f"{path}: not a valid ONNX model (a text field is not UTF-8: {exc.reason})") from exc
+
+
+def _read_strings(message) -> None:
+    for descriptor, value in message.ListFields():
+        items = value if descriptor.is_repeated else (value,)
+        if descriptor.type == descriptor.TYPE_MESSAGE:
+            for item in items:
+                _read_strings(item)
+        elif descriptor.type == descriptor.TYPE_STRING:
+            for item in items:
+                # protobuf hands back bytes for a string field that is not valid UTF-8
+                if isinstance(item, bytes):
+                    item.decode("utf-8")
+
+
+_TYPED_FIELD = {
+    onnx.TensorProto.FLOAT: ("float_data", 1), onnx.TensorProto.DOUBLE: ("double_data", 1),
+    onnx.TensorProto.INT64: ("int64_data", 1), onnx.TensorProto.UINT32: ("uint64_data", 1),
+    onnx.TensorProto.UINT64: ("uint64_data", 1), onnx.TensorProto.STRING: ("string_data", 1),
+    onnx.TensorProto.COMPLEX64: ("float_data", 2), onnx.TensorProto.COMPLEX128: ("double_data", 2),
+}
+
+
+def _check_tensor_payloads(model: onnx.ModelProto, path: Path) -> None:
+    """Every weight must hold exactly as many values as its dims say: a mismatch would surface
+    much later as a reshape error deep inside a pass."""
+    for tensor in _all_tensors(model):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            continue
+        try:
+            bits = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize * 8
+        except (KeyError, TypeError, ValueError):
+            raise ModelLoadError(f"{path}: tensor {tensor.name!r} has unknown data type {tensor.data_type}") from None
+        if tensor.data_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4, getattr(onnx.TensorProto, "FLOAT4E2M1", -1)):
+            bits = 4
+        count = 1
+        for dim in tensor.dims:
+            if dim < 0:
+                raise ModelLoadError(f"{path}: tensor {tensor.name!r} has a negative dimension {list(tensor.dims)}")
+            count *= dim
+        if tensor.HasField("raw_data"):
+            # strings cannot be stored raw (onnx.proto): only string_data holds them
+            ok = tensor.data_type != onnx.TensorProto.STRING and len(tensor.raw_data) == (count * bits + 7) // 8
+        else:
+            field_name, per_value = _TYPED_FIELD.get(tensor.data_type, ("int32_data", 1))
+            stored = len(getattr(tensor, field_name))
+            ok = stored == count * per_value or (bits == 4 and stored == (count + 1) // 2)
+        if not ok:
+            raise ModelLoadError(f"{path}: tensor {tensor.name!r} holds a different number of values than its "
+                                 f"shape {list(tensor.dims)} needs")
+
+
+def _check_attribute_types(model: onnx.ModelProto, path: Path) -> None:
+    """A standard operator's attributes must have the types its schema declares (passes read them
+    as such). Operators without a schema here (custom domains, onnxruntime's own) are left alone."""
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is None:
+        return
+    for node in model.graph.node:
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        try:
+            schema = onnx.defs.get_schema(node.op_type, opset, "")
+        except onnx.defs.SchemaError:
+            continue
+        for attr in node.attribute:
+            declared = schema.attributes.get(attr.name)
+            if declared is not None and attr.type != declared.type.value:
+                raise ModelLoadError(
+                    f"{path}: invalid graph: node {node.name or node.op_type!r} has attribute {attr.name!r} of type "
+                    f"{onnx.AttributeProto.AttributeType.Name(attr.type)}, its schema says "
+                    f"{onnx.AttributeProto.AttributeType.Name(declared.type.value)}")
 
 
 def _first_line(exc: BaseException) -> str:

@@ -135,7 +135,7 @@ def match_root(pattern: Op | Alt, node: gs.Node) -> Iterator[Match]:
 
 
 def _match_node(pattern: Op, node: gs.Node, m: Match) -> Iterator[Match]:
-    if node.op not in pattern.op_types or (node.domain or "") != pattern.domain:
+    if node.op not in pattern.op_types or _domain(node.domain) != _domain(pattern.domain):
         return
     if any(node is seen for seen in m.covered):
         return
@@ -205,6 +205,11 @@ def _match_tensor(pattern: Pattern, tensor: gs.Tensor | None, consumer: gs.Node,
             yield matched
     else:  # pragma: no cover - a programming error in a pattern
         raise TypeError(f"not a pattern element: {pattern!r}")
+
+
+def _domain(domain: str | None) -> str:
+    """"" and "ai.onnx" both name the default domain (graphsurgeon keeps whichever was written)."""
+    return "" if domain in (None, "", "ai.onnx") else domain
 
 
 def _may_bind(m: Match, name: str | None, tensor: gs.Tensor) -> bool:

@@ -7,8 +7,9 @@ from typing import ClassVar
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Alt, Match, Op
+from fuse_cli.targets import TARGETS
 
-ALL_TARGETS = frozenset({"onnx", "ort", "ort-cpu", "ort-cuda"})
+ALL_TARGETS = frozenset(TARGETS)
 
 
 class Pass:

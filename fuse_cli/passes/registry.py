@@ -12,10 +12,10 @@ from collections.abc import Iterable
 
 from fuse_cli.errors import UsageError
 from fuse_cli.passes.base import Pass
+from fuse_cli.targets import TARGETS
 
 REGISTRY: dict[str, Pass] = {}
 
-TARGETS = ("onnx", "ort", "ort-cpu", "ort-cuda")
 
 PORTABLE_PIPELINE: tuple[str, ...] = (
     # 1. make weights constant and drop what computes nothing
@@ -31,9 +31,9 @@ PORTABLE_PIPELINE: tuple[str, ...] = (
     "eliminate-flatten",
     # 3. fold affine arithmetic into Conv/Gemm weights (before anything fuses the activations)
     "pad-conv",
+    "conv-bn",  # before bn-conv: folding into the Conv before a BN is exact at any padding
     "bn-conv",
     "concat-conv-bn",
-    "conv-bn",
     "conv-mul",
     "conv-add",
     "matmul-bn",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from fuse_cli.analysis.measure import Measurement
 from fuse_cli.analysis.memory import MemoryProfile
 from fuse_cli.errors import EXIT_CHECK_FAILED, EXIT_OK
 from fuse_cli.verify import VerifyResult
@@ -81,6 +82,14 @@ class RolledBack:
 
 
 @dataclass(frozen=True)
+class MeasuredPeaks:
+    """Peak activation memory measured in onnxruntime, original and fused, at the bound shapes."""
+
+    before: Measurement
+    after: Measurement
+
+
+@dataclass(frozen=True)
 class Gates:
     """CI conditions that turn a successful run into a failed check (exit 1)."""
 
@@ -112,6 +121,7 @@ class Report:
     allow_mismatch: bool = False
     runtime_target_would_add: tuple[tuple[str, int], ...] = ()  # (pattern, count) with --target ort
     gates: Gates = field(default_factory=lambda: Gates())
+    measured: MeasuredPeaks | None = None
 
     def rows(self) -> list[FusionRow]:
         """Fusions grouped by (pass, pattern) in the order they first happened."""

@@ -6,6 +6,7 @@ Rich and Markdown share `savings_rows`, so their columns cannot drift apart.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict
 from typing import Any
 
@@ -90,6 +91,15 @@ def memory_lines(report: Report) -> list[str]:
         f"Intermediate traffic (bytes written by nodes): {human_bytes(b.intermediate_bytes)} -> "
         f"{human_bytes(a.intermediate_bytes)} ({_percent(b.intermediate_bytes, a.intermediate_bytes)})",
     ]
+    measured = report.measured
+    if measured is not None:
+        for label, estimate, m in (("before", b.peak_bytes, measured.before), ("after", a.peak_bytes, measured.after)):
+            if m.peak_bytes is None:
+                lines.append(f"Measured peak {label}: not measurable here ({m.reason})")
+            else:
+                ratio = f"{estimate / m.peak_bytes:.3f}" if m.peak_bytes else "n/a"
+                lines.append(f"Measured peak {label} (onnxruntime CPU): {human_bytes(m.peak_bytes)}; "
+                             f"estimate {human_bytes(estimate)} (estimate / measured = {ratio})")
     if report.removed_bytes and a.peak_bytes - b.peak_bytes > -report.removed_bytes:
         lines.append("A removed intermediate lowers the peak only if it was alive at the peak; "
                      "the others save traffic, not peak.")
@@ -150,14 +160,28 @@ def render_rich(report: Report, console: Console) -> None:
     if report.dry_run and report.memory:
         _render_audit(report, console)
     if report.near_misses:
+        groups = near_miss_groups(report)
         misses = Table(title=f"Not fused ({len(report.near_misses)})", title_justify="left")
-        for header in ("Pattern", "Nodes", "Why not"):
+        for header in ("Pattern", "Count", "Nodes (first)", "Why not (first)"):
             misses.add_column(header, overflow="fold")
-        for miss in report.near_misses[:NEAR_MISS_LIMIT]:
-            misses.add_row(miss.pattern, " -> ".join(miss.nodes), miss.reason)
+        for pattern, items in groups[:NEAR_MISS_LIMIT]:
+            misses.add_row(pattern, str(len(items)), " -> ".join(items[0].nodes), items[0].reason)
         console.print(misses)
-        if len(report.near_misses) > NEAR_MISS_LIMIT:
-            console.print(f"... and {len(report.near_misses) - NEAR_MISS_LIMIT} more (see --json)")
+        if len(groups) > NEAR_MISS_LIMIT:
+            console.print(f"... and {len(groups) - NEAR_MISS_LIMIT} more kinds (see --json)")
+
+
+def near_miss_groups(report: Report) -> list[tuple[str, list]]:
+    """Near-misses grouped by pattern and by the reason's wording with node names left out, so
+    62 BatchNormalizations declined for one reason take one line, not 62."""
+    groups: dict[tuple[str, str], list] = {}
+    for miss in report.near_misses:
+        # names are quoted or carry digits (n901, 'r886', bn_3); what is left is the reason's kind
+        wording = re.sub(r"'[^']*'|\b\w*\d\w*\b", "", miss.reason)
+        for name in miss.nodes:
+            wording = wording.replace(name, "")
+        groups.setdefault((miss.pattern, wording), []).append(miss)
+    return [(pattern, items) for (pattern, _), items in groups.items()]
 
 
 def _render_audit(report: Report, console: Console) -> None:
@@ -239,7 +263,13 @@ def _memory_json(report: Report) -> dict[str, Any] | None:
             "timeline": list(p.timeline),
         }
 
+    measured = report.measured
     return {
+        "measured": None if measured is None else {
+            "peak_bytes": {"before": measured.before.peak_bytes, "after": measured.after.peak_bytes},
+            "method": measured.before.method,
+            "reason": measured.before.reason or measured.after.reason,
+        },
         "peak_bytes": {"before": audit.before.peak_bytes, "after": audit.after.peak_bytes},
         "intermediate_bytes": {"before": audit.before.intermediate_bytes, "after": audit.after.intermediate_bytes},
         "weight_bytes": {"before": audit.before.weight_bytes, "after": audit.after.weight_bytes},

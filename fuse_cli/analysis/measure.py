@@ -1,0 +1,244 @@
+"""Measure a model's real peak activation memory in onnxruntime, to check the liveness estimate.
+
+A fresh child process (`python -m fuse_cli.analysis.measure`, so nothing the caller holds is
+counted) builds the session the estimate models (`fuse_cli.analysis.memory`): CPU, graph
+optimizations disabled, memory arena and memory pattern off, one intra-op and one inter-op thread
+(no thread-pool stacks, one im2col tile). It makes seeded inputs, runs once to warm up, then per
+repeat reads VmRSS, writes "5" to /proc/self/clear_refs (which resets VmHWM to the current RSS),
+copies the inputs, runs once and reads VmHWM. The figure is the smallest VmHWM - VmRSS.
+
+Counted as the estimate counts: the inputs are copied after the baseline, so they weigh like the
+estimate's graph inputs (live for the whole run); the outputs come back as numpy arrays over
+onnxruntime's own buffers (measured: no copy) and are still held when VmHWM is read, like the
+estimate's graph outputs.
+
+glibc: a freed block normally stays in glibc's heap and the next run reuses it without the
+kernel noticing, so RSS hardly moves (the transformer sample measured 0 bytes). The child pins
+glibc's mmap threshold at 64 KiB (MALLOC_MMAP_THRESHOLD_, which also stops glibc from raising it
+as large blocks are freed): every buffer of 64 KiB or more is its own mapping and goes back to the
+kernel when freed, so RSS follows what onnxruntime holds. numpy's huge-page advice is off, so a
+4 MiB array is not counted as 2 MiB pages. What is left is noise of tens of pages: the kernel's
+RSS counters are per-CPU approximations, and blocks under 64 KiB come from glibc's heap.
+
+Where this cannot work (no /proc/self/clear_refs, a write refused, a C library that is not glibc)
+the result says why, with no figure: never a guess.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType, SimpleNamespace
+
+import onnx
+
+from fuse_cli.errors import FuseError
+
+CLEAR_REFS = "/proc/self/clear_refs"
+STATUS = "/proc/self/status"
+_MMAP_THRESHOLD = 64 * 1024
+_CHILD_TIMEOUT_S = 600
+# After the reset VmHWM must sit at VmRSS; a kernel that ignores the write leaves the process's
+# lifetime maximum there. The counters are approximate, so allow some pages of slack.
+_RESET_SLACK_BYTES = 1024 * 1024
+_NO_BINDINGS: Mapping = MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class Measurement:
+    peak_bytes: int | None      # activation peak: VmHWM during one run minus RSS before it; None when not measurable
+    method: str                 # one sentence on how it was measured (goes into JSON `measured.method`)
+    baseline_bytes: int | None  # RSS after warm-up
+    reason: str | None          # why not measurable, when peak_bytes is None
+
+
+def method_sentence(repeats: int) -> str:
+    return (
+        f"Smallest of {repeats} onnxruntime CPU runs (graph optimizations, memory arena and memory "
+        "pattern off, one thread) of VmHWM minus VmRSS, reset through /proc/self/clear_refs after "
+        "a warm-up, in a child process with glibc's mmap threshold at 64 KiB; inputs copied "
+        "after the baseline and outputs held, as the estimate counts them."
+    )
+
+
+def measure_peak(model: onnx.ModelProto | str | Path, *, dims: Mapping[str, int] = _NO_BINDINGS,
+                 input_shapes: Mapping[str, Sequence[int]] = _NO_BINDINGS, seed: int = 0,
+                 repeats: int = 3) -> Measurement:
+    """Run `model` in a child process and measure its peak activation memory (see the module
+    docstring). A ModelProto is written to a temporary file, so it must hold its weights (no
+    external data); a path is loaded by the child as it is. Raises ValueError when an input dim
+    is neither fixed nor bound by `dims` or `input_shapes`, and FuseError when onnxruntime
+    cannot load or run the model."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    proto = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model), load_external_data=False)
+    shapes = concrete_input_shapes(proto, dims, input_shapes)
+    request = {"shapes": shapes, "seed": seed, "repeats": repeats}
+    with tempfile.TemporaryDirectory(prefix="fuse-measure-") as tmp:
+        if isinstance(model, onnx.ModelProto):
+            path = Path(tmp) / "model.onnx"
+            path.write_bytes(model.SerializeToString())
+        else:
+            path = Path(model)
+        request["model"] = str(path)
+        reply = _run_child(request)
+    if "error" in reply:
+        raise FuseError(reply["error"])
+    return Measurement(reply["peak_bytes"], method_sentence(repeats), reply["baseline_bytes"], reply["reason"])
+
+
+def concrete_input_shapes(model: onnx.ModelProto, dims: Mapping[str, int],
+                          input_shapes: Mapping[str, Sequence[int]]) -> dict[str, list[int]]:
+    """The shape each fed input gets: `input_shapes` where given, else the declared shape with
+    symbolic dims from `dims`. An input dim left open is a ValueError, not a silent 2 or 1."""
+    initializers = {t.name for t in model.graph.initializer}
+    shapes: dict[str, list[int]] = {}
+    missing: list[str] = []
+    for vi in model.graph.input:
+        if vi.name in initializers or not vi.type.HasField("tensor_type"):
+            continue
+        if vi.name in input_shapes:
+            shapes[vi.name] = [int(d) for d in input_shapes[vi.name]]
+            continue
+        shape: list[int] = []
+        for index, d in enumerate(vi.type.tensor_type.shape.dim):
+            if d.HasField("dim_value"):
+                shape.append(d.dim_value)
+            elif d.dim_param and d.dim_param in dims:
+                shape.append(int(dims[d.dim_param]))
+            else:
+                missing.append(f"{vi.name}[{index}]" + (f" ({d.dim_param})" if d.dim_param else ""))
+        shapes[vi.name] = shape
+    if missing:
+        raise ValueError("cannot measure with unbound input dims: " + ", ".join(missing)
+                         + "; bind them with dims or input_shapes")
+    return shapes
+
+
+def _run_child(request: dict) -> dict:
+    package_root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    env["MALLOC_MMAP_THRESHOLD_"] = str(_MMAP_THRESHOLD)
+    env["NUMPY_MADVISE_HUGEPAGE"] = "0"
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "fuse_cli.analysis.measure"], input=json.dumps(request),
+            capture_output=True, text=True, env=env, timeout=_CHILD_TIMEOUT_S, check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return _not_measurable(f"the measuring process ran past {_CHILD_TIMEOUT_S} s")
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        return {"error": f"the measuring process failed: {tail[:300]}"}
+    return json.loads(lines[-1])
+
+
+def _not_measurable(reason: str, baseline: int | None = None) -> dict:
+    return {"peak_bytes": None, "baseline_bytes": baseline, "reason": reason}
+
+
+def measure_here(request: Mapping, clear_refs: str = CLEAR_REFS, status: str = STATUS) -> dict:
+    """The child's side, in this process: {"peak_bytes", "baseline_bytes", "reason"} or
+    {"error"}. Meaningful only in a fresh process started with the environment `_run_child`
+    sets; the paths are parameters so a test can point them elsewhere."""
+    if not os.path.exists(clear_refs) or not os.path.exists(status):
+        return _not_measurable(f"{clear_refs} is missing: resetting the RSS high-water mark needs Linux")
+    if not _glibc_version():
+        return _not_measurable("the C library is not glibc, so freed buffers need not go back to the "
+                               "kernel and RSS would not follow onnxruntime's allocations")
+    if os.environ.get("MALLOC_MMAP_THRESHOLD_") != str(_MMAP_THRESHOLD):
+        # glibc reads it at process start: too late to set it here.
+        return _not_measurable("glibc's mmap threshold was not pinned when this process started, "
+                               "so freed buffers may stay resident and hide the peak")
+
+    import numpy as np
+
+    try:
+        session = _session(request["model"])
+        feeds = _feeds(session, request["shapes"], request["seed"])
+        session.run(None, feeds)
+    except Exception as exc:  # onnxruntime raises its own exception types
+        return {"error": f"onnxruntime cannot run the model: {str(exc).strip().splitlines()[0][:300]}"}
+
+    peaks: list[int] = []
+    baseline = None
+    for _ in range(request["repeats"]):
+        rss = _status_bytes(status, "VmRSS")
+        baseline = rss if baseline is None else baseline
+        try:
+            with open(clear_refs, "w") as f:
+                f.write("5")
+        except OSError as exc:
+            return _not_measurable(f"writing 5 to {clear_refs} was refused ({exc.strerror or exc}): "
+                                   "the RSS high-water mark cannot be reset", baseline)
+        if _status_bytes(status, "VmHWM") > _status_bytes(status, "VmRSS") + _RESET_SLACK_BYTES:
+            return _not_measurable(f"writing 5 to {clear_refs} did not reset VmHWM", baseline)
+        copies = {name: np.array(value, copy=True) for name, value in feeds.items()}
+        outputs = session.run(None, copies)
+        peaks.append(_status_bytes(status, "VmHWM") - rss)
+        del outputs, copies
+    return {"peak_bytes": max(min(peaks), 0), "baseline_bytes": baseline, "reason": None}
+
+
+def _session(path: str):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.enable_cpu_mem_arena = False
+    options.enable_mem_pattern = False
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+
+
+def _feeds(session, shapes: Mapping[str, Sequence[int]], seed: int) -> dict:
+    """verify.random_inputs' data, at exactly the shapes asked for."""
+    from fuse_cli.verify import random_inputs
+
+    dims = {}
+    for inp in session.get_inputs():
+        for declared, value in zip(inp.shape, shapes.get(inp.name, ())):
+            if isinstance(declared, str):
+                dims[declared] = value
+    feeds = random_inputs(session, dims=dims, seed=seed)
+    for name, shape in shapes.items():
+        if name in feeds and list(feeds[name].shape) != list(shape):
+            # An anonymous dim, which random_inputs cannot bind by name.
+            source = next(i for i in session.get_inputs() if i.name == name)
+            one = SimpleNamespace(name=name, shape=list(shape), type=source.type)
+            feeds[name] = random_inputs(SimpleNamespace(get_inputs=lambda: [one]), seed=seed)[name]
+    return feeds
+
+
+def _glibc_version() -> str | None:
+    try:
+        return os.confstr("CS_GNU_LIBC_VERSION")
+    except (AttributeError, ValueError, OSError):  # not POSIX, or a C library without the name
+        return None
+
+
+def _status_bytes(path: str, key: str) -> int:
+    with open(path) as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024  # the kernel reports kB
+    raise OSError(f"{path} has no {key} line")
+
+
+def _main() -> None:
+    request = json.loads(sys.stdin.read())
+    print(json.dumps(measure_here(request)))
+
+
+if __name__ == "__main__":
+    _main()

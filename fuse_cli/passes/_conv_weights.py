@@ -1,0 +1,74 @@
+"""Weight arithmetic shared by the passes that fold per-channel affine maps into Conv, Gemm and
+MatMul weights. No passes live here (the package auto-imports every module; this one registers
+nothing). Everything computes in float64; callers round once to the weight dtype."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from fuse_cli.graph.edit import GraphEditor
+from fuse_cli.match import Match, constant_value
+from fuse_cli.passes.conv_bn import _output_channels as output_channels
+from fuse_cli.passes.conv_bn import _scale_output_channels as scale_output_channels
+
+FOLDABLE_DTYPES = (np.float16, np.float32, np.float64)
+BN_PARAMS = ("scale", "beta", "mean", "variance")
+
+__all__ = ["FOLDABLE_DTYPES", "BN_PARAMS", "output_channels", "scale_output_channels", "batchnorm_reason",
+           "batchnorm_affine", "channel_vector", "fold_input_affine"]
+
+
+def batchnorm_reason(bn: gs.Node, g: GraphEditor) -> str | None:
+    """Why this BatchNormalization is not a fixed per-channel affine map, or None."""
+    if bn.attrs.get("training_mode", 0) == 1:
+        return f"{bn.name} is in training mode (training_mode=1): its statistics change per batch"
+    if g.opset < 7 and bn.attrs.get("is_test", 0) != 1:
+        return f"{bn.name} has is_test=0 (training mode before opset 7)"
+    if any(out.outputs or g.is_graph_output(out) for out in bn.outputs[1:]):
+        return f"{bn.name} exposes running statistics (training-mode outputs are read)"
+    if bn.attrs.get("spatial", 1) == 0:
+        return f"{bn.name} has spatial=0 (per-activation statistics), which does not fold per channel"
+    return None
+
+
+def bn_params_reason(m: Match, bn: gs.Node, channels: int, what: str) -> str | None:
+    """The four BN parameters must hold one value per channel (`what` names the channels)."""
+    for role in BN_PARAMS:
+        value = constant_value(m.tensor(role))
+        if value.ndim != 1 or value.size != channels:
+            return f"{bn.name}'s {role} has shape {list(value.shape)}, expected [{channels}] ({what})"
+    return None
+
+
+def batchnorm_affine(m: Match, bn: gs.Node) -> tuple[np.ndarray, np.ndarray]:
+    """BatchNormalization as y = x * s + t per channel, in float64 (eps kept)."""
+    gamma, beta, mean, var = (constant_value(m.tensor(k)).astype(np.float64) for k in BN_PARAMS)
+    s = gamma / np.sqrt(var + float(bn.attrs.get("epsilon", 1e-5)))
+    return s, beta - mean * s
+
+
+def channel_vector(value: np.ndarray, rank: int, channels: int) -> np.ndarray | None:
+    """A constant that, broadcast against a [N, C, ...] tensor of `rank`, varies only over the
+    channel axis (1) and leaves the result shape unchanged: its values per channel (float64, length
+    C). None if it varies over another axis or would grow the result."""
+    if value.ndim > rank:
+        return None
+    dims = (1,) * (rank - value.ndim) + value.shape
+    if any(d != 1 for i, d in enumerate(dims) if i != 1) or dims[1] not in (1, channels):
+        return None
+    return np.broadcast_to(value.reshape(-1).astype(np.float64), (channels,)).copy()
+
+
+def fold_input_affine(conv: gs.Node, w: np.ndarray, s: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Conv(x * s + t) = Conv'(x) for an unpadded Conv, per group: returns (W', bias shift) with
+    W'[o,i,k] = W[o,i,k] * s[c(o,i)] and shift[o] = sum over i,k of W[o,i,k] * t[c(o,i)], where
+    c(o,i) = group(o) * C_in/group + i is the input channel that weight slice reads."""
+    groups = int(conv.attrs.get("group", 1))
+    c_out, c_in_per_group = w.shape[0], w.shape[1]
+    spatial = (1,) * (w.ndim - 2)
+
+    def per_output(v: np.ndarray) -> np.ndarray:  # [C_in] -> [C_out, C_in/group, 1...]: what W[o, i] reads
+        return np.repeat(v.reshape(groups, c_in_per_group), c_out // groups, axis=0).reshape(w.shape[:2] + spatial)
+
+    return w * per_output(s), (w * per_output(t)).reshape(c_out, -1).sum(axis=1)

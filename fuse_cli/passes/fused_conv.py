@@ -1,0 +1,110 @@
+"""Conv + activation (optionally after a residual Add) -> onnxruntime's FusedConv."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+from onnx import defs, helper
+
+from fuse_cli.graph.edit import GraphEditor, Replacement
+from fuse_cli.match import Alt, Match, Op, Var, constant_value
+from fuse_cli.passes.base import PatternPass
+from fuse_cli.passes.registry import register
+from fuse_cli.targets import PROVIDERS_OF
+
+MS = "com.microsoft"
+# activation -> the attributes FusedConv's activation_params carries, in order (contrib_ops/cpu/fused_activation.cc)
+PARAMS = {"Relu": (), "Sigmoid": (), "Tanh": (), "LeakyRelu": ("alpha",), "HardSigmoid": ("alpha", "beta"),
+          "Clip": ("min", "max")}
+CUDA_ACTIVATIONS = ("Relu",)  # contrib_ops/cuda/fused_conv.cc maps only Relu to a cuDNN mode
+CONV = Op("Conv", Var("x"), Var("w"), Var("b", optional=True), name="conv")
+
+
+@register
+class FuseConvActivation(PatternPass):
+    """y = act(Conv(x, W, B) [+ Z])  =>  FusedConv(x, W, B, Z; activation, activation_params)
+
+        x ── Conv(W, B) ──[ Add(Z) ]── Relu | Clip | LeakyRelu | Sigmoid | Tanh | HardSigmoid ── y
+          =>  x ── com.microsoft::FusedConv(W, B?, Z?) ── y
+
+    FusedConv adds Z to the convolution before the activation, with no broadcasting: Z must have
+    the Conv output's shape exactly (checked on static shapes). A Conv without bias passes B as an
+    empty input when Z follows. Conv's own attributes are kept. activation_params: Clip [min, max]
+    (bounds from inputs at opset >= 11, attributes before; an absent bound is -inf/+inf, or the
+    schema's +-FLT_MAX for the attribute form); LeakyRelu [alpha]; HardSigmoid [alpha, beta];
+    omitted attributes take the schema defaults. float32 only; CUDA runs only Relu.
+    """
+
+    name = "fused-conv"
+    description = "Fuse Conv (+ residual Add) + activation into com.microsoft FusedConv"
+    label = "Conv (+ Add) + activation -> FusedConv"
+    targets = frozenset({"ort", "ort-cpu", "ort-cuda"})
+    pattern = Op(tuple(PARAMS), Alt(Op("Add", CONV, Var("z"), name="add"), CONV),
+                 Var("min", const=True, optional=True), Var("max", const=True, optional=True), name="act")
+
+    def check(self, m: Match, g: GraphEditor) -> str | None:
+        conv, act = m.node("conv"), m.node("act")
+        dtype = g.dtype(conv.outputs[0]) or g.dtype(m.tensor("x"))
+        reason = g.target_reason("FusedConv", dtype)
+        if reason:
+            return f"{conv.name}: {reason}"
+        if act.op not in CUDA_ACTIVATIONS and "cuda" in PROVIDERS_OF[g.target]:
+            return (f"{act.name} is {act.op}: FusedConv on onnxruntime's CUDA provider takes only Relu "
+                    f"(target {g.target}); --target ort-cpu allows it")
+        for role in ("min", "max"):
+            bound = constant_value(m.tensor(role))
+            if bound is not None and bound.size != 1:
+                return f"{act.name}'s {role} has {bound.size} values, not one"
+        if "add" in m.nodes:
+            return _residual_reason(m, g)
+        return None
+
+    def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
+        conv, act = m.node("conv"), m.node("act")
+        attrs = {**conv.attrs, "activation": act.op}
+        params = [_param(m, g, name) for name in PARAMS[act.op]]
+        if params:
+            attrs["activation_params"] = params
+        inputs, bias = [m.tensor("x"), m.tensor("w")], m.tensor("b")
+        if m.tensor("z") is not None:  # B is optional: an empty name keeps Z in fourth place
+            inputs += [bias if bias is not None else gs.Variable.empty(), m.tensor("z")]
+        elif bias is not None:
+            inputs.append(bias)
+        fused = gs.Node(op="FusedConv", domain=MS, name=g.unique_name(f"{conv.name}_fused"), attrs=attrs,
+                        inputs=inputs, outputs=[act.outputs[0]])
+        return Replacement(nodes=[fused])
+
+
+def _residual_reason(m: Match, g: GraphEditor) -> str | None:
+    conv, add, z = m.node("conv"), m.node("add"), m.tensor("z")
+    if z is conv.outputs[0]:
+        return f"{add.name} adds {conv.name}'s output to itself: there is no separate residual"
+    out, residual = g.shape(conv.outputs[0]), g.shape(z)
+    if out is None or residual is None or None in out.dims or None in residual.dims:
+        return (f"{add.name}: the shapes of {conv.name}'s output and of the residual {z.name!r} are not both known; "
+                "FusedConv needs them equal (no broadcasting)")
+    if out.dims != residual.dims:
+        return (f"{add.name} broadcasts: the residual {z.name!r} has shape {list(residual.dims)}, {conv.name}'s output "
+                f"{list(out.dims)}; FusedConv adds Z without broadcasting")
+    return None
+
+
+def _param(m: Match, g: GraphEditor, name: str) -> float:
+    act = m.node("act")
+    if act.op == "Clip" and m.tensor(name) is not None:
+        return float(constant_value(m.tensor(name)).reshape(-1)[0])
+    value = schema_attribute(act, name, g.opset)
+    if value is None:  # an absent Clip bound input (opset >= 11) clamps nothing
+        return -np.inf if name == "min" else np.inf
+    return value
+
+
+def schema_attribute(node: gs.Node, name: str, opset: int) -> float | None:
+    """A node's float attribute, else the default its operator's schema declares at `opset`
+    (None when the schema has no such attribute or no default)."""
+    if name in node.attrs:
+        return float(node.attrs[name])
+    attr = defs.get_schema(node.op, opset).attributes.get(name)
+    if attr is None or not attr.default_value.type:
+        return None
+    return float(helper.get_attribute_value(attr.default_value))

@@ -1,0 +1,317 @@
+"""The liveness estimate against onnxruntime's real peak, and the runtime rules it models.
+
+The measured tests run each model in a child process (fuse_cli/analysis/measure.py) and skip with
+the reason where the platform cannot measure. The rule tests work every figure out by hand:
+activations are float32 [4, 8] = 128 bytes ("S") unless noted, graph inputs live for the whole
+run, graph outputs get buffers of their own.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from fuse_cli.analysis.measure import Measurement, concrete_input_shapes, measure_here, measure_peak
+from fuse_cli.analysis.memory import WORKSPACE, profile_memory, runtime_order
+from fuse_cli.analysis.shapes import infer_shapes
+from tests.conftest import SAMPLES
+
+FLOAT = TensorProto.FLOAT
+S = 4 * 8 * 4
+MIB = 1 << 20
+
+
+def value(name, shape=None, elem_type=FLOAT):
+    return helper.make_tensor_value_info(name, elem_type, shape)
+
+
+def model(nodes, inputs, outputs, initializers=(), opset=17, extra_opsets=()):
+    graph = helper.make_graph(nodes, "test", inputs, outputs, list(initializers))
+    opsets = [helper.make_opsetid("", opset), *extra_opsets]
+    return helper.make_model(graph, ir_version=8, opset_imports=opsets)
+
+
+def node(op, inputs, outputs, **kwargs):
+    return helper.make_node(op, inputs, outputs, name=f"{op}_{outputs[0]}", **kwargs)
+
+
+def ints(name, values):
+    return numpy_helper.from_array(np.asarray(values, np.int64), name)
+
+
+def floats(name, shape):
+    return numpy_helper.from_array(np.ones(shape, np.float32), name)
+
+
+def profile(m, **dims):
+    return profile_memory(m, infer_shapes(m, dims=dims))
+
+
+def measured(m, **dims) -> int:
+    result = measure_peak(m, dims=dims)
+    if result.peak_bytes is None:
+        pytest.skip(f"cannot measure here: {result.reason}")
+    return result.peak_bytes
+
+
+# --- the bundled samples against a real run --------------------------------------------------
+
+# Activations dominate at these sizes (peaks of 23-28 MiB) and each run takes about a second.
+SAMPLE_DIMS = {
+    "cnn_bn_relu": {"batch": 128},
+    "mlp": {"batch": 16384},
+    "transformer_block_opset14": {"batch": 8, "sequence": 320},
+    "transformer_block_opset17": {"batch": 8, "sequence": 320},
+}
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLE_DIMS))
+def test_sample_estimate_is_within_a_quarter_of_the_measured_peak(name):
+    path = SAMPLES / f"{name}.onnx"
+    dims = SAMPLE_DIMS[name]
+    m = onnx.load(path)
+    estimate = profile_memory(m, infer_shapes(m, dims)).peak_bytes
+    assert estimate >= 20 * MIB
+    result = measure_peak(path, dims=dims)
+    assert result.method
+    if result.peak_bytes is None:
+        pytest.skip(f"cannot measure here: {result.reason}")
+    assert result.baseline_bytes > 0
+    assert abs(estimate - result.peak_bytes) <= 0.25 * result.peak_bytes, (estimate, result.peak_bytes)
+
+
+# Probe graphs for rules the samples do not exercise, at 4 MiB per tensor ("U"). Each pair is
+# (model, what the plain liveness walk would say, what onnxruntime does), in U.
+N = MIB  # floats per tensor
+
+
+def held_for_reuse():
+    # a, b [N]; m1, m2 [2N]; r = m2[:N] takes b's dead buffer, r2 takes a's. Both dead buffers
+    # are held until reused: at m2, x + a + b + m1 + m2 = 7U (freed at once it would be 5U).
+    nodes = [
+        node("Exp", ["x"], ["a"]), node("Exp", ["a"], ["b"]),
+        node("Concat", ["b", "b"], ["m1"], axis=0), node("Exp", ["m1"], ["m2"]),
+        node("Slice", ["m2", "start", "end"], ["r"]), node("Exp", ["r"], ["r2"]),
+        node("ReduceSum", ["r2"], ["y"], keepdims=0),
+    ]
+    return model(nodes, [value("x", [N])], [value("y")], [ints("start", [0]), ints("end", [N])]), 7
+
+
+def unnamed_dim_blocks_in_place():
+    # r = Reshape(a, [-1, 256]) of x["n", 256]: the planner sees r as [?, 256], which equals no
+    # shape, so Relu(r) gets a new buffer: x + a + b = 3U (in place it would be 2U).
+    nodes = [
+        node("Exp", ["x"], ["a"]), node("Reshape", ["a", "shape"], ["r"]),
+        node("Relu", ["r"], ["b"]), node("ReduceSum", ["b"], ["y"], keepdims=0),
+    ]
+    return model(nodes, [value("x", ["n", 256])], [value("y")], [ints("shape", [-1, 256])]), 3
+
+
+def unread_output_held():
+    # Split(a) -> s1, s2 (N/2 each); s2 is never read and stays to the end: at g,
+    # x + s2 + f + g = 3.5U.
+    nodes = [
+        node("Exp", ["x"], ["a"]), node("Split", ["a", "halves"], ["s1", "s2"]),
+        node("Concat", ["s1", "s1"], ["e"], axis=0), node("Exp", ["e"], ["f"]),
+        node("Exp", ["f"], ["g"]), node("ReduceSum", ["g"], ["y"], keepdims=0),
+    ]
+    return model(nodes, [value("x", [N])], [value("y")], [ints("halves", [N // 2, N // 2])]), 3.5
+
+
+@pytest.mark.parametrize("probe", [held_for_reuse, unnamed_dim_blocks_in_place, unread_output_held])
+def test_runtime_rules_match_a_real_run(probe):
+    m, units = probe()
+    dims = {"n": N // 256} if probe is unnamed_dim_blocks_in_place else {}
+    estimate = profile(m, **dims).peak_bytes
+    assert estimate == units * 4 * MIB
+    actual = measured(m, **dims)
+    assert abs(estimate - actual) <= 0.05 * actual, (estimate, actual)
+
+
+# --- measuring: what it refuses and reports ---------------------------------------------------
+
+
+def test_unbound_input_dims_are_a_value_error_not_a_guess():
+    m = model([node("Relu", ["x"], ["y"])], [value("x", ["batch", 8]), value("z", [None])], [value("y")])
+    with pytest.raises(ValueError, match=r"x\[0\] \(batch\), z\[0\]"):
+        concrete_input_shapes(m, {}, {})
+    with pytest.raises(ValueError, match="unbound input dims"):
+        measure_peak(m, dims={"batch": 2})
+    assert concrete_input_shapes(m, {"batch": 2}, {"z": [5]}) == {"x": [2, 8], "z": [5]}
+
+
+def test_no_clear_refs_means_no_figure_and_a_reason(tmp_path):
+    result = measure_here({"model": "unused", "shapes": {}, "seed": 0, "repeats": 1},
+                          clear_refs=str(tmp_path / "clear_refs"))
+    assert result["peak_bytes"] is None
+    assert "clear_refs is missing" in result["reason"]
+
+
+def test_measurement_of_an_in_memory_model():
+    m = model([node("Relu", ["x"], ["y"])], [value("x", ["batch", 8])], [value("y")])
+    result = measure_peak(m, dims={"batch": 2})
+    assert isinstance(result, Measurement)
+    assert "clear_refs" in result.method
+    if result.peak_bytes is None:
+        assert result.reason
+    else:
+        assert result.reason is None
+        assert 0 <= result.peak_bytes < 4 * MIB  # a 64-byte input and output, plus noise
+
+
+# --- the modelled runtime rules, by hand ------------------------------------------------------
+
+
+def test_alias_output_is_a_view_of_its_input():
+    # a = Exp(x); r = Reshape(a) is a's buffer; y = Exp(r).
+    #   step 0: x, a = 2S   step 1: x, a/r = 2S (a copy would be 3S)   step 2: x, r, y = 3S
+    nodes = [node("Exp", ["x"], ["a"]), node("Reshape", ["a", "shape"], ["r"]), node("Exp", ["r"], ["y"])]
+    p = profile(model(nodes, [value("x", [4, 8])], [value("y")], [ints("shape", [8, 4])]))
+    assert p.timeline == (2 * S, 2 * S, 3 * S)
+    assert "Reshape" not in p.by_op_type  # a view writes nothing
+    assert p.intermediate_bytes == 2 * S
+
+
+def test_alias_of_a_weight_takes_no_activation_memory():
+    # r = Reshape(w) views the weight; y = Add(x, r).   step 0: x = S   step 1: x, y = 2S
+    nodes = [node("Reshape", ["w", "shape"], ["r"]), node("Add", ["x", "r"], ["y"])]
+    p = profile(model(nodes, [value("x", [4, 8])], [value("y")], [floats("w", [32]), ints("shape", [4, 8])]))
+    assert p.timeline == (S, 2 * S)
+
+
+def test_in_place_only_for_the_last_reader():
+    # a = Exp(x); b = Relu(a); y = Add(a, b): a is read again by Add, so Relu takes a new buffer.
+    #   step 0: x, a = 2S   step 1: x, a, b = 3S   step 2: x, a, b, y = 4S
+    nodes = [node("Exp", ["x"], ["a"]), node("Relu", ["a"], ["b"]), node("Add", ["a", "b"], ["y"])]
+    p = profile(model(nodes, [value("x", [4, 8])], [value("y")]))
+    assert p.timeline == (2 * S, 3 * S, 4 * S)
+
+
+def test_never_in_place_over_a_graph_input():
+    # y = Exp(Relu(x)): Relu's input is the caller's x.   step 0: x, a = 2S   step 1: x, a, y = 3S
+    nodes = [node("Relu", ["x"], ["a"]), node("Exp", ["a"], ["y"])]
+    p = profile(model(nodes, [value("x", [4, 8])], [value("y")]))
+    assert p.timeline == (2 * S, 3 * S)
+
+
+@pytest.mark.parametrize(("elem_type", "timeline"), [
+    # float: b = Softmax(a) runs in a's buffer.
+    #   step 0: x, a = 2S   step 1: x, a/b = 2S   step 2: x, b, y (4 bytes) = 2S + 4
+    (FLOAT, (2 * S, 2 * S, 2 * S + 4)),
+    # double, 2S per tensor: that kernel declares no in-place.
+    #   step 0: x, a = 4S   step 1: x, a, b = 6S   step 2: x, b, y (8 bytes) = 4S + 8
+    (TensorProto.DOUBLE, (4 * S, 6 * S, 4 * S + 8)),
+])
+def test_softmax_runs_in_place_on_float_only(elem_type, timeline):
+    nodes = [node("Exp", ["x"], ["a"]), node("Softmax", ["a"], ["b"]), node("ReduceSum", ["b"], ["y"], keepdims=0)]
+    p = profile(model(nodes, [value("x", [4, 8], elem_type)], [value("y", None, elem_type)]))
+    assert p.timeline == timeline
+
+
+def test_dead_buffer_of_the_same_shape_is_reused():
+    # a = Exp(x); b = Neg(a); c = Exp(b); d = Neg(c); y = ReduceSum(d) (4 bytes).
+    # c takes a's dead buffer, d takes b's: at most two activation buffers besides x.
+    #   step 0: x, A = 2S   step 1: x, A, B = 3S   step 2: x, A(c), B = 3S   step 3: 3S
+    #   step 4: x, B(d), y = 2S + 4
+    nodes = [node("Exp", ["x"], ["a"]), node("Neg", ["a"], ["b"]), node("Exp", ["b"], ["c"]),
+             node("Neg", ["c"], ["d"]), node("ReduceSum", ["d"], ["y"], keepdims=0)]
+    p = profile(model(nodes, [value("x", [4, 8])], [value("y")]))
+    assert p.timeline == (2 * S, 3 * S, 3 * S, 3 * S, 2 * S + 4)
+    assert [t.name for t in p.live_at_peak] == ["x", "a", "b"]
+
+
+def test_buffers_held_for_reuse_count_at_the_peak():
+    # held_for_reuse at [4, 8]: x, a, b = S; m1, m2 = 2S. At Exp(m1): x + a + b + m1 + m2 = 7S.
+    nodes = [
+        node("Exp", ["x"], ["a"]), node("Exp", ["a"], ["b"]),
+        node("Concat", ["b", "b"], ["m1"], axis=0), node("Exp", ["m1"], ["m2"]),
+        node("Slice", ["m2", "start", "end"], ["r"]), node("Exp", ["r"], ["r2"]),
+        node("ReduceSum", ["r2"], ["y"], keepdims=0),
+    ]
+    p = profile(model(nodes, [value("x", [4, 8])], [value("y")], [ints("start", [0]), ints("end", [4])]))
+    #   0: x,a  1: +b  2: +m1  3: +m2  4: x,a,b,m2 (m1 freed; r in b's buffer)  5: x,a,b (r2 in a's)
+    #   6: x, a(r2), y
+    assert p.timeline == (2 * S, 3 * S, 5 * S, 7 * S, 5 * S, 3 * S, 2 * S + 4)
+    assert p.peak_node == "Exp_m2"
+
+
+def test_unnamed_dim_blocks_in_place():
+    # x["n", 8], a = Exp(x), r = Reshape(a, [-1, 8]) is [?, 8] to the planner, b = Relu(r) can
+    # not run in place; with x[4, 8] every shape is known and it can.
+    #   symbolic: step 2: x, a/r, b = 3S     static: step 2: x, a/r/b = 2S
+    def build(shape):
+        nodes = [node("Exp", ["x"], ["a"]), node("Reshape", ["a", "shape"], ["r"]),
+                 node("Relu", ["r"], ["b"]), node("ReduceSum", ["b"], ["y"], keepdims=0)]
+        return model(nodes, [value("x", shape)], [value("y")], [ints("shape", [-1, 8])])
+
+    assert profile(build(["n", 8]), n=4).timeline[2] == 3 * S
+    assert profile(build([4, 8])).timeline[2] == 2 * S
+
+
+def test_onnxruntime_runs_the_later_stored_branch_first():
+    # Two outputs, a = Exp(x) stored first, b = Neg(x) second: the walk starts from the last leaf.
+    nodes = [node("Exp", ["x"], ["a"]), node("Neg", ["x"], ["b"])]
+    m = model(nodes, [value("x", [4, 8])], [value("a"), value("b")])
+    assert runtime_order(m.graph) == [1, 0]
+    assert profile(m).peak_node == "Exp_a"  # the second step: x, b, a = 3S
+
+
+@pytest.mark.parametrize(
+    ("x_shape", "w_shape", "attrs", "workspace"),
+    [
+        # 3x3, 16 filters <= 64 output pixels: one 128x128-float im2col tile
+        ([2, 16, 8, 8], [16, 16, 3, 3], {"pads": [1, 1, 1, 1]}, 65536),
+        # 32 filters > 16 output pixels: the whole im2col matrix, 16 pixels x K = 4*3*3 floats
+        ([1, 4, 4, 4], [32, 4, 3, 3], {"pads": [1, 1, 1, 1]}, 16 * 36 * 4),
+        # pointwise (1x1, stride 1, no padding): GEMM on the input, no scratch
+        ([2, 16, 8, 8], [32, 16, 1, 1], {}, 0),
+        # 1x1 but strided: im2col again; 8 filters <= 16 output pixels, so one tile
+        ([2, 16, 8, 8], [8, 16, 1, 1], {"strides": [2, 2]}, 65536),
+        # SAME padding on a 3x3 kernel is padding too
+        ([1, 4, 4, 4], [32, 4, 3, 3], {"auto_pad": "SAME_UPPER"}, 16 * 36 * 4),
+    ],
+)
+def test_conv_workspace(x_shape, w_shape, attrs, workspace):
+    # One step: x + y + workspace. y's shape comes from shape inference.
+    conv = node("Conv", ["x", "w"], ["y"], **attrs)
+    m = model([conv], [value("x", x_shape)], [value("y")], [floats("w", w_shape)])
+    shapes = infer_shapes(m)
+    p = profile_memory(m, shapes)
+    assert p.timeline == (shapes.nbytes("x") + shapes.nbytes("y") + workspace,)
+    assert (WORKSPACE in [t.name for t in p.live_at_peak]) == bool(workspace)
+
+
+def test_dropout_fills_a_mask_from_opset_12_and_is_a_view_before():
+    # opset 17: y = Dropout(x) is a graph output and the kernel fills a bool mask it does not
+    # return: x + y + 32 mask bytes. opset 11: a = Dropout(x) views x; y = Exp(a): x, then x + y.
+    p = profile(model([node("Dropout", ["x"], ["y"])], [value("x", [4, 8])], [value("y")]))
+    assert p.timeline == (2 * S + 32,)
+    nodes = [node("Dropout", ["x"], ["a"]), node("Exp", ["a"], ["y"])]
+    p = profile(model(nodes, [value("x", [4, 8])], [value("y")], opset=11))
+    assert p.timeline == (S, 2 * S)
+
+
+def test_fused_conv_sums_into_its_residual_in_place():
+    # x, z, c are [1, 2, 4, 4] floats = 128 bytes = S. z = Exp(x) is read last by
+    # FusedConv(x, w, Z=z), whose output takes z's buffer; a 1x1 conv needs no scratch.
+    #   step 0: x, z = 2S   step 1: x, z/c = 2S   step 2: x, c, y (4 bytes) = 2S + 4
+    ms = helper.make_opsetid("com.microsoft", 1)
+    nodes = [
+        node("Exp", ["x"], ["z"]),
+        helper.make_node("FusedConv", ["x", "w", "", "z"], ["c"], name="fused", domain="com.microsoft",
+                         activation="Relu"),
+        node("ReduceSum", ["c"], ["y"], keepdims=0),
+    ]
+    m = model(nodes, [value("x", [1, 2, 4, 4])], [value("y")], [floats("w", [2, 2, 1, 1])], extra_opsets=[ms])
+    m.graph.value_info.append(value("c", [1, 2, 4, 4]))  # onnx cannot infer a com.microsoft op
+    assert profile(m).timeline == (2 * S, 2 * S, 2 * S + 4)
+
+
+def test_absent_tensors_take_no_buffer():
+    # a (absent) = Relu(x); b = Relu(a) has no buffer to run in: x, then x + b, then x + b + y.
+    nodes = [node("Relu", ["x"], ["a"]), node("Relu", ["a"], ["b"]), node("Relu", ["b"], ["y"])]
+    m = model(nodes, [value("x", [4, 8])], [value("y")])
+    p = profile_memory(m, infer_shapes(m), absent={"a"})
+    assert p.timeline == (S, 2 * S, 3 * S)
