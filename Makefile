@@ -3,8 +3,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+BENCH_STAMP := $(VENV)/.installed-bench
+FUZZ_EXAMPLES ?= 500
 
-.PHONY: install demo test sample-models bench fuzz clean
+.PHONY: install demo test fuzz bench sample-models clean
 
 install: $(STAMP)
 
@@ -14,13 +16,26 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test,plot]'
 	touch $(STAMP)
 
+# The peer optimizers are benchmark-only dependencies: fuse itself never needs them.
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[test,plot,bench]'
+	touch $(BENCH_STAMP)
+
 demo: $(STAMP)
 	mkdir -p build
-	$(BIN)/fuse optimize sample_models/cnn_bn_relu.onnx -o build/cnn_bn_relu.fused.onnx
-	$(BIN)/fuse report sample_models/transformer_block_opset17.onnx --dim batch=1 --dim sequence=128
+	$(BIN)/fuse optimize sample_models/cnn_bn_relu.onnx -o build/cnn_bn_relu.fused.onnx --dim batch=8
+	$(BIN)/fuse report sample_models/transformer_block_opset14.onnx --target ort-cpu --dim batch=1 --dim sequence=128 \
+		--plot build/transformer_memory.svg --html build/transformer_report.html
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 tests
+
+fuzz: $(STAMP)
+	FUSE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q -n 2 tests/test_fuzz.py
+
+bench: $(BENCH_STAMP)
+	$(BIN)/python benchmarks/run.py $(if $(MODELS),--models $(MODELS),)
+	$(BIN)/python benchmarks/big_models.py
 
 sample-models: $(STAMP)
 	$(BIN)/python sample_models/build.py

@@ -14,9 +14,9 @@ from tests.graphs import GraphBuilder, op_counts
 
 
 def decomposed_gelu(*, opset=20, form="erf", half="outside", scale="div", cube="pow", half_value=0.5,
-                    sqrt2=math.sqrt(2.0), reader=False, dtype=np.float32) -> onnx.ModelProto:
+                    sqrt2=math.sqrt(2.0), reader=False, dtype=np.float32, half_shape=()) -> onnx.ModelProto:
     """torch.onnx.export's GELU (erf: (x * (erf(x / sqrt2) + 1)) * 0.5; tanh: 0.5 * (x * (tanh(..) + 1))
-    with x * (x * x)); `half="on-x"` is the HF form (0.5 * x) * gate."""
+    with x * (x * x)); `half="on-x"` is the HF form (0.5 * x) * gate, `half="on-gate"` x * (0.5 * gate)."""
     b = GraphBuilder(opset=opset)
     x = b.input("x", ["batch", 6], TensorProto.DOUBLE if dtype == np.float64 else TensorProto.FLOAT)
 
@@ -31,12 +31,15 @@ def decomposed_gelu(*, opset=20, form="erf", half="outside", scale="div", cube="
         inner = b.op("Tanh", b.op("Mul", c(math.sqrt(2.0 / math.pi)), b.op("Add", x, b.op("Mul", c(0.044715), x3))),
                      name="erf")
     gate = b.op("Add", inner, c(1.0))
+    half_const = c(np.full(half_shape, half_value, dtype))
     if half == "outside" and form == "tanh":
-        y = b.op("Mul", c(half_value), b.op("Mul", x, gate))
+        y = b.op("Mul", half_const, b.op("Mul", x, gate))
     elif half == "outside":
-        y = b.op("Mul", b.op("Mul", x, gate), c(half_value))
+        y = b.op("Mul", b.op("Mul", x, gate), half_const)
+    elif half == "on-gate":
+        y = b.op("Mul", x, b.op("Mul", half_const, gate))
     else:
-        y = b.op("Mul", b.op("Mul", c(half_value), x), gate)
+        y = b.op("Mul", b.op("Mul", half_const, x), gate)
     extra = [b.op("Neg", inner, name="reader")] if reader else []
     return b.build(y, *extra, output_names=["y", "z"][: 1 + len(extra)])
 
@@ -51,6 +54,8 @@ POSITIVE = {
     "tanh-cube-half-outside": {"form": "tanh", "cube": "mul"},
     "tanh-pow-half-on-x": {"form": "tanh", "half": "on-x"},
     "tanh-cube-half-on-x": {"form": "tanh", "cube": "mul", "half": "on-x"},
+    "erf-div-half-on-gate": {"half": "on-gate"},
+    "tanh-pow-half-on-gate": {"form": "tanh", "half": "on-gate"},
 }
 
 
@@ -71,8 +76,9 @@ def _signature(m):
     return [(n.op_type, list(n.input), list(n.output)) for n in m.graph.node]
 
 
-@pytest.mark.parametrize("kw", [{"half_value": 0.6}, {"sqrt2": 1.5}, {"form": "tanh", "half_value": 0.6}],
-                         ids=["erf-half-0.6", "erf-sqrt2-1.5", "tanh-half-0.6"])
+@pytest.mark.parametrize("kw", [{"half_value": 0.6}, {"sqrt2": 1.5}, {"form": "tanh", "half_value": 0.6},
+                                {"half": "on-gate", "half_value": 0.6}],
+                         ids=["erf-half-0.6", "erf-sqrt2-1.5", "tanh-half-0.6", "half-on-gate-0.6"])
 def test_wrong_constant_is_not_gelu(tmp_path, kw):
     model = decomposed_gelu(**kw)
     result = optimize_model(model, tmp_path, passes=("gelu",))
@@ -80,13 +86,27 @@ def test_wrong_constant_is_not_gelu(tmp_path, kw):
     assert _signature(result.model) == _signature(model)
 
 
-def test_half_twice_is_a_near_miss(tmp_path):
+@pytest.mark.parametrize("inner", ["x-half", "half-half"])
+def test_half_twice_is_not_gelu(tmp_path, inner):
+    """x * 0.5 * 0.5 and x * (0.5 * 0.5) have no gate: not a GELU, and no near-miss claiming one."""
     b = GraphBuilder(opset=20)
-    y = b.op("Mul", b.op("Mul", b.input("x", [2, 6]), b.const(0.5)), b.const(0.5))
+    x = b.input("x", [2, 6])
+    y = (b.op("Mul", b.op("Mul", x, b.const(0.5)), b.const(0.5)) if inner == "x-half"
+         else b.op("Mul", x, b.op("Mul", b.const(0.5), b.const(0.5))))
     model = b.build(y, output_names=["y"])
     result = optimize_model(model, tmp_path, passes=("gelu",))
     assert _signature(result.model) == _signature(model)
-    assert "multiplies x by 0.5 twice" in result.report.near_misses[0].reason
+    assert not result.report.fusions and not result.report.near_misses
+
+
+def test_gate_twice_is_not_gelu(tmp_path):
+    """(x * gate) * gate has no 0.5: not a GELU."""
+    b = GraphBuilder(opset=20)
+    x = b.input("x", [2, 6])
+    gate = b.op("Add", b.op("Erf", b.op("Div", x, b.const(math.sqrt(2.0)))), b.const(1.0))
+    model = b.build(b.op("Mul", b.op("Mul", x, gate), gate), output_names=["y"])
+    result = optimize_model(model, tmp_path, passes=("gelu",))
+    assert not result.report.fusions and not result.report.near_misses
 
 
 @pytest.mark.parametrize("kw, reason", [
@@ -94,7 +114,11 @@ def test_half_twice_is_a_near_miss(tmp_path):
     ({"reader": True}, "is also read by reader"),
     ({"form": "tanh", "reader": True}, "is also read by reader"),
     ({"dtype": np.float64}, "computes in float64"),
-], ids=["opset17", "erf-read-elsewhere", "tanh-read-elsewhere", "float64"])
+    ({"half": "on-gate", "reader": True}, "is also read by reader"),
+    ({"half": "on-gate", "opset": 17}, "needs opset 20"),
+    ({"half_shape": (1, 1, 1)}, "of shape [1, 1, 1] broadcasts 'x' (rank 2) to rank 3"),
+], ids=["opset17", "erf-read-elsewhere", "tanh-read-elsewhere", "float64", "on-gate-read-elsewhere",
+        "on-gate-opset17", "half-raises-rank"])
 def test_near_miss(tmp_path, kw, reason):
     model = decomposed_gelu(**kw)
     result = optimize_model(model, tmp_path, passes=("gelu",))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from fuse_cli.verify import make_session
 from tests.conftest import assert_equivalent, optimize_model
@@ -16,9 +16,10 @@ HIDDEN = 16
 
 def decomposed_rms_norm(*, opset=23, x_shape=("batch", 5, HIDDEN), axes=(-1,), square="pow", divide="div",
                         gamma_shape=(HIDDEN,), commuted=False, eps_input=False, reader=False,
-                        centered=False) -> onnx.ModelProto:
+                        centered=False, gate=False) -> onnx.ModelProto:
     """x * 1/sqrt(mean(x^2) + eps) * gamma as T5/Llama exports write it; `divide` is "div",
-    "reciprocal" or "rsqrt" (torch's rsqrt: Div(1, Sqrt)); `centered` feeds x - mean(x) instead of x."""
+    "reciprocal" or "rsqrt" (torch's rsqrt: Div(1, Sqrt)); `centered` feeds x - mean(x) instead of x;
+    `gamma_shape=None` leaves Mul(gamma) out; `gate` multiplies the result by x (a runtime tensor)."""
     b = GraphBuilder(opset=opset)
     x = b.input("x", list(x_shape))
 
@@ -37,8 +38,10 @@ def decomposed_rms_norm(*, opset=23, x_shape=("batch", 5, HIDDEN), axes=(-1,), s
     else:
         inverse = b.op("Reciprocal", rms) if divide == "reciprocal" else b.op("Div", b.const(1.0), rms)
         y = b.op("Mul", *((inverse, x) if commuted else (x, inverse)))
-    gamma = b.const(b.rand(*gamma_shape, low=0.5, high=1.5))
-    y = b.op("Mul", *((gamma, y) if commuted else (y, gamma)))
+    if gamma_shape is not None:
+        gamma = b.const(b.rand(*gamma_shape, low=0.5, high=1.5))
+        y = b.op("Mul", *((gamma, y) if commuted else (y, gamma)))
+    y = b.op("Mul", y, x) if gate else y
     extra = [b.op("Neg", squared, name="reader")] if reader else []
     return b.build(y, *extra, output_names=["y", "z"][: 1 + len(extra)])
 
@@ -75,6 +78,8 @@ POSITIVE = {
     "rsqrt-div-one": {"divide": "rsqrt"},
     "commuted": {"divide": "reciprocal", "square": "mul", "commuted": True},
     "two-axes": {"x_shape": ("batch", 4, 6), "axes": (1, 2), "gamma_shape": (1, 6)},
+    "no-gamma": {"gamma_shape": None},
+    "no-gamma-rsqrt-commuted": {"gamma_shape": None, "divide": "rsqrt", "commuted": True},
 }
 
 
@@ -85,6 +90,9 @@ def test_fuses_to_rms_normalization(tmp_path, kw):
     result = optimize_model(model, tmp_path, passes=("rms-norm",))
     assert op_counts(result.model) == {"RMSNormalization": 1}
     (node,) = result.model.graph.node
+    if kw.get("gamma_shape", ()) is None:
+        gamma = next(t for t in result.model.graph.initializer if t.name == node.input[1])
+        assert (numpy_helper.to_array(gamma) == 1).all()
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     assert attrs["axis"] == -len(kw.get("axes", (-1,))) and attrs["epsilon"] == pytest.approx(1e-6)
     for batch in (1, 3):
@@ -99,8 +107,22 @@ def test_fuses_to_rms_normalization(tmp_path, kw):
     ({"reader": True}, "is also read by reader"),
     ({"centered": True}, "a LayerNorm (see layer-norm)"),
     ({"opset": 17}, "needs opset 23, the model has opset 17: pass --upgrade-opset 23"),
+    ({"gamma_shape": None, "axes": (1,)}, "not trailing axes ending at the last"),
+    ({"gamma_shape": None, "centered": True}, "a LayerNorm (see layer-norm)"),
+    ({"gamma_shape": None, "opset": 17}, "needs opset 23"),
 ], ids=["eps-not-constant", "gamma-over-sequence", "non-trailing-axis", "square-read-elsewhere", "centered",
-        "opset17"])
+        "opset17", "no-gamma-non-trailing-axis", "no-gamma-centered", "no-gamma-opset17"])
 def test_near_miss(tmp_path, kw, reason):
     model = decomposed_rms_norm(**kw)
     assert_declined(model, optimize_model(model, tmp_path, passes=("rms-norm",)), reason)
+
+
+@needs_ort_rms
+def test_without_gamma_fuses_before_a_runtime_mul(tmp_path):
+    """rms(x) * x multiplies by a runtime tensor, not gamma: the norm fuses and the Mul stays."""
+    model = decomposed_rms_norm(gamma_shape=None, gate=True)
+    result = optimize_model(model, tmp_path, passes=("rms-norm",))
+    assert op_counts(result.model) == {"RMSNormalization": 1, "Mul": 1}
+    assert not result.report.near_misses
+    for batch in (1, 3):
+        assert_equivalent(model, result.model, dims={"batch": batch})

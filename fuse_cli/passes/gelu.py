@@ -10,6 +10,7 @@ import onnx_graphsurgeon as gs
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Alt, Const, Match, Op, Var, scalar_close
 from fuse_cli.passes.base import PatternPass
+from fuse_cli.passes.layer_norm import rank_reason
 from fuse_cli.passes.registry import register
 
 X = Var("x")
@@ -31,25 +32,25 @@ class FuseGelu(PatternPass):
         x ─┬─ Div(sqrt 2) ── Erf ── Add(1) ─┐
            └─────────────────────────────── Mul ── Mul(0.5) ── y      =>   x ── Gelu ── y
 
-    The 0.5 either outside (torch: (x * gate) * 0.5) or on x (HF: (0.5 * x) * gate); x / sqrt(2)
-    or x * (1/sqrt(2)); x^3 as Pow(x, 3) or x * (x * x); operands in either order. Constants
-    match to float32 precision (relative 1e-6), so float32 math only.
+    The 0.5 outside (torch: (x * gate) * 0.5), on x (HF: (0.5 * x) * gate) or on the gate
+    (x * (0.5 * gate)); x / sqrt(2) or x * (1/sqrt(2)); x^3 as Pow(x, 3) or x * (x * x); operands
+    in either order. Constants match to float32 precision (relative 1e-6), so float32 math only.
     """
 
     name = "gelu"
     description = "Fuse a decomposed GELU (Erf or Tanh form) into Gelu"
     label = "decomposed GELU -> Gelu"
     min_opset = 20
-    pattern = Op("Mul", Op("Mul", X, Alt(GATE, HALF), name="inner"), Alt(HALF, GATE), name="outer")
+    # exactly one 0.5 and one gate, in each place they are written: x * 0.5 * 0.5 is not a GELU
+    pattern = Alt(Op("Mul", Op("Mul", X, GATE, name="inner"), HALF, name="outer"),
+                  Op("Mul", Op("Mul", X, HALF, name="inner"), GATE, name="outer"),
+                  Op("Mul", X, Op("Mul", HALF, GATE, name="inner"), name="outer"))
 
     def check(self, m: Match, g: GraphEditor) -> str | None:
-        if "erf" not in m.nodes and "tanh" not in m.nodes:
-            # a single root cannot say "0.5 in exactly one of two places", so x * 0.5 * 0.5 gets here
-            return f"{m.node('outer').name} multiplies x by 0.5 twice: no Erf or Tanh gate"
         dtype = g.dtype(m.tensor("x"))
         if dtype != np.float32:
             return f"{m.node('outer').name} computes in {dtype}; only float32 GELU is matched"
-        return None
+        return rank_reason(m, g)
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
         attrs = {"approximate": "tanh"} if "tanh" in m.nodes else {}

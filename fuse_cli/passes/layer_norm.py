@@ -20,13 +20,15 @@ def reduce_mean(of, name: str) -> Op:
     return Op("ReduceMean", of, Var(f"{name}_axes", optional=True), name=name)
 
 
-CENTERED = Op("Sub", Var("x"), reduce_mean(Var("x"), "mean"), name="sub")
+# Named, the Sub also names its output: the squares below must square that very tensor.
+CENTERED = Op("Sub", Var("x"), reduce_mean(Var("x"), "mean"), name="centered")
 SQUARED = Alt(Op("Pow", Var("centered"), Const(scalar_close(2.0)), name="square"),
               Op("Mul", Var("centered"), Var("centered"), name="square"))
 STD = Op("Sqrt", Op("Add", reduce_mean(SQUARED, "variance"), Var("eps", const=True), name="add_eps"), name="sqrt")
 NORMALIZED = Alt(Op("Div", CENTERED, STD, name="normalize"),
                  Op("Mul", CENTERED, Op("Reciprocal", STD, name="reciprocal"), name="normalize"))
 CORE = Alt(NORMALIZED, Op("Cast", NORMALIZED, name="cast_out"))
+SCALED = Op("Mul", CORE, Var("gamma"), name="scale")
 
 
 @register
@@ -38,11 +40,11 @@ class FuseLayerNormalization(PatternPass):
                                   └─ Pow(2) ── ReduceMean ── Add(eps) ── Sqrt ─┘
           =>  x ── LayerNormalization(gamma, beta, axis, epsilon) ── y
 
-    Also Mul(d, d) for Pow, Mul(d, Reciprocal(std)) for Div, Mul/Add operands in either order, and
-    Mul(gamma) absent (gamma = ones). Add(beta) must be there: a pattern has one root op, and a
-    root at Div would fuse before the Mul/Add after it are visited. Exact when both ReduceMeans (keepdims=1) reduce the same
-    trailing axes [axis, rank), eps is a constant scalar, and gamma/beta broadcast over those axes
-    only. The fp16 export (x16 ── Cast(float) ── ...Div ── Cast(float16) ── Mul ── Add) is
+    Also Mul(d, d) for Pow, Mul(d, Reciprocal(std)) for Div, Mul/Add operands in either order;
+    without Add(beta) (torch's bias=False: no B input), without Mul(gamma) (gamma = ones), or
+    without both (elementwise_affine=False). Exact when both ReduceMeans (keepdims=1) reduce the
+    same trailing axes [axis, rank), eps is a constant scalar, and gamma/beta broadcast over those
+    axes only. The fp16 export (x16 ── Cast(float) ── ...Div ── Cast(float16) ── Mul ── Add) is
     LayerNormalization's own definition with stash_type=1, so it fuses on x16 directly.
     """
 
@@ -50,12 +52,23 @@ class FuseLayerNormalization(PatternPass):
     description = "Fuse a decomposed LayerNorm (ReduceMean/Sub/Pow/Sqrt/Div) into LayerNormalization"
     label = "decomposed LayerNorm -> LayerNormalization"
     min_opset = 17
-    pattern = Op("Add", Alt(Op("Mul", CORE, Var("gamma"), name="scale"), CORE), Var("beta"), name="shift")
+    # Largest first: the sweep visits Add(beta) before the Mul(gamma) and Div inside it.
+    pattern = Alt(Op("Add", Alt(SCALED, CORE), Var("beta"), name="shift"), SCALED, CORE)
+
+    def matches(self, m: Match, g: GraphEditor) -> bool:
+        """A smaller form whose only reader is what a larger form adds (the Cast back to half, a
+        constant Mul or Add) is silent: the larger form, rooted there, fuses it or says why not, once."""
+        if "shift" in m.nodes:
+            return True
+        out = m.root.outputs[0]
+        if "scale" in m.nodes:
+            return not read_only_by_constant_op(out, ("Add",), g)
+        reader = out.outputs[0] if len(out.outputs) == 1 and not g.is_graph_output(out) else None
+        if "cast_out" not in m.nodes and reader is not None and reader.op == "Cast":
+            return half_source(m.tensor("x"), reader, g) is None
+        return not read_only_by_constant_op(out, ("Mul", "Add"), g)
 
     def check(self, m: Match, g: GraphEditor) -> str | None:
-        sub, square = m.node("sub"), m.node("square")
-        if m.tensor("centered") is not sub.outputs[0]:
-            return f"{square.name} squares {m.tensor('centered').name!r}, not {sub.name}'s output x - mean(x)"
         x, dtype = input_of(m, g)
         if isinstance(dtype, str):
             return dtype
@@ -67,9 +80,9 @@ class FuseLayerNormalization(PatternPass):
         eps = constant_value(m.tensor("eps"))
         if eps.size != 1:
             return f"{m.node('add_eps').name} adds eps of shape {list(eps.shape)}, not a scalar"
-        return (param_reason(g, m.tensor("gamma"), "gamma", m.node("scale") if "scale" in m.nodes else None,
-                             shape, axis, dtype)
-                or param_reason(g, m.tensor("beta"), "beta", m.node("shift"), shape, axis, dtype))
+        return (param_reason(g, m.tensor("gamma"), "gamma", m.nodes.get("scale"), shape, axis, dtype)
+                or param_reason(g, m.tensor("beta"), "beta", m.nodes.get("shift"), shape, axis, dtype)
+                or rank_reason(m, g))
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
         x, dtype = input_of(m, g)
@@ -78,8 +91,9 @@ class FuseLayerNormalization(PatternPass):
         attrs = {"axis": axis - shape.rank, "epsilon": float(constant_value(m.tensor("eps")).reshape(-1)[0])}
         if "cast_out" in m.nodes:
             attrs["stash_type"] = 1
-        inputs = [x, param_tensor(g, m.tensor("gamma"), "gamma", shape, axis, dtype),
-                  param_tensor(g, m.tensor("beta"), "beta", shape, axis, dtype)]
+        inputs = [x, param_tensor(g, m.tensor("gamma"), "gamma", shape, axis, dtype)]
+        if m.tensor("beta") is not None:
+            inputs.append(param_tensor(g, m.tensor("beta"), "beta", shape, axis, dtype))
         node = gs.Node(op="LayerNormalization", name=g.unique_name(f"{m.node('mean').name}_layernorm"),
                        attrs=attrs, inputs=inputs, outputs=[m.root.outputs[0]])
         return Replacement(nodes=[node])
@@ -90,16 +104,24 @@ def input_of(m: Match, g: GraphEditor) -> tuple[gs.Tensor, np.dtype | str]:
     float32 math, or float32 math between Cast(float) of a float16/bfloat16 x and Cast back."""
     x = m.tensor("x")
     if g.dtype(x) != np.float32:
-        return x, (f"{m.node('sub').name} computes in {g.dtype(x)}; only float32 math "
+        return x, (f"{m.node('centered').name} computes in {g.dtype(x)}; only float32 math "
                    "(or float16 Cast to float32 and back) fuses exactly")
     if "cast_out" not in m.nodes:
         return x, np.dtype(np.float32)
-    cast_out, cast_in = m.node("cast_out"), producer_of(x)
-    half = HALF_TYPES.get(cast_out.attrs.get("to"))
-    if half is None or cast_in is None or cast_in.op != "Cast" or g.dtype(cast_in.inputs[0]) != half:
+    cast_out = m.node("cast_out")
+    x_half = half_source(x, cast_out, g)
+    if x_half is None:
         return x, (f"{cast_out.name} casts the normalized value to another type, but {x.name!r} is not a Cast "
                    "from that type: LayerNormalization's stash_type form needs the round trip")
-    return cast_in.inputs[0], half
+    return x_half, g.dtype(x_half)
+
+
+def half_source(x: gs.Tensor, cast_out: gs.Node, g: GraphEditor) -> gs.Tensor | None:
+    """The float16/bfloat16 tensor `x` was Cast from, if `cast_out` casts back to that type."""
+    cast_in, half = producer_of(x), HALF_TYPES.get(cast_out.attrs.get("to"))
+    if half is None or cast_in is None or cast_in.op != "Cast" or g.dtype(cast_in.inputs[0]) != half:
+        return None
+    return cast_in.inputs[0]
 
 
 def normalized_axis(shape: TensorShape | None, reductions: list[tuple[gs.Node, gs.Tensor | None]]) -> int | str:
@@ -126,6 +148,28 @@ def normalized_axis(shape: TensorShape | None, reductions: list[tuple[gs.Node, g
             return f"{node.name} reduces from axis {normalized[0]}, the mean from axis {first}"
         first = normalized[0]
     return first
+
+
+def read_only_by_constant_op(out: gs.Tensor, ops: tuple[str, ...], g: GraphEditor) -> bool:
+    """True if `out` is no graph output and its only reader is one of `ops` with constant other inputs
+    (a gamma or beta that a larger form of a normalization pattern would take in)."""
+    if g.is_graph_output(out) or len(out.outputs) != 1 or out.outputs[0].op not in ops:
+        return False
+    return all(constant_value(t) is not None for t in out.outputs[0].inputs if t is not out)
+
+
+def rank_reason(m: Match, g: GraphEditor) -> str | None:
+    """None unless a constant in the match has more dims than x: it broadcasts the result to a
+    higher rank than the fused operator, whose output has x's shape, would give."""
+    x = m.tensor("x")
+    shape = g.shape(x)
+    for node in m.covered:
+        for t in node.inputs:
+            value = constant_value(t)
+            if value is not None and value.ndim > (shape.rank if shape is not None else 1):
+                return (f"{node.name}'s constant {t.name!r} of shape {list(value.shape)} broadcasts "
+                        f"{x.name!r} (rank {shape.rank if shape is not None else 'unknown'}) to rank {value.ndim}")
+    return None
 
 
 def param_reason(g: GraphEditor, param: gs.Tensor | None, role: str, node: gs.Node | None,

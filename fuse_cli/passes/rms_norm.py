@@ -8,7 +8,8 @@ import onnx_graphsurgeon as gs
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Alt, Const, Match, Op, Var, constant_value, producer_of, scalar_close
 from fuse_cli.passes.base import PatternPass
-from fuse_cli.passes.layer_norm import normalized_axis, param_reason, param_tensor, reduce_mean
+from fuse_cli.passes.layer_norm import (normalized_axis, param_reason, param_tensor, rank_reason,
+                                       read_only_by_constant_op, reduce_mean)
 from fuse_cli.passes.registry import register
 
 SQUARED = Alt(Op("Pow", Var("x"), Const(scalar_close(2.0)), name="square"),
@@ -30,15 +31,20 @@ class FuseRMSNormalization(PatternPass):
           =>  x ── RMSNormalization(gamma, axis, epsilon) ── y
 
     Also Mul(x, x) for Pow, Mul(x, Reciprocal(rms)) or Mul(x, Div(1, rms)) (torch's rsqrt) for Div,
-    operands in either order. Exact under the same conditions as layer-norm: one ReduceMean
-    (keepdims=1) over trailing axes, eps a constant scalar, gamma broadcasting over those axes only.
+    operands in either order, and without Mul(gamma) (elementwise_affine=False: gamma = ones).
+    Exact under the same conditions as layer-norm: one ReduceMean (keepdims=1) over trailing axes,
+    eps a constant scalar, gamma broadcasting over those axes only.
     """
 
     name = "rms-norm"
     description = "Fuse a decomposed RMSNorm (Pow/ReduceMean/Sqrt/Div/Mul) into RMSNormalization"
     label = "decomposed RMSNorm -> RMSNormalization"
     min_opset = 23
-    pattern = Op("Mul", NORMALIZED, Var("gamma"), name="scale")
+    pattern = Alt(Op("Mul", NORMALIZED, Var("gamma"), name="scale"), NORMALIZED)  # largest first
+
+    def matches(self, m: Match, g: GraphEditor) -> bool:
+        """Without gamma, silent where a constant Mul reads the result: the gamma form reports there."""
+        return "scale" in m.nodes or not read_only_by_constant_op(m.root.outputs[0], ("Mul",), g)
 
     def check(self, m: Match, g: GraphEditor) -> str | None:
         x = m.tensor("x")
@@ -54,7 +60,9 @@ class FuseRMSNormalization(PatternPass):
         eps = constant_value(m.tensor("eps"))
         if eps.size != 1:
             return f"{m.node('add_eps').name} adds eps of shape {list(eps.shape)}, not a scalar"
-        return param_reason(g, m.tensor("gamma"), "gamma", m.node("scale"), shape, axis, np.dtype(np.float32))
+        return (param_reason(g, m.tensor("gamma"), "gamma", m.nodes.get("scale"), shape, axis,
+                             np.dtype(np.float32))
+                or rank_reason(m, g))
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
         x = m.tensor("x")
