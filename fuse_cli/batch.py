@@ -52,8 +52,9 @@ def output_for(model: Path, out_dir: Path | None) -> Path:
 
 
 def optimize_many(models: list[Path], config: FuseConfig, out_dir: Path | None, jobs: int,
-                  on_done: Callable[[BatchItem], None] = lambda item: None) -> list[BatchItem]:
-    """Results in the order the models were given, whatever order they finish in."""
+                  on_done: Callable[[BatchItem], None] = lambda item: None, dry_run: bool = False) -> list[BatchItem]:
+    """Results in the order the models were given, whatever order they finish in. A dry run
+    (`fuse report` on several models) writes nothing."""
     if out_dir is not None and not out_dir.is_dir():
         raise UsageError(f"{out_dir}: --out-dir folder does not exist")
     outputs = [output_for(m, out_dir) for m in models]
@@ -63,27 +64,28 @@ def optimize_many(models: list[Path], config: FuseConfig, out_dir: Path | None, 
     results: dict[int, BatchItem] = {}
     if jobs == 1:
         for i, (model, output) in enumerate(zip(models, outputs)):
-            results[i] = _optimize_one(str(model), str(output), config)
+            results[i] = _optimize_one(str(model), str(output), config, dry_run)
             on_done(results[i])
     else:
         # spawn, not fork: a forked child inherits onnxruntime's thread pools mid-state and can hang
         with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = {pool.submit(_optimize_one, str(m), str(o), config): i for i, (m, o) in enumerate(zip(models, outputs))}
+            futures = {pool.submit(_optimize_one, str(m), str(o), config, dry_run): i
+                       for i, (m, o) in enumerate(zip(models, outputs))}
             for future in as_completed(futures):
                 results[futures[future]] = future.result()
                 on_done(results[futures[future]])
     return [results[i] for i in range(len(models))]
 
 
-def _optimize_one(model: str, output: str, config: FuseConfig) -> BatchItem:
+def _optimize_one(model: str, output: str, config: FuseConfig, dry_run: bool) -> BatchItem:
     # Imported here so a worker process pays for onnx/onnxruntime once, and so this module stays
     # importable without them for --help.
     from fuse_cli import api
     from fuse_cli.report.render import to_json_dict
 
     try:
-        report = api.optimize(model, config, output).report
-        return BatchItem(model, output, report.exit_code, to_json_dict(report), None)
+        report = api.optimize(model, config, output, dry_run=dry_run).report
+        return BatchItem(model, "" if dry_run else output, report.exit_code, to_json_dict(report), None)
     except FuseError as exc:
         return BatchItem(model, output, exc.exit_code, None, str(exc))
     except Exception as exc:  # noqa: BLE001 - one broken model must not stop the batch

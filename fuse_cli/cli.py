@@ -179,7 +179,7 @@ def optimize(models, output, out_dir, jobs, in_place, external_data, json_path, 
     sys.exit(_run_batch(models, config, out_dir, jobs, json_path))
 
 
-def _run_batch(models, config, out_dir, jobs, json_path) -> int:
+def _run_batch(models, config, out_dir, jobs, json_path, dry_run: bool = False) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from fuse_cli.batch import batch_exit_code, default_jobs, expand_models, optimize_many
@@ -189,9 +189,9 @@ def _run_batch(models, config, out_dir, jobs, json_path) -> int:
     progress = Progress(TextColumn("[bold]fuse[/bold] {task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=Console(stderr=True), transient=False)
     with progress:
-        task = progress.add_task("optimizing", total=len(paths))
+        task = progress.add_task("auditing" if dry_run else "optimizing", total=len(paths))
         items = optimize_many(paths, config, Path(out_dir) if out_dir else None, jobs or default_jobs(),
-                              on_done=lambda item: progress.advance(task))
+                              on_done=lambda item: progress.advance(task), dry_run=dry_run)
     render_batch_rich(items, _console(stderr=json_path == "-"))
     if json_path == "-":
         click.echo(render_batch_json(items), nl=False)
@@ -201,14 +201,20 @@ def _run_batch(models, config, out_dir, jobs, json_path) -> int:
 
 
 @cli.command()
-@click.argument("model")
+@click.argument("models", nargs=-1, required=True, metavar="MODEL... | DIR")
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=None, help="Several models: parallel processes.")
 @fusion_options
 @guarded
-def report(model, json_path, markdown_path, plot_path, html_path, **options):
+def report(models, jobs, json_path, markdown_path, plot_path, html_path, **options):
     """Memory audit and dry run: what fusion would do to MODEL, without writing the model."""
-    result = api.optimize(model, _config(**options), dry_run=True)
-    _emit(result.report, json_path, markdown_path, plot_path, html_path)
-    sys.exit(result.report.exit_code)
+    config = _config(**options)
+    if len(models) == 1 and not Path(models[0]).is_dir():
+        result = api.optimize(models[0], config, dry_run=True)
+        _emit(result.report, json_path, markdown_path, plot_path, html_path)
+        sys.exit(result.report.exit_code)
+    if markdown_path or plot_path or html_path:
+        raise UsageError("--markdown, --plot and --html take one model")
+    sys.exit(_run_batch(models, config, None, jobs, json_path, dry_run=True))
 
 
 @cli.command(name="verify")

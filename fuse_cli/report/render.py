@@ -341,7 +341,7 @@ def render_batch_rich(items, console: Console) -> None:
             f"{r['nodes']['before']} -> {r['nodes']['after']}",
             human_bytes(sum(f["removed_bytes"] for f in r["fusions"])),
             f"{human_bytes(peak['before'])} -> {human_bytes(peak['after'])}" if peak else "-",
-            item.output if item.ok else "; ".join(r["failures"]),
+            (item.output or "dry run") if item.ok else "; ".join(r["failures"]),
         )
     console.print(table)
 

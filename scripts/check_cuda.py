@@ -1,0 +1,74 @@
+"""The CUDA half of the runtime-target check (see scripts/check_cuda.sh)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLES = {"cnn_bn_relu.onnx": {"batch": 4}, "mlp.onnx": {"batch": 4},
+           "transformer_block_opset14.onnx": {"batch": 2, "sequence": 64},
+           "transformer_block_opset17.onnx": {"batch": 2, "sequence": 64}}
+PROBE = """
+import onnx, onnxruntime as ort
+from onnx import helper, TensorProto
+g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                      [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+o = ort.SessionOptions(); o.log_severity_level = 4
+s = ort.InferenceSession(m.SerializeToString(), o, providers=["CUDAExecutionProvider"])
+print(",".join(s.get_providers()))
+"""
+
+
+def cuda_loads() -> tuple[bool, str]:
+    """Ask in a child process: listing CUDAExecutionProvider is not proof that its libraries load,
+    and a failed load prints loud errors we keep out of this script's output."""
+    probe = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120)
+    providers = probe.stdout.strip().split(",")
+    if probe.returncode != 0:
+        return False, f"onnxruntime could not start a CUDA session (exit {probe.returncode})"
+    if "CUDAExecutionProvider" not in providers:
+        return False, f"a session asking for CUDA got {providers}: the CUDA libraries do not load here"
+    return True, ""
+
+
+def main() -> int:
+    ok, reason = cuda_loads()
+    if not ok:
+        print(f"SKIPPED: CUDA check not run: {reason}")
+        return 0
+    sys.path.insert(0, str(REPO))
+    import onnxruntime as ort
+
+    from fuse_cli import api
+    from fuse_cli.config import FuseConfig
+    from fuse_cli.verify import compare_outputs, random_inputs, run
+
+    failures = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, dims in SAMPLES.items():
+            source = REPO / "sample_models" / name
+            result = api.optimize(source, FuseConfig(target="ort-cuda", dims=dims, verify=False), Path(tmp) / name)
+            options = ort.SessionOptions()
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+            cpu = ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
+            gpu = ort.InferenceSession(result.model.SerializeToString(), options, providers=["CUDAExecutionProvider"])
+            gpu.disable_fallback()
+            feeds = random_inputs(cpu, dims=dims)
+            # GPU kernels accumulate in other orders (and may use TF32): a looser fp32 tolerance
+            comparison = compare_outputs(run(cpu, feeds), run(gpu, feeds), rtol=1e-3, atol=1e-3)
+            contrib = sorted({n.op_type for n in result.model.graph.node if n.domain == "com.microsoft"})
+            status = "ok" if comparison.passed else "MISMATCH"
+            worst = max(o.max_abs_diff for o in comparison.outputs)
+            print(f"{status:8} {name:34} contrib ops {contrib}  max abs diff {worst:.3g}")
+            failures += not comparison.passed
+    print(f"{len(SAMPLES) - failures} passed, {failures} failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
