@@ -1,0 +1,97 @@
+"""RMSNorm (decomposed, or the standard RMSNormalization) -> onnxruntime's SimplifiedLayerNormalization."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from fuse_cli.graph.edit import GraphEditor, Replacement
+from fuse_cli.match import Alt, Match, Op, Var, constant_value, producer_of
+from fuse_cli.passes.base import PatternPass
+from fuse_cli.passes.layer_norm import normalized_axis, param_reason, param_tensor
+from fuse_cli.passes.registry import register
+from fuse_cli.passes.rms_norm import NORMALIZED
+
+ORT_TARGETS = frozenset({"ort", "ort-cpu", "ort-cuda"})
+
+
+@register
+class FuseSimplifiedLayerNormalization(PatternPass):
+    """y = x / sqrt(mean(x^2) + eps) * gamma   over trailing axes [axis, rank)
+
+        x ─┬──────────────────────────────────────────── Div ── Mul(gamma) ── y
+           └─ Pow(2) ── ReduceMean ── Add(eps) ── Sqrt ──┘
+          =>  x ── SimplifiedLayerNormalization(gamma, axis, epsilon) ── y
+
+    The decomposed forms are rms-norm's (Mul(x, x) for Pow; Mul(x, Reciprocal(rms)) or
+    Mul(x, Div(1, rms)) for Div; operands in either order), and a standard RMSNormalization
+    (what rms-norm writes at opset >= 23) is taken as it is. Exact under rms-norm's conditions:
+    one ReduceMean (keepdims=1) over trailing axes, eps a constant scalar, gamma broadcasting over
+    those axes only (it is given to onnxruntime with exactly the normalized shape).
+    onnxruntime registers SimplifiedLayerNormalization in the default domain although it is not
+    an ONNX operator: onnx.checker rejects the result, onnxruntime runs it at any opset.
+    """
+
+    name = "simplified-layer-norm"
+    description = "Fuse RMSNorm into onnxruntime's SimplifiedLayerNormalization"
+    label = "RMSNorm -> SimplifiedLayerNormalization"
+    targets = ORT_TARGETS
+    pattern = Alt(Op("Mul", NORMALIZED, Var("gamma"), name="scale"),
+                  Op("RMSNormalization", Var("x"), Var("gamma"), name="rmsnorm"))
+
+    def check(self, m: Match, g: GraphEditor) -> str | None:
+        x = m.tensor("x")
+        norm = m.node("rmsnorm") if "rmsnorm" in m.nodes else m.node("normalize")
+        dtype = g.dtype(x)
+        if dtype is None or ("rmsnorm" not in m.nodes and dtype != np.float32):
+            return f"{norm.name} computes in {dtype}; only float32 RMSNorm is matched"
+        if "rmsnorm" not in m.nodes and _is_centered(x):
+            return f"{m.node('square').name} squares x - mean(x): a LayerNorm (see layer-norm)"
+        if (reason := g.target_reason("SimplifiedLayerNormalization", dtype, domain="")) is not None:
+            return reason
+        shape = g.shape(x)
+        axis = rms_axis(m, g)
+        if isinstance(axis, str):
+            return axis
+        if "rmsnorm" not in m.nodes and constant_value(m.tensor("eps")).size != 1:
+            return f"{m.node('add_eps').name} adds an eps that is not a scalar"
+        owner = m.node("rmsnorm") if "rmsnorm" in m.nodes else m.node("scale")
+        return param_reason(g, m.tensor("gamma"), "gamma", owner, shape, axis, dtype)
+
+    def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
+        x = m.tensor("x")
+        shape, axis = g.shape(x), rms_axis(m, g)
+        gamma = param_tensor(g, m.tensor("gamma"), "gamma", shape, axis, g.dtype(x))
+        if "rmsnorm" in m.nodes:
+            source = m.node("rmsnorm")
+            epsilon, stash_type = float(source.attrs.get("epsilon", 1e-5)), int(source.attrs.get("stash_type", 1))
+        else:
+            source = m.node("mean_square")
+            epsilon, stash_type = float(constant_value(m.tensor("eps")).reshape(-1)[0]), 1
+        node = gs.Node(op="SimplifiedLayerNormalization", name=g.unique_name(f"{source.name}_simplified"),
+                       attrs={"axis": axis - shape.rank, "epsilon": epsilon, "stash_type": stash_type},
+                       inputs=[x, gamma], outputs=[m.root.outputs[0]])
+        return Replacement(nodes=[node])
+
+
+def rms_axis(m: Match, g: GraphEditor) -> int | str:
+    """The first normalized axis (non-negative), or why it is not known."""
+    shape = g.shape(m.tensor("x"))
+    if "rmsnorm" not in m.nodes:
+        return normalized_axis(shape, [(m.node("mean_square"), m.tensor("mean_square_axes"))])
+    node = m.node("rmsnorm")
+    if shape is None:
+        return f"the rank of {node.name}'s input is unknown"
+    if len([t for t in node.outputs if t.name]) > 1:
+        return f"{node.name} has more than one output"
+    axis = int(node.attrs.get("axis", -1))
+    return axis % shape.rank if -shape.rank <= axis < shape.rank else f"{node.name}'s axis {axis} is out of range"
+
+
+def _is_centered(x: gs.Tensor) -> bool:
+    """x = Sub(t, ReduceMean(t)): the squares are a variance, so this is a LayerNorm's tail."""
+    sub = producer_of(x)
+    if sub is None or sub.op != "Sub":
+        return False
+    mean = producer_of(sub.inputs[1])
+    return mean is not None and mean.op == "ReduceMean" and mean.inputs[0] is sub.inputs[0]

@@ -1,0 +1,138 @@
+"""A residual Add feeding a normalization -> onnxruntime's SkipLayerNormalization or
+SkipSimplifiedLayerNormalization (one kernel for the sum and the norm)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from fuse_cli.graph.edit import GraphEditor, Replacement, TensorShape
+from fuse_cli.match import Alt, Const, Match, Op, Var, constant_value
+from fuse_cli.passes.base import PatternPass
+from fuse_cli.passes.layer_norm import param_reason, param_tensor
+from fuse_cli.passes.registry import register
+
+ORT_TARGETS = frozenset({"ort", "ort-cpu", "ort-cuda"})
+# Exporters write Linear + residual as Add(Add(MatMul, bias), residual): the bias rides along.
+SUM = Alt(Op("Add", Op("Add", Var("input"), Const(lambda value: True, name="bias"), name="add_bias"), Var("skip"),
+             name="add"),
+          Op("Add", Var("input"), Var("skip"), name="add"))
+
+
+class _SkipNorm(PatternPass):
+    """The checks and the rewrite both skip fusions share; subclasses name the ops."""
+
+    fused_op: ClassVar[str]
+    targets = ORT_TARGETS
+    keeps = ("add",)  # the sum, when read elsewhere, becomes the fused op's 4th output
+
+    def check(self, m: Match, g: GraphEditor) -> str | None:
+        norm, x, skip = m.node("norm"), m.tensor("input"), m.tensor("skip")
+        shape, dtype = g.shape(x), g.dtype(x)
+        if len([t for t in norm.outputs if t.name]) > 1:
+            return f"{norm.name} also outputs its statistics"
+        if shape is None or shape.rank not in (2, 3):
+            return f"{m.node('add').name}'s input has rank {shape and shape.rank}; {self.fused_op} takes rank 2 or 3"
+        if g.shape(skip) != shape or None in shape.dims:
+            return (f"{m.node('add').name} adds {skip.name!r} of shape {_dims(g.shape(skip))} to {x.name!r} of "
+                    f"shape {_dims(shape)}: the shapes must be known and equal")
+        if int(norm.attrs.get("axis", -1)) not in (-1, shape.rank - 1):
+            return f"{norm.name} normalizes from axis {norm.attrs['axis']}; {self.fused_op} normalizes the last only"
+        if dtype is None or g.dtype(skip) != dtype:
+            return f"{m.node('add').name} adds {g.dtype(skip)} to {dtype}"
+        if dtype != np.float32 and int(norm.attrs.get("stash_type", 1)) != 1:
+            return f"{norm.name} computes in {dtype} (stash_type=0); {self.fused_op} computes in float32"
+        return (g.target_reason(self.fused_op, dtype)
+                or bias_reason(g, m.tensor("bias"), m.nodes.get("add_bias"), shape, dtype)
+                or next(filter(None, (param_reason(g, m.tensor(p), p, norm, shape, shape.rank - 1, dtype)
+                                      for p in ("gamma", "beta"))), None))
+
+    def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
+        norm, add = m.node("norm"), m.node("add")
+        shape, dtype = g.shape(m.tensor("input")), g.dtype(m.tensor("input"))
+        params = [param_tensor(g, m.tensor("gamma"), "gamma", shape, shape.rank - 1, dtype)]
+        beta, bias = m.tensor("beta"), m.tensor("bias")
+        if self.fused_op == "SkipLayerNormalization" and (beta is not None or bias is not None):
+            params.append(param_tensor(g, beta, "beta", shape, shape.rank - 1, dtype) if beta else gs.Variable.empty())
+        if bias is not None:
+            params.append(bias_tensor(g, bias, shape.dims[-1]))
+        total = add.outputs[0]
+        read_elsewhere = g.is_graph_output(total) or any(reader is not norm for reader in total.outputs)
+        outputs = [norm.outputs[0]] + ([gs.Variable.empty(), gs.Variable.empty(), total] if read_elsewhere else [])
+        node = gs.Node(op=self.fused_op, domain="com.microsoft", name=g.unique_name(f"{norm.name}_skip"),
+                       attrs={"epsilon": float(norm.attrs.get("epsilon", 1e-5))},
+                       inputs=[m.tensor("input"), m.tensor("skip"), *params], outputs=outputs)
+        return Replacement(nodes=[node])
+
+
+@register
+class FuseSkipLayerNormalization(_SkipNorm):
+    """y = LayerNorm(input + skip (+ bias)) * gamma + beta over the last axis; sum = input + skip (+ bias)
+
+        input ── Add(bias) ──┐
+                    skip ── Add = sum ── LayerNormalization(gamma, beta?, axis=-1, eps) ── y
+          =>  SkipLayerNormalization(input, skip, gamma, beta?, bias?, epsilon) ── y (, sum)
+
+    Exact when input and skip have the same known shape of rank 2 or 3 (no broadcasting), the
+    bias is a constant over the last axis only, and gamma/beta broadcast over the last axis only.
+    epsilon is always written: SkipLayerNormalization's default (1e-12) is not LayerNormalization's
+    (1e-5). When the sum is also read elsewhere it becomes the fused op's 4th output.
+    """
+
+    name = "skip-layer-norm"
+    description = "Fuse a residual Add (+ bias) and LayerNormalization into SkipLayerNormalization"
+    label = "Add + LayerNormalization -> SkipLayerNormalization"
+    fused_op = "SkipLayerNormalization"
+    pattern = Op("LayerNormalization", SUM, Var("gamma"), Var("beta", optional=True), name="norm")
+
+
+@register
+class FuseSkipSimplifiedLayerNormalization(_SkipNorm):
+    """y = (input + skip (+ bias)) / sqrt(mean(sum^2) + eps) * gamma over the last axis
+
+        input ── Add(bias) ──┐
+                    skip ── Add = sum ── SimplifiedLayerNormalization(gamma, axis=-1, eps) ── y
+          =>  SkipSimplifiedLayerNormalization(input, skip, gamma, bias?, epsilon) ── y (, sum)
+
+    The norm is what simplified-layer-norm (or rms-norm: RMSNormalization) made of a decomposed
+    RMSNorm, so those passes run first. Exact under skip-layer-norm's conditions.
+    """
+
+    name = "skip-simplified-layer-norm"
+    description = "Fuse a residual Add (+ bias) and an RMSNorm into SkipSimplifiedLayerNormalization"
+    label = "Add + RMSNorm -> SkipSimplifiedLayerNormalization"
+    fused_op = "SkipSimplifiedLayerNormalization"
+    pattern = Alt(Op("SimplifiedLayerNormalization", SUM, Var("gamma"), name="norm"),
+                  Op("RMSNormalization", SUM, Var("gamma"), name="norm"))
+
+
+def bias_reason(g: GraphEditor, bias: gs.Tensor | None, add: gs.Node | None, shape: TensorShape,
+                dtype: np.dtype) -> str | None:
+    """None if `bias` (added to a tensor of `shape` and `dtype`) is a constant over the last axis
+    only, which onnxruntime's fused ops take as a 1-D bias; else why not."""
+    if bias is None:
+        return None
+    value, hidden = constant_value(bias), shape.dims[-1]
+    where = f"{add.name}'s bias {bias.name!r} of shape {list(value.shape)}"
+    if not isinstance(hidden, int):
+        return f"{where}: the last axis of {_dims(shape)} is not static"
+    leading_ones = all(d == 1 for d in value.shape[:-1])
+    if value.ndim > shape.rank or not leading_ones or value.shape[-1:] not in ((), (1,), (hidden,)):
+        return f"{where} does not broadcast over the last axis [{hidden}] alone of {_dims(shape)}"
+    if value.dtype != dtype:
+        return f"{where} has dtype {value.dtype}, the input {dtype}"
+    return None
+
+
+def bias_tensor(g: GraphEditor, bias: gs.Tensor, hidden: int) -> gs.Tensor:
+    """The bias as the 1-D [hidden] tensor onnxruntime requires (a new constant when reshaped)."""
+    value = constant_value(bias)
+    if value.shape == (hidden,):
+        return bias
+    return g.constant(f"{bias.name}_1d", np.broadcast_to(value.reshape(-1), (hidden,)).astype(value.dtype))
+
+
+def _dims(shape: TensorShape | None) -> list | None:
+    return list(shape.dims) if shape is not None else None

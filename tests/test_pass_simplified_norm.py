@@ -1,0 +1,121 @@
+"""simplified-layer-norm: RMSNorm -> onnxruntime's SimplifiedLayerNormalization (default domain)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+from fuse_cli.errors import UsageError
+from fuse_cli.passes.registry import pipeline_for
+from tests.conftest import assert_equivalent, optimize_model
+from tests.graphs import GraphBuilder, op_counts
+
+HIDDEN = 16
+PASS = "simplified-layer-norm"
+
+
+def rms_norm(b: GraphBuilder, x: str, *, axes=(-1,), square="pow", divide="div", gamma_shape=(HIDDEN,),
+             commuted=False, eps_input=False, reader=False, centered=False) -> list[str]:
+    """x / sqrt(mean(x^2) + eps) * gamma as T5/Llama exports write it (`divide`: "div",
+    "reciprocal" or "rsqrt" = Div(1, Sqrt)); returns [y] plus a reader of the squares if asked."""
+    def reduce_mean(t):
+        if b.opset >= 18:
+            return b.op("ReduceMean", t, b.const(list(axes), dtype=np.int64), keepdims=1)
+        return b.op("ReduceMean", t, axes=list(axes), keepdims=1)
+
+    if centered:
+        x = b.op("Sub", x, reduce_mean(x))
+    squared = b.op("Pow", x, b.const(2.0)) if square == "pow" else b.op("Mul", x, x)
+    eps = b.input("eps", []) if eps_input else b.const(1e-6)
+    rms = b.op("Sqrt", b.op("Add", *((eps, reduce_mean(squared)) if commuted else (reduce_mean(squared), eps))))
+    if divide == "div":
+        y = b.op("Div", x, rms)
+    else:
+        inverse = b.op("Reciprocal", rms) if divide == "reciprocal" else b.op("Div", b.const(1.0), rms)
+        y = b.op("Mul", *((inverse, x) if commuted else (x, inverse)))
+    gamma = b.const(b.rand(*gamma_shape, low=0.5, high=1.5))
+    y = b.op("Mul", *((gamma, y) if commuted else (y, gamma)))
+    return [y] + ([b.op("Neg", squared, name="reader")] if reader else [])
+
+
+def decomposed(*, opset=17, x_shape=("batch", 5, HIDDEN), **kw) -> onnx.ModelProto:
+    b = GraphBuilder(opset=opset)
+    outs = rms_norm(b, b.input("x", list(x_shape)), **kw)
+    return b.build(*outs, output_names=["y", "z"][: len(outs)])
+
+
+def attrs_of(node) -> dict:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def signature(m):
+    return [(n.op_type, list(n.input), list(n.output)) for n in m.graph.node]
+
+
+POSITIVE = {
+    "pow-div": {},
+    "mul-square": {"square": "mul"},
+    "reciprocal": {"divide": "reciprocal"},
+    "rsqrt-div-one": {"divide": "rsqrt"},
+    "commuted": {"divide": "reciprocal", "square": "mul", "commuted": True},
+    "opset18-axes-input": {"opset": 18},
+    "opset13": {"opset": 13},
+    "two-axes": {"x_shape": ("batch", 4, 6), "axes": (1, 2), "gamma_shape": (1, 6)},
+    "gamma-leading-ones": {"gamma_shape": (1, 1, HIDDEN)},
+    "rank-4": {"x_shape": ("batch", 2, 5, HIDDEN)},
+}
+
+
+@pytest.mark.parametrize("kw", POSITIVE.values(), ids=POSITIVE.keys())
+def test_fuses_to_simplified_layer_normalization(tmp_path, kw):
+    model = decomposed(**kw)
+    result = optimize_model(model, tmp_path, target="ort-cpu", passes=(PASS,))
+    assert op_counts(result.model) == {"SimplifiedLayerNormalization": 1}
+    (node,) = result.model.graph.node
+    assert node.domain == ""  # where onnxruntime registers it
+    attrs = attrs_of(node)
+    assert attrs["axis"] == -len(kw.get("axes", (-1,))) and attrs["epsilon"] == pytest.approx(1e-6)
+    for batch in (1, 3):  # assert_equivalent loads the result in onnxruntime CPU
+        assert_equivalent(model, result.model, dims={"batch": batch})
+    assert not optimize_model(result.model, tmp_path, name="again", target="ort-cpu", passes=(PASS,)).report.fusions
+
+
+def test_not_standard_onnx_but_runs_in_onnxruntime(tmp_path):
+    model = decomposed()
+    result = optimize_model(model, tmp_path, target="ort-cpu", passes=(PASS,))
+    with pytest.raises(onnx.checker.ValidationError, match="SimplifiedLayerNormalization"):
+        onnx.checker.check_model(result.model, full_check=True)
+    assert_equivalent(model, result.model, dims={"batch": 2})
+
+
+def test_rms_normalization_from_rms_norm_in_the_ort_pipeline(tmp_path):
+    model = decomposed(opset=23)
+    result = optimize_model(model, tmp_path, target="ort-cpu")
+    assert op_counts(result.model) == {"SimplifiedLayerNormalization": 1}
+    assert [f.pass_name for f in result.report.fusions] == ["rms-norm", PASS]
+    assert attrs_of(result.model.graph.node[0])["epsilon"] == pytest.approx(1e-6)
+    for batch in (1, 3):
+        assert_equivalent(model, result.model, dims={"batch": batch})
+
+
+@pytest.mark.parametrize("kw, reason", [
+    ({"eps_input": True}, "'eps' is a graph input, not a constant"),
+    ({"gamma_shape": (5, 1)}, "broadcasts over a non-normalized axis 1"),
+    ({"axes": (1,)}, "not trailing axes ending at the last"),
+    ({"reader": True}, "is also read by reader"),
+    ({"centered": True}, "squares x - mean(x): a LayerNorm (see layer-norm)"),
+], ids=["eps-not-constant", "gamma-over-sequence", "non-trailing-axis", "square-read-elsewhere", "centered"])
+def test_near_miss(tmp_path, kw, reason):
+    model = decomposed(**kw)
+    result = optimize_model(model, tmp_path, target="ort-cpu", passes=(PASS,))
+    assert not result.report.fusions and signature(result.model) == signature(model)
+    (miss,) = [m.reason for m in result.report.near_misses if m.pass_name == PASS]
+    assert reason in miss
+
+
+def test_not_for_the_onnx_target(tmp_path):
+    assert PASS not in pipeline_for("onnx")
+    with pytest.raises(UsageError, match="cannot run"):
+        optimize_model(decomposed(), tmp_path, target="onnx", passes=(PASS,))
