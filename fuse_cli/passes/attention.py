@@ -1,0 +1,222 @@
+"""Multi-head self-/cross-attention (BERT, GPT-2, ViT exports) -> com.microsoft MultiHeadAttention."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from fuse_cli.graph.edit import GraphEditor, Replacement, TensorShape
+from fuse_cli.match import Alt, Const, Match, Op, Var, constant_value
+from fuse_cli.passes.base import PatternPass
+from fuse_cli.passes.registry import register
+
+HEADS_PERM, KEY_PERM, LAST_TWO_PERM = [0, 2, 1, 3], [0, 2, 3, 1], [0, 1, 3, 2]
+FILL_LIMIT = -1e30  # s + fill rounds to fill in float32 for every |s| < 3e22
+
+
+def projected(role: str) -> Alt:
+    """The [B, L, hidden] tensor a Reshape splits into heads: a bias Add MultiHeadAttention absorbs
+    (largest form first), or any tensor."""
+    return Alt(Op("Add", Var(f"{role}_in"), Const(lambda v: v.ndim == 1, name=f"{role}_bias"), name=f"{role}_bias_add"),
+               Var(f"{role}_in"))
+
+
+def split_heads(role: str) -> Op:
+    return Op("Reshape", projected(role), Var(f"{role}_shape"), name=f"{role}_reshape")
+
+
+def scaled(x, role: str) -> Alt:
+    return Alt(Op(("Mul", "Div"), x, Var(f"{role}_scale", const=True), name=f"{role}_scaling"), x)
+
+
+QUERY = scaled(Op("Transpose", split_heads("query"), name="query_transpose"), "query")
+KEY_T = scaled(Alt(Op("Transpose", split_heads("key"), name="key_transpose"),
+                   Op("Transpose", Op("Transpose", split_heads("key"), name="key_heads"), name="key_transpose")), "key")
+SCORES = scaled(Op("MatMul", QUERY, KEY_T, name="qk"), "score")
+CAUSAL = Alt(Op("Where", Var("keep"), SCORES, Var("fill", const=True), name="causal"),
+             Op("Where", Var("drop"), Var("fill", const=True), SCORES, name="causal"), SCORES)
+MASKED = Alt(Op("Add", CAUSAL, Var("mask"), name="mask_add"), CAUSAL)
+CONTEXT = Op("MatMul", Op("Softmax", MASKED, name="softmax"),
+             Op("Transpose", split_heads("value"), name="value_transpose"), name="context")
+
+
+@register
+class FuseMultiHeadAttention(PatternPass):
+    """y = merge_heads(softmax(split(Q) split(K)^T * scale + bias) split(V)), per head
+
+      x ─ MatMul(Wq) ─ Add(bq) ─ Reshape[0,-1,H,d] ─ Transpose[0,2,1,3] ─ (*c) ─┐
+     kv ─ MatMul(Wk) ─ Add(bk) ─ Reshape[0,-1,H,d] ─ Transpose[0,2,3,1] ─ (*c) ─ MatMul ─ (/c or *c)
+       ─ (Where(causal, s, fill)) ─ (Add(mask)) ─ Softmax(-1) ─ MatMul ─ Transpose ─ Reshape[0,0,H*d]
+     kv ─ MatMul(Wv) ─ Add(bv) ─ Reshape[0,-1,H,d] ─ Transpose[0,2,1,3] ──────────┘
+       =>  MultiHeadAttention(x·Wq, kv·Wk, kv·Wv, bias=[bq,bk,bv], attention_bias; num_heads=H, scale)
+
+    MultiHeadAttention, not the packed Attention: it takes key/value from another input
+    (cross-attention), needs no concatenated copy of the weights, and accepts projections that
+    are not constant MatMuls (GPT-2's Split of one packed projection); onnxruntime's CPU runs both.
+    The Q/K/V MatMuls stay; a constant [hidden] bias Add on each is absorbed. K^T is one Transpose
+    [0,2,3,1] or [0,2,1,3] then [0,1,3,2]. scale is the product of the constant scalar Mul/Div on
+    Q, K^T and the scores (emitted when it is not 1/sqrt(d)). attention_bias (rank 4: B or 1, H or
+    1, S, T) is what the graph adds to the scores: its own mask, plus Where(causal, 0, fill) for a
+    causal Where -- equal to the Where when fill <= -1e30, as s + fill then rounds to fill -- and
+    an Expand to [1, 1, S, T] unless its last dims are statically S and T (broadcasting them is
+    not allowed). Heads and head size come from constant Reshape shapes matching [B, L, H*d].
+    """
+
+    name = "attention"
+    description = "Fuse multi-head attention (Reshape/Transpose/MatMul/Softmax) into MultiHeadAttention"
+    label = "multi-head attention -> MultiHeadAttention"
+    targets = frozenset({"ort", "ort-cpu", "ort-cuda"})
+    min_opset = 8  # Expand shapes the attention_bias (a Where is emitted only where the graph has one)
+    pattern = Op("Reshape", Op("Transpose", CONTEXT, name="merge_transpose"), Var("merge_shape"), name="merge")
+
+    def matches(self, m: Match, g: GraphEditor) -> bool:
+        """Other transposes are other computations, not near-misses."""
+        def perm(name: str) -> list[int]:
+            return list(m.node(name).attrs.get("perm", []))
+
+        key_perms = ([KEY_PERM] if "key_heads" not in m.nodes else [LAST_TWO_PERM, HEADS_PERM])
+        return (all(perm(n) == HEADS_PERM for n in ("query_transpose", "value_transpose", "merge_transpose"))
+                and [perm(n) for n in ("key_transpose", "key_heads") if n in m.nodes] == key_perms)
+
+    def check(self, m: Match, g: GraphEditor) -> str | None:
+        q = m.tensor("query_in")
+        reason = g.target_reason("MultiHeadAttention", g.dtype(q))
+        if reason:
+            return reason
+        softmax = m.node("softmax")
+        axis = softmax.attrs.get("axis", -1 if g.opset >= 13 else 1)
+        if axis not in (-1, 3):
+            return f"{softmax.name} normalizes axis {axis}, not the key axis 3"
+        heads = {role: _heads(m, g, role) for role in ("query", "key", "value")}
+        for value in heads.values():
+            if isinstance(value, str):
+                return value
+        (h, d), (hk, dk), (hv, dv) = heads.values()
+        if (h, d) != (hk, dk) or hv != h:
+            return f"the heads differ: query {h}x{d}, key {hk}x{dk}, value {hv}x{dv}"
+        q_shape, k_shape, v_shape = (g.shape(m.tensor(f"{r}_in")) for r in ("query", "key", "value"))
+        if not _same(q_shape.dims[0], k_shape.dims[0]) or not _same(k_shape.dims[0], v_shape.dims[0]):
+            return "the query, key and value batch sizes are not provably equal (MatMul would broadcast them)"
+        merged = constant_value(m.tensor("merge_shape"))
+        merged = None if merged is None else [int(s) for s in merged.reshape(-1)]
+        if merged not in ([0, 0, hv * dv], [0, -1, hv * dv]) or m.node("merge").attrs.get("allowzero", 0):
+            return f"{m.node('merge').name} reshapes to {merged}, not [0, 0, {hv * dv}] (merging the heads)"
+        for role in ("query", "key", "score"):
+            c = constant_value(m.tensor(f"{role}_scale")) if m.tensor(f"{role}_scale") is not None else 1.0
+            if np.size(c) != 1 or not np.all(np.isfinite(c)) or np.all(c == 0):
+                scaling = m.node(f"{role}_scaling").name
+                return f"{scaling} scales by {np.ravel(c)[:4].tolist()}, not a finite nonzero scalar"
+        fill = constant_value(m.tensor("fill")) if "causal" in m.nodes else None
+        if fill is not None and (fill.size != 1 or not float(fill.reshape(-1)[0]) <= FILL_LIMIT):
+            return (f"{m.node('causal').name} fills masked scores with {fill.reshape(-1)[:4].tolist()}: attention_bias "
+                    f"adds, which equals the Where only for a scalar fill <= {FILL_LIMIT:g}")
+        for term in ("keep", "drop", "mask"):
+            if m.tensor(term) is not None:
+                reason = _bias_reason(g, m.tensor(term), h, q_shape)
+                if reason:
+                    return f"the {'causal ' if term != 'mask' else ''}mask {m.tensor(term).name!r} {reason}"
+        return None
+
+    def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
+        h, d = _heads(m, g, "query")
+        scale = 1.0  # float64 product of the factors, rounded once into the attribute
+        for role in ("query", "key", "score"):
+            if m.tensor(f"{role}_scale") is not None:
+                c = float(constant_value(m.tensor(f"{role}_scale")).reshape(-1)[0])
+                scale *= c if m.node(f"{role}_scaling").op == "Mul" else 1.0 / c
+        attrs = {"num_heads": h}
+        if not np.isclose(scale, d**-0.5, rtol=1e-6, atol=0):
+            attrs["scale"] = scale
+        qkv = [m.tensor(f"{r}_in") for r in ("query", "key", "value")]
+        nodes, bias = [], gs.Variable.empty()
+        if any(m.tensor(f"{r}_bias") is not None for r in ("query", "key", "value")):
+            parts = [constant_value(m.tensor(f"{r}_bias")) if m.tensor(f"{r}_bias") is not None
+                     else np.zeros(g.shape(t).dims[-1], g.dtype(t)) for r, t in zip(("query", "key", "value"), qkv)]
+            bias = g.constant(f"{m.node('merge').name}_qkv_bias", np.concatenate(parts).astype(g.dtype(qkv[0])))
+        attention_bias = _attention_bias(m, g, qkv, nodes)
+        inputs = [*qkv, bias, gs.Variable.empty(), attention_bias]
+        while isinstance(inputs[-1], gs.Variable) and inputs[-1].name == "":
+            inputs.pop()
+        nodes.append(gs.Node(op="MultiHeadAttention", domain="com.microsoft", attrs=attrs, inputs=inputs,
+                             name=g.unique_name(f"{m.node('softmax').name}_mha"), outputs=[m.root.outputs[0]]))
+        return Replacement(nodes=nodes)
+
+
+def _heads(m: Match, g: GraphEditor, role: str) -> tuple[int, int] | str:
+    """(heads, head size) a constant Reshape shape [0, -1 or 0, H, d] gives a [B, L, H*d] input."""
+    reshape, source = m.node(f"{role}_reshape"), m.tensor(f"{role}_in")
+    shape = constant_value(m.tensor(f"{role}_shape"))
+    if shape is None:
+        return (f"the head count is not derivable: {reshape.name}'s shape is computed at run time "
+                f"(a constant [0, -1, heads, head_size] is needed)")
+    dims, source_shape = [int(s) for s in shape.reshape(-1)], g.shape(source)
+    if (len(dims) != 4 or dims[0] != 0 or dims[1] not in (0, -1) or min(dims[2:]) <= 0
+            or reshape.attrs.get("allowzero", 0)):
+        return f"{reshape.name} reshapes to {dims}, not [0, -1 or 0, heads, head_size]"
+    if source_shape is None or source_shape.rank != 3 or source_shape.static(2) != dims[2] * dims[3]:
+        return (f"{reshape.name} splits {source.name!r} of shape {source_shape and list(source_shape.dims)} into "
+                f"{dims[2]} heads of {dims[3]}: it must be [batch, sequence, {dims[2] * dims[3]}]")
+    bias = m.tensor(f"{role}_bias")
+    if bias is not None and (constant_value(bias).size != dims[2] * dims[3] or g.dtype(bias) != g.dtype(source)):
+        return (f"{m.node(f'{role}_bias_add').name}'s bias {bias.name!r} is not a [{dims[2] * dims[3]}] vector "
+                "of the input's type")
+    return dims[2], dims[3]
+
+
+def _bias_reason(g: GraphEditor, t: gs.Tensor, heads: int, q: TensorShape) -> str | None:
+    """attention_bias is [B or 1, H or 1, S, T]; dims 2 and 3 can be Expanded from 1, dims 0 and 1 cannot."""
+    shape = g.shape(t)
+    if shape is None or shape.rank != 4:
+        return f"has shape {shape and list(shape.dims)}; attention_bias needs rank 4 [batch or 1, heads or 1, S, T]"
+    d0, d1 = _dim(g, t, 0), _dim(g, t, 1)
+    if not (d0 == 1 or _same(d0, q.dims[0])) or d1 not in (1, heads):
+        return f"has shape {[d0, d1, *shape.dims[2:]]}: its first dims are not provably batch or 1, then {heads} or 1"
+    return None
+
+
+def _dim(g: GraphEditor, t: gs.Tensor, axis: int):
+    """A dim shape inference left unknown, read through the Slice (of other axes), Cast and Not that
+    take a causal mask out of a constant buffer (GPT-2's bias[:, :, T-S:T, :T])."""
+    shape, producer = g.shape(t), t.inputs[0] if len(t.inputs) == 1 else None
+    if shape is not None and shape.dims[axis] is not None or producer is None:
+        return shape.dims[axis] if shape is not None else None
+    if producer.op in ("Cast", "Not"):
+        return _dim(g, producer.inputs[0], axis)
+    axes = constant_value(producer.inputs[3]) if producer.op == "Slice" and len(producer.inputs) > 3 else None
+    if axes is not None and axis not in {int(a) % 4 for a in axes.reshape(-1)}:
+        return _dim(g, producer.inputs[0], axis)
+    return None
+
+
+def _attention_bias(m: Match, g: GraphEditor, qkv: list[gs.Tensor], nodes: list[gs.Node]) -> gs.Tensor:
+    """What the scores get added: the causal Where as 0/fill, plus the additive mask, in [.., S, T]."""
+    terms = [m.tensor("mask")] if m.tensor("mask") is not None else []
+    if "causal" in m.nodes:
+        dtype = g.dtype(qkv[0])
+        zero = g.constant("causal_zero", np.zeros((), dtype))
+        fill = g.constant("causal_fill", constant_value(m.tensor("fill")).astype(dtype))
+        keep = m.tensor("keep") is not None
+        inputs = [m.tensor("keep"), zero, fill] if keep else [m.tensor("drop"), fill, zero]
+        terms.insert(0, _node(g, nodes, "Where", inputs, m.node("causal").name))
+    if not terms:
+        return gs.Variable.empty()
+    bias = terms[0] if len(terms) == 1 else _node(g, nodes, "Add", terms, m.node("mask_add").name)
+    given = [g.shape(m.tensor(name)).dims for name in ("keep", "drop", "mask") if m.tensor(name) is not None]
+    q, k = (g.shape(t).dims[1] for t in qkv[:2])
+    if any(_same(dims[2], q) for dims in given) and any(_same(dims[3], k) for dims in given):
+        return bias
+    lengths = [_node(g, nodes, "Gather", [_node(g, nodes, "Shape", [t], "attention"),
+                                          g.constant("dim1", np.array([1], np.int64))], "attention") for t in qkv[:2]]
+    shape = _node(g, nodes, "Concat", [g.constant("ones", np.ones(2, np.int64)), *lengths], "attention", axis=0)
+    return _node(g, nodes, "Expand", [bias, shape], "attention_bias")
+
+
+def _node(g: GraphEditor, nodes: list[gs.Node], op: str, inputs: list[gs.Tensor], base: str, **attrs) -> gs.Variable:
+    out = g.variable(f"{base}_{op.lower()}_out")
+    nodes.append(gs.Node(op=op, name=g.unique_name(f"{base}_{op.lower()}"), attrs=attrs, inputs=inputs, outputs=[out]))
+    return out
+
+
+def _same(a, b) -> bool:
+    """Provably equal dims: the same static size or the same symbolic name."""
+    return a is not None and a == b

@@ -1,0 +1,128 @@
+"""Self-attention subgraphs in the forms torch.onnx.export writes them (opset 14 and 17).
+
+One builder, `attention_model`, with keyword switches for the variants the exporters produce
+(BERT with an additive padding mask, GPT-2 with the causal Where, ViT with the scale on Q) and
+for the near-misses the tests need. Linear layers are MatMul + Add(bias, product), bias first, as
+torch emits them; scalars are 0-d initializers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+from tests.graphs import GraphBuilder
+
+F32_MIN = float(np.finfo(np.float32).min)
+
+
+def attention_model(*, opset: int = 17, heads: int = 4, head_size: int = 16, seq: str | int = "sequence",
+                    mask: str | None = None, causal_fill: float | None = None, masked_fill: bool = False,
+                    scale: str = "div", k_transpose: str = "fused", cross: bool = False, packed: bool = False,
+                    split_shape: str = "const", softmax_axis: int = -1, probs_output: bool = False,
+                    dtype=np.float32) -> onnx.ModelProto:
+    """mask: None, "padding" ([B,1,1,T] from an int64 attention_mask: (1 - m) * -10000) or "rank3"
+    ([B,1,T], which no attention_bias layout takes). causal_fill: GPT-2's torch.where(tril, s, fill),
+    the tril sliced from a constant buffer (masked_fill: Where(not tril, fill, s)). scale: "div"
+    (s / sqrt(d)), "mul" (s * 1/sqrt(d)), "query" (q * 1/sqrt(d) before Q.K^T, as timm's ViT),
+    "both" (q and k^T each times d^-1/4, the SDPA export), "custom" (s / 5) or "computed"
+    (s / sqrt(hidden / heads) from the input's shape at run time). k_transpose: "fused" (one
+    Transpose [0,2,3,1]) or "pair" ([0,2,1,3] then [0,1,3,2]). packed: one Q/K/V projection Split
+    in three (GPT-2's c_attn). cross: key and value from a second input. split_shape "concat": the
+    head-split shape computed from Shape at run time (torch with dynamic axes)."""
+    b = GraphBuilder(opset=opset, seed=7)
+    elem = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    hidden = heads * head_size
+    x = b.input("hidden", ["batch", seq, hidden], elem)
+    kv = b.input("memory", ["batch", "memory_sequence", hidden], elem) if cross else x
+
+    def const(value) -> str:
+        return b.const(np.asarray(value, dtype=dtype))
+
+    def linear(t: str, name: str) -> str:
+        product = b.op("MatMul", t, const(b.rand(hidden, hidden) * hidden**-0.5), name=f"{name}_matmul")
+        return b.op("Add", const(b.rand(hidden) * 0.1), product, name=f"{name}_add")
+
+    if split_shape == "const":
+        split = b.const(np.array([0, -1, heads, head_size], np.int64), name="split_heads_shape")
+    else:  # torch with dynamic axes: x.size()[:-1] + (heads, head_size), computed at run time
+        batch_seq = b.op("Slice", b.op("Shape", x), b.const(np.array([0], np.int64)), b.const(np.array([2], np.int64)))
+        split = b.op("Concat", batch_seq, b.const(np.array([heads, head_size], np.int64)), axis=0)
+
+    def heads_of(t: str, name: str, perm: list[int]) -> str:
+        return b.op("Transpose", b.op("Reshape", t, split, name=f"{name}_reshape"), perm=perm, name=f"{name}_transpose")
+
+    if packed:  # GPT-2's c_attn: one projection to 3 * hidden, then split(hidden, dim=2)
+        qkv = b.op("MatMul", x, const(b.rand(hidden, 3 * hidden) * hidden**-0.5), name="qkv_matmul")
+        qkv = b.op("Add", const(b.rand(3 * hidden) * 0.1), qkv, name="qkv_add")
+        projections = b.op("Split", qkv, b.const(np.array([hidden] * 3, np.int64)), axis=2, outputs=3)
+    else:
+        projections = [linear(x, "query"), linear(kv, "key"), linear(kv, "value")]
+    q = heads_of(projections[0], "query", [0, 2, 1, 3])
+    if k_transpose == "fused":
+        k = heads_of(projections[1], "key", [0, 2, 3, 1])
+    else:
+        k = b.op("Transpose", heads_of(projections[1], "key", [0, 2, 1, 3]), perm=[0, 1, 3, 2])
+    v = heads_of(projections[2], "value", [0, 2, 1, 3])
+
+    inv_sqrt = head_size**-0.5
+    if scale == "query":
+        q = b.op("Mul", q, const(inv_sqrt))
+    elif scale == "both":
+        q, k = b.op("Mul", q, const(inv_sqrt**0.5)), b.op("Mul", k, const(inv_sqrt**0.5))
+    scores = b.op("MatMul", q, k, name="qk_matmul")
+    if scale == "div":
+        scores = b.op("Div", scores, const(np.sqrt(head_size)), name="scale_div")
+    elif scale == "mul":
+        scores = b.op("Mul", const(inv_sqrt), scores, name="scale_mul")
+    elif scale == "custom":
+        scores = b.op("Div", scores, const(5.0), name="scale_div")
+    elif scale == "computed":  # sqrt(hidden / heads) from the input's shape, at run time
+        width = b.op("Cast", b.op("Slice", b.op("Shape", x), b.const(np.array([-1], np.int64)),
+                                  b.const(np.array([3], np.int64))), to=elem)
+        scores = b.op("Div", scores, b.op("Sqrt", b.op("Div", width, const([heads]))), name="scale_div")
+
+    if causal_fill is not None:
+        # GPT-2: bias[:, :, T - S:T, :T] of a lower-triangular bool buffer, sizes from the input
+        tril = b.const(np.tril(np.ones((1, 1, 64, 64), bool)), name="causal_buffer")
+        length = b.op("Slice", b.op("Shape", x), b.const(np.array([1], np.int64)), b.const(np.array([2], np.int64)))
+        zero = b.const(np.array([0, 0], np.int64))
+        ends = b.op("Concat", length, length, axis=0)
+        cond = b.op("Slice", tril, zero, ends, b.const(np.array([2, 3], np.int64)), name="causal_slice")
+        if masked_fill:  # scores.masked_fill(~causal, fill)
+            scores = b.op("Where", b.op("Not", cond), const(causal_fill), scores, name="causal_where")
+        else:
+            scores = b.op("Where", cond, scores, const(causal_fill), name="causal_where")
+    if mask is not None:
+        m = b.input("attention_mask", ["batch", "memory_sequence" if cross else seq], TensorProto.INT64)
+        axes = [1, 2] if mask == "padding" else [1]
+        m = b.op("Unsqueeze", m, b.const(np.array(axes, np.int64)))
+        m = b.op("Sub", const(1.0), b.op("Cast", m, to=elem))
+        m = b.op("Mul", m, const(-10000.0), name="mask_mul")
+        scores = b.op("Add", scores, m, name="mask_add")
+
+    probs = b.op("Softmax", scores, axis=softmax_axis, name="softmax")
+    context = b.op("MatMul", probs, v, name="context_matmul")
+    context = b.op("Transpose", context, perm=[0, 2, 1, 3], name="merge_transpose")
+    context = b.op("Reshape", context, b.const(np.array([0, 0, hidden], np.int64)), name="merge_reshape")
+    out = b.op("MatMul", context, const(b.rand(hidden, hidden) * hidden**-0.5), name="output_matmul")
+    outputs = (out, probs) if probs_output else (out,)
+    names = ("output", "probs") if probs_output else ("output",)
+    return b.build(*outputs, output_names=names)
+
+
+def bert(opset: int, padding: bool) -> onnx.ModelProto:
+    return attention_model(opset=opset, mask="padding" if padding else None,
+                           softmax_axis=3 if opset == 14 else -1)
+
+
+def gpt2(opset: int, padding: bool) -> onnx.ModelProto:
+    # GPT-2: packed c_attn split in three, s / full([], sqrt(d)), causal fill finfo(float32).min
+    return attention_model(opset=opset, mask="padding" if padding else None, causal_fill=F32_MIN,
+                           k_transpose="pair", packed=True)
+
+
+def vit(opset: int) -> onnx.ModelProto:
+    # ViT: a fixed number of patch tokens (static sequence), no mask
+    return attention_model(opset=opset, seq=17, heads=6, head_size=8, scale="query", k_transpose="pair")

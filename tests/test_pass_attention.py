@@ -1,0 +1,120 @@
+"""attention: BERT / GPT-2 / ViT self-attention (and cross-attention) -> com.microsoft MultiHeadAttention."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from fuse_cli.errors import UsageError
+from fuse_cli.passes.registry import pipeline_for, resolve
+from fuse_cli.verify import verify_models
+from tests.attention_graphs import attention_model, bert, gpt2, vit
+from tests.conftest import SAMPLES, optimize_model
+from tests.graphs import op_counts
+
+MHA = "com.microsoft::MultiHeadAttention"
+# symbolic dims at two sizes; the mask input is a 0/1 attention_mask, as tokenizers give it
+SIZES = ({"batch": 1, "sequence": 3, "memory_sequence": 5}, {"batch": 3, "sequence": 8, "memory_sequence": 2})
+MASK_VALUES = {"attention_mask": (0, 2)}
+
+
+def assert_same_outputs(original: onnx.ModelProto, fused: onnx.ModelProto) -> None:
+    for dims in SIZES:
+        for seed in (0, 1):
+            result = verify_models(original, fused, dims=dims, seed=seed, rtol=1e-4, atol=1e-5, int_ranges=MASK_VALUES)
+            assert result.passed, result.outputs
+
+
+def mha_attrs(model: onnx.ModelProto) -> dict:
+    (node,) = [n for n in model.graph.node if n.op_type == "MultiHeadAttention"]
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+
+
+FORMS = {
+    "bert-opset14-padding": (bert(14, padding=True), 4, None),
+    "bert-opset14": (bert(14, padding=False), 4, None),
+    "bert-opset17-padding": (bert(17, padding=True), 4, None),
+    "bert-opset17": (bert(17, padding=False), 4, None),
+    "gpt2-opset14-padding": (gpt2(14, padding=True), 4, None),
+    "gpt2-opset17": (gpt2(17, padding=False), 4, None),
+    "vit-opset14": (vit(14), 6, None),
+    "vit-opset17": (vit(17), 6, None),
+    "scale-mul": (attention_model(scale="mul", mask="padding"), 4, None),
+    "scale-on-q-and-k": (attention_model(scale="both", k_transpose="pair"), 4, None),
+    "custom-scale": (attention_model(scale="custom"), 4, 0.2),
+    "cross-attention": (attention_model(cross=True, mask="padding"), 4, None),
+    "masked-fill-inf": (attention_model(causal_fill=-np.inf, masked_fill=True, mask="padding"), 4, None),
+}
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_attention_forms_fuse_into_multihead_attention(form, tmp_path):
+    model, heads, scale = FORMS[form]
+    result = optimize_model(model, tmp_path, target="ort-cpu", passes=("attention",))
+    counts = op_counts(result.model)
+    assert counts[MHA] == 1 and counts["MatMul"] in (2, 4)  # the (Q, K, V or packed) and output projections stay
+    assert not {"Softmax", "Transpose", "Reshape"} & set(counts), counts
+    attrs = mha_attrs(result.model)
+    assert attrs["num_heads"] == heads
+    assert attrs.get("scale") == (pytest.approx(scale) if scale else None)  # 1/sqrt(head_size) is the default
+    assert_same_outputs(model, result.model)
+    again = optimize_model(result.model, tmp_path, name="again", target="ort-cpu", passes=("attention",))
+    assert not again.report.fusions and not again.report.near_misses
+
+
+def test_projection_biases_become_the_bias_input(tmp_path):
+    model = bert(17, padding=False)
+    result = optimize_model(model, tmp_path, target="ort-cpu", passes=("attention",))
+    (node,) = [n for n in result.model.graph.node if n.op_type == "MultiHeadAttention"]
+    assert [i.split("_")[0] for i in node.input[:3]] == ["query", "key", "value"]  # the MatMul outputs
+    bias = next(t for t in result.model.graph.initializer if t.name == node.input[3])
+    assert list(bias.dims) == [3 * 64]
+    assert op_counts(result.model)["Add"] == 0
+
+
+@pytest.mark.parametrize("opset", [14, 17])
+def test_sample_transformer_block_fuses_in_the_runtime_pipeline(opset, tmp_path):
+    model = onnx.load(SAMPLES / f"transformer_block_opset{opset}.onnx")
+    result = optimize_model(model, tmp_path, target="ort-cpu")
+    assert op_counts(result.model)[MHA] == 1 and mha_attrs(result.model) == {"num_heads": 4}
+    assert_same_outputs(model, result.model)
+
+
+NEAR_MISSES = {
+    "mask-rank-3": (attention_model(mask="rank3"), "ort-cpu",
+                    "the mask 'mask_mul_out' has shape ['batch', 1, 'sequence']; attention_bias needs rank 4"),
+    "scale-not-constant": (attention_model(scale="computed"), "ort-cpu",
+                           "scale_div's score_scale 'Sqrt_1_out' is computed at run time by Sqrt_1"),
+    "heads-not-derivable": (attention_model(split_shape="concat"), "ort-cpu",
+                            "the head count is not derivable: query_reshape's shape is computed at run time"),
+    "probabilities-are-an-output": (attention_model(probs_output=True), "ort-cpu",
+                                    "softmax's output 'probs' is a graph output"),
+    "causal-fill-too-small": (attention_model(causal_fill=-10000.0), "ort-cpu",
+                              "causal_where fills masked scores with [-10000.0]: attention_bias adds"),
+    "softmax-over-queries": (attention_model(softmax_axis=2), "ort-cpu",
+                             "softmax normalizes axis 2, not the key axis 3"),
+    "float16-on-cpu": (attention_model(dtype=np.float16), "ort-cpu", "MultiHeadAttention has no float16 kernel"),
+    "opset-7": (attention_model(opset=7, softmax_axis=3), "ort-cpu",
+                "needs opset 8, the model has opset 7: pass --upgrade-opset 8"),
+}
+
+
+@pytest.mark.parametrize("case", NEAR_MISSES)
+def test_near_misses_leave_the_graph_and_say_why(case, tmp_path):
+    model, target, reason = NEAR_MISSES[case]
+    result = optimize_model(model, tmp_path, target=target, passes=("attention",))
+    assert op_counts(result.model) == op_counts(model)
+    reasons = [m.reason for m in result.report.near_misses if m.pass_name == "attention"]
+    assert any(reason in r for r in reasons), reasons
+
+
+def test_float16_fuses_for_cuda(tmp_path):
+    result = optimize_model(attention_model(dtype=np.float16), tmp_path, target="ort-cuda", passes=("attention",))
+    assert op_counts(result.model)[MHA] == 1
+
+
+def test_target_onnx_never_runs_the_pass():
+    assert "attention" not in pipeline_for("onnx") and "attention" in pipeline_for("ort-cpu")
+    with pytest.raises(UsageError, match="cannot run"):
+        resolve("onnx", ["attention"])
