@@ -19,7 +19,8 @@ def fenced_commands(section: str) -> list[str]:
     body = README.split(f"## {section}", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```(?:\w+)?\n(.*?)```", body, re.S)
     text = "\n".join(blocks).replace("\\\n", " ")
-    return [line.strip() for line in text.splitlines() if line.strip().startswith("fuse ")]
+    # commands, not printed output ("fuse optimize: model.onnx (target onnx)" is a table title)
+    return [line.strip() for line in text.splitlines() if re.match(r"fuse [a-z]+(\s|$)", line.strip())]
 
 
 def run(command: str, cwd, monkeypatch):
