@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import shutil
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +21,8 @@ from fuse_cli.analysis.shapes import ShapeTable, element_size_bits, infer_shapes
 from fuse_cli.config import FuseConfig
 from fuse_cli.errors import FuseError, UsageError
 from fuse_cli.graph.edit import GraphEditor, toposort
-from fuse_cli.graph.io import LoadedModel, assemble_model, load_model, save_model
+from fuse_cli.graph.io import (INLINE_SAVE_LIMIT_BYTES, LoadedModel, assemble_model, has_unread_weights, load_graph,
+                               load_model, save_model, unload_unchanged_weights)
 from fuse_cli.graph.opset import default_opset, ensure_domain_imports, upgrade_opset
 from fuse_cli.passes import resolve
 from fuse_cli.passes.engine import run_pipeline
@@ -56,7 +59,7 @@ def optimize(model_path: str | os.PathLike, config: FuseConfig, output_path: str
     passes = resolve(config.target, config.passes, config.disable)
     resolve(config.target, config.fail_on_near_miss)  # the same "did you mean" for gate pass names
     symbolic = infer_shapes(loaded.model)
-    bound, unbound = _bound_shapes(loaded.model, config)
+    bound, unbound = _bound_shapes(loaded.model, config, unbound_table=symbolic)
 
     def fuse(selected: list[Pass]) -> _Fused:
         return _fuse(loaded, selected, symbolic, bound, config)
@@ -65,14 +68,18 @@ def optimize(model_path: str | os.PathLike, config: FuseConfig, output_path: str
     verification: VerifyResult | None = None
     rolled_back: tuple[RolledBack, ...] = ()
     notes: tuple[str, ...] = ()
-    if config.verify:
-        fused, verification, rolled_back, notes = _verify_and_roll_back(source, passes, fused, fuse, config)
-    optimized, fusions, near_misses = fused.model, fused.fusions, fused.near_misses
-    runtime_extra = _what_runtime_target_adds(config, fuse) if config.target == "onnx" else ()
+    writer = _Writer(loaded, None if dry_run else target_path, config.external_data)
+    try:
+        if config.verify:
+            fused, verification, rolled_back, notes = _verify_and_roll_back(source, passes, fused, fuse, config, writer)
+        optimized, fusions, near_misses = fused.model, fused.fusions, fused.near_misses
+        runtime_extra = _what_runtime_target_adds(loaded, symbolic, bound, config) if config.target == "onnx" else ()
 
-    written: tuple[str, ...] = ()
-    if not dry_run:
-        written = tuple(str(p) for p in save_model(optimized, target_path, external_data=config.external_data))
+        written: tuple[str, ...] = ()
+        if not dry_run:
+            written = tuple(str(p) for p in writer.final(optimized))
+    finally:
+        writer.clean_up()
     report = Report(
         model_path=str(source),
         output_path=None if dry_run else str(target_path),
@@ -95,7 +102,7 @@ def optimize(model_path: str | os.PathLike, config: FuseConfig, output_path: str
         gates=Gates(config.fail_on_fusable, config.max_peak_bytes, config.fail_on_near_miss),
         measured=_measure(source, optimized, bound) if config.measure else None,
         allow_mismatch=config.allow_mismatch,
-        memory=_memory_audit(loaded, bound, symbolic, optimized, config, unbound, fusions),
+        memory=_memory_audit(loaded, bound, symbolic, optimized, config, fusions),
     )
     return OptimizeResult(report=report, model=optimized)
 
@@ -112,12 +119,22 @@ def _fuse(loaded: LoadedModel, passes: list[Pass], symbolic: ShapeTable, bound: 
     """One run of the pipeline on a fresh import of the loaded model."""
     # onnx-graphsurgeon's logger print()s its warnings: keep stdout for results (`--json -`).
     with contextlib.redirect_stdout(sys.stderr):
-        return _fuse_quietly(loaded, passes, symbolic, bound, config)
+        graph, fusions, near_misses = _run_passes(loaded, passes, symbolic, bound, config)
+        graph.cleanup(remove_unused_graph_inputs=False, recurse_subgraphs=False)
+        toposort(graph)
+        if has_unread_weights(loaded.model):
+            unload_unchanged_weights(graph)
+        exported = gs.export_onnx(graph, do_type_check=False)
+    del graph
+    provenance = f"fuse {__version__} --target {config.target} passes: {','.join(p.name for p in passes)}"
+    model = assemble_model(loaded, exported, provenance)
+    ensure_domain_imports(model)
+    return _Fused(model, fusions, near_misses)
 
 
-def _fuse_quietly(loaded: LoadedModel, passes: list[Pass], symbolic: ShapeTable, bound: ShapeTable,
-                  config: FuseConfig) -> _Fused:
-    graph = gs.import_onnx(loaded.model)
+def _run_passes(loaded: LoadedModel, passes: list[Pass], symbolic: ShapeTable, bound: ShapeTable,
+                config: FuseConfig) -> tuple[gs.Graph, list[FusionRecord], list[NearMiss]]:
+    graph = load_graph(loaded)
     # Sorted once up front (iteratively): every replacement then stands where its root stood, so
     # the order stays topological without re-sorting per match.
     toposort(graph)
@@ -131,20 +148,46 @@ def _fuse_quietly(loaded: LoadedModel, passes: list[Pass], symbolic: ShapeTable,
         target=config.target,
     )
     fusions, near_misses = run_pipeline(editor, passes, bound.nbytes)
-    graph.cleanup(remove_unused_graph_inputs=False, recurse_subgraphs=False)
-    toposort(graph)
-    exported = gs.export_onnx(graph, do_type_check=False)
-    provenance = f"fuse {__version__} --target {config.target} passes: {','.join(p.name for p in passes)}"
-    model = assemble_model(loaded, exported.graph, provenance)
-    ensure_domain_imports(model)
-    return _Fused(model, fusions, near_misses)
+    return graph, fusions, near_misses
 
 
-def _verify_and_roll_back(source: Path, passes: list[Pass], fused: _Fused, fuse, config: FuseConfig):
+class _Writer:
+    """Writes candidates for verification when they cannot go to onnxruntime from memory (weights
+    still in the input's external data, or over protobuf's 2 GB): to the output path itself, so
+    the final save of a verified model is not done twice and no third copy takes disk space; in a
+    dry run or when writing over the input (which verification reads), to a temporary folder."""
+
+    def __init__(self, loaded: LoadedModel, target: Path | None, external_data: bool | None):
+        self.loaded, self.target, self.external_data = loaded, target, external_data
+        self._to_target = target is not None and not _same_file(loaded.path, target)
+        self._scratch: Path | None = None
+        self._at_target: tuple[onnx.ModelProto, list[Path]] | None = None
+
+    def for_verification(self, model: onnx.ModelProto) -> Path:
+        if self._to_target:
+            return self.final(model)[0]
+        self._scratch = self._scratch or Path(tempfile.mkdtemp(prefix="fuse-verify-"))
+        return save_model(model, self._scratch / "candidate.onnx", source_dir=self.loaded.path.parent)[0]
+
+    def final(self, model: onnx.ModelProto) -> list[Path]:
+        assert self.target is not None
+        if self._at_target is None or self._at_target[0] is not model:
+            self._at_target = (model, save_model(model, self.target, external_data=self.external_data,
+                                                 source_dir=self.loaded.path.parent))
+        return self._at_target[1]
+
+    def clean_up(self) -> None:
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+
+
+def _verify_and_roll_back(source: Path, passes: list[Pass], fused: _Fused, fuse, config: FuseConfig, writer: _Writer):
     """Compare with the original in onnxruntime. On a mismatch, bisect the pipeline for the first
     pass whose rewrites break the outputs, drop it, and try again until the outputs match."""
 
     def check(candidate: _Fused) -> VerifyResult:
+        if has_unread_weights(candidate.model) or candidate.model.ByteSize() > INLINE_SAVE_LIMIT_BYTES:
+            return _verify_file(source, writer.for_verification(candidate.model), config)
         return verify_models(str(source), candidate.model, dims=config.dims, rtol=config.rtol, atol=config.atol)
 
     try:
@@ -169,18 +212,39 @@ def _verify_and_roll_back(source: Path, passes: list[Pass], fused: _Fused, fuse,
     return fused, result, tuple(rolled_back), ()
 
 
+def _verify_file(source: Path, written: Path, config: FuseConfig) -> VerifyResult:
+    """verify_models on two files, one session at a time: on a model of several GB, two sessions
+    at once would hold the weights twice."""
+    from fuse_cli.verify import compare_outputs, make_session, random_inputs, run
+
+    before = make_session(str(source))
+    feeds = random_inputs(before, dims=config.dims, seed=0)
+    expected = run(before, feeds)
+    del before
+    after = make_session(str(written))
+    after_inputs = {i.name for i in after.get_inputs()}
+    actual = run(after, {k: v for k, v in feeds.items() if k in after_inputs})
+    del after
+    return compare_outputs(expected, actual, config.rtol, config.atol)
+
+
 RUNTIME_TARGET = "ort"
 
 
-def _what_runtime_target_adds(config: FuseConfig, fuse) -> tuple[tuple[str, int], ...]:
-    """The cost of portability: fusions only an onnxruntime target would make, by pattern."""
+def _what_runtime_target_adds(loaded: LoadedModel, symbolic: ShapeTable, bound: ShapeTable,
+                              config: FuseConfig) -> tuple[tuple[str, int], ...]:
+    """The cost of portability: fusions only an onnxruntime target would make, by pattern. Only
+    the fusion records are needed, so the graph is never exported."""
     portable = set(resolve("onnx", None, config.disable))
-    extra = [p for p in resolve(RUNTIME_TARGET, None, config.disable) if p not in portable]
+    runtime = resolve(RUNTIME_TARGET, None, config.disable)
+    extra = {p.name for p in runtime if p not in portable}
     if not extra:
         return ()
+    with contextlib.redirect_stdout(sys.stderr):
+        _, fusions, _ = _run_passes(loaded, runtime, symbolic, bound, config)
     counts: dict[str, int] = {}
-    for record in fuse(resolve(RUNTIME_TARGET, None, config.disable)).fusions:
-        if record.pass_name in {p.name for p in extra}:
+    for record in fusions:
+        if record.pass_name in extra:
             counts[record.pattern] = counts.get(record.pattern, 0) + 1
     return tuple(counts.items())
 
@@ -211,13 +275,20 @@ def _same_file(a: Path, b: Path) -> bool:
     return a.resolve() == b.resolve()
 
 
-def _bound_shapes(model: onnx.ModelProto, config: FuseConfig,
-                  assumed: tuple[str, ...] | None = None) -> tuple[ShapeTable, tuple[str, ...]]:
+def _bound_shapes(model: onnx.ModelProto, config: FuseConfig, assumed: tuple[str, ...] | None = None, *,
+                  unbound_table: ShapeTable | None = None) -> tuple[ShapeTable, tuple[str, ...]]:
     """Shapes at the user's bindings. Symbolic dims nobody bound are taken as 1 (and returned, so
     the report says so); binding happens before inference because data propagation through
-    Shape/Reshape arithmetic only yields sizes for values known up front."""
+    Shape/Reshape arithmetic only yields sizes for values known up front.
+
+    unbound_table: the model's inference without bindings, when the caller has it; with no dims
+    and no input shapes given it is the first table, and is not computed again. Each inference
+    of a deep model takes longer than loading it."""
     try:
-        table = infer_shapes(model, config.dims, config.input_shapes)
+        if unbound_table is not None and not config.dims and not config.input_shapes:
+            table = unbound_table
+        else:
+            table = infer_shapes(model, config.dims, config.input_shapes)
         if assumed is None:
             assumed = tuple(sorted({u.symbol for u in table.unknown_dims if u.symbol} - set(table.bound_dims)))
         if assumed:
@@ -228,10 +299,14 @@ def _bound_shapes(model: onnx.ModelProto, config: FuseConfig,
 
 
 def _memory_audit(loaded: LoadedModel, bound: ShapeTable, symbolic: ShapeTable, optimized: onnx.ModelProto,
-                  config: FuseConfig, assumed: tuple[str, ...], fusions: list[FusionRecord]) -> MemoryAudit:
+                  config: FuseConfig, fusions: list[FusionRecord]) -> MemoryAudit:
     defaults = tuple(loaded.input_defaults)
     before = profile_memory(loaded.model, bound, extra_weights=defaults, symbolic_shapes=symbolic)
-    after_bound, _ = _bound_shapes(optimized, config, assumed)
+    # The bindings in effect are known (bound.bound_dims): one inference, not _bound_shapes' two.
+    try:
+        after_bound = infer_shapes(optimized, bound.bound_dims, config.input_shapes)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
     after_symbolic = infer_shapes(optimized)
     # onnx cannot infer contrib operators (FusedConv, ...), but a fused node writes the tensor
     # its pattern's root wrote, under the same name: the original's shapes still hold for it.

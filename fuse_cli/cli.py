@@ -14,6 +14,7 @@ import click
 from rich.console import Console
 
 from fuse_cli import __version__, api
+from fuse_cli.bench import GRAPH_OPTIMIZATION, PROVIDERS
 from fuse_cli.config import load_config, parse_dims, parse_input_shapes, split_names
 from fuse_cli.errors import FuseError, UsageError
 from fuse_cli.graph.io import load_model
@@ -247,6 +248,43 @@ def verify_command(original, optimized, dims, int_ranges, inputs_path, rtol, ato
     elif json_path:
         Path(json_path).write_text(render_verify_json(result), encoding="utf-8")
     sys.exit(0 if result.passed else 1)
+
+
+@cli.command(name="bench")
+@click.argument("model")
+@click.argument("optimized", required=False)
+@click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE",
+              help="Bind a symbolic input dimension (repeatable; unbound ones are 1).")
+@click.option("--provider", "providers", multiple=True, type=click.Choice(tuple(PROVIDERS)),
+              help="Only this provider (repeatable; default: every one a session really gets).")
+@click.option("--graph-opt", "levels", multiple=True, type=click.Choice(tuple(GRAPH_OPTIMIZATION)),
+              help="onnxruntime graph optimization: disabled (the graph as written), all (its default); default both.")
+@click.option("--quick", is_flag=True, help="A few runs only: a smoke test, figures not worth comparing.")
+@click.option("--no-memory", is_flag=True, help="Skip the peak-memory measurement (a child process per model).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
+@click.option("--json", "json_path", default=None, metavar="PATH|-", help="Write the results as JSON.")
+@click.option("--markdown", "markdown_path", default=None, metavar="PATH|-", help="Write the results as Markdown.")
+@click.option("--debug", is_flag=True, help="Show tracebacks.")
+@guarded
+def bench_command(model, optimized, dims, providers, levels, quick, no_memory, seed, json_path, markdown_path):
+    """Latency, session-creation time and peak memory of MODEL against OPTIMIZED (default: what fuse
+    makes of MODEL, in memory) in onnxruntime, side by side with ratios."""
+    from fuse_cli.bench import QUICK, Timing, bench, render_bench_json, render_bench_markdown, render_bench_rich
+
+    config = load_config()
+    bound = {**config.dims, **parse_dims(dims)}
+    result = bench(model, optimized, config=config.with_overrides(dims=bound), dims=bound,
+                   providers=providers or None, levels=levels or tuple(GRAPH_OPTIMIZATION),
+                   timing=QUICK if quick else Timing(), measure_memory=not no_memory, seed=seed)
+    render_bench_rich(result, _console(stderr="-" in (json_path, markdown_path)))
+    for path, text in ((json_path, render_bench_json), (markdown_path, render_bench_markdown)):
+        if path == "-":
+            click.echo(text(result), nl=False)
+        elif path is not None:
+            try:
+                Path(path).write_text(text(result), encoding="utf-8")
+            except OSError as exc:
+                raise FuseError(f"{path}: cannot write ({exc.strerror or exc})") from exc
 
 
 @cli.command(name="passes")

@@ -3,29 +3,42 @@
 What must survive a round trip: graph input/output names, dtypes and shapes, the IR version (onnx
 1.23 helpers stamp IR 14 while onnxruntime 1.31 accepts <= 13), opset imports, metadata, doc
 strings and model-local functions. The approach: passes edit only the graph, and `assemble_model`
-puts the optimized graph back into a copy of the original ModelProto shell.
+puts the original ModelProto's shell around the exported, optimized graph.
+
+Big weights in external data (LAZY_WEIGHT_BYTES and up, initializers of the main graph) are not
+read at load: their extent in the data file is checked, and graphsurgeon loads one only when a
+pass reads its values. The rest stay references to the input's data file, in the optimized model
+too, and `save_model` copies their bytes from file to file (`source_dir`): a weight no pass
+touches is never held in memory, so a model over 2 GB optimizes in a fraction of its size.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import onnx
+import onnx_graphsurgeon as gs
 from google.protobuf.message import DecodeError
-from onnx.external_data_helper import set_external_data
+from onnx.external_data_helper import ExternalDataInfo, load_external_data_for_tensor, set_external_data
 
 from fuse_cli import __version__
 from fuse_cli.analysis.order import execution_order
+from fuse_cli.analysis.shapes import element_size_bits
 from fuse_cli.errors import FuseError, ModelLoadError
 
 # protobuf refuses to serialize a message of 2 GiB or more; leave headroom for the graph itself.
 INLINE_SAVE_LIMIT_BYTES = 1_800_000_000
 # Smaller initializers stay inline in the .onnx file, as onnx.save does by default.
 EXTERNAL_DATA_MIN_BYTES = 1024
+# Initializers in external data from this size on are read only if a pass needs their values.
+LAZY_WEIGHT_BYTES = 16 * 2**20
+_COPY_CHUNK_BYTES = 64 * 2**20
 
 
 @dataclass
@@ -64,7 +77,7 @@ def load_model(path: str | os.PathLike, *, freeze_inputs: bool = False) -> Loade
     _check_opsets(model, path)
     external_files = _check_external_data_locations(model, path)
     try:
-        onnx.load_external_data_for_model(model, str(path.parent))
+        _load_external_data(model, path.parent)
     except (OSError, ValueError, onnx.checker.ValidationError) as exc:
         raise ModelLoadError(f"{path}: cannot read external data ({_first_line(exc)})") from exc
     _check_graph_wiring(model.graph, path)
@@ -77,6 +90,94 @@ def load_model(path: str | os.PathLike, *, freeze_inputs: bool = False) -> Loade
     loaded = LoadedModel(path=path, model=model, file_bytes=size, external_files=external_files)
     _separate_initializer_inputs(loaded, freeze_inputs)
     return loaded
+
+
+def load_graph(loaded: LoadedModel) -> gs.Graph:
+    """The model's graph in graphsurgeon; weights left in external data load on first use."""
+    graph = gs.import_onnx(loaded.model)
+    if has_unread_weights(loaded.model):
+        folder = loaded.path.parent
+        for tensor in graph.tensors().values():
+            if isinstance(tensor, gs.Constant) and isinstance(tensor._values, gs.ir.tensor.LazyValues) \
+                    and _is_external(tensor._values.tensor):
+                tensor._values = _ExternalValues(tensor._values.tensor, folder)
+                # graphsurgeon would stamp EXTERNAL on the inline tensor it exports for loaded values
+                tensor.data_location = None
+    return graph
+
+
+def unload_unchanged_weights(graph: gs.Graph) -> None:
+    """Before export: a weight whose values a pass only looked at (still the file mapping) goes
+    back to its external-data reference, so the export does not copy it into memory."""
+    for tensor in graph.tensors().values():
+        if isinstance(tensor, gs.Constant):
+            source = getattr(tensor._values, "fuse_lazy_source", None)
+            if source is not None:
+                tensor._values = source
+
+
+# Types whose external bytes are the little-endian numpy array itself (onnx's external data format).
+_MAPPABLE_TYPES = frozenset({
+    onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BOOL,
+    onnx.TensorProto.INT8, onnx.TensorProto.INT16, onnx.TensorProto.INT32, onnx.TensorProto.INT64,
+    onnx.TensorProto.UINT8, onnx.TensorProto.UINT16, onnx.TensorProto.UINT32, onnx.TensorProto.UINT64,
+})
+
+
+class _ExternalValues(gs.ir.tensor.LazyValues):
+    """graphsurgeon's lazy values for a tensor still in the input's external data file. Reading
+    them needs the model's folder, which graphsurgeon's own LazyValues does not know. The values
+    are a read-only mapping of the file: a check that reads a weight's shape or dtype costs no
+    memory, and `unload_unchanged_weights` can hand the unread reference back for export."""
+
+    def __init__(self, tensor: onnx.TensorProto, folder: Path):
+        super().__init__(tensor)
+        self.folder = folder
+
+    def load(self) -> np.ndarray:
+        if self.tensor.data_type not in _MAPPABLE_TYPES:
+            return np.array(onnx.numpy_helper.to_array(self.tensor, str(self.folder)))
+        info = ExternalDataInfo(self.tensor)
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(self.tensor.data_type)).newbyteorder("<")
+        values = np.memmap(self.folder / info.location, dtype=dtype, mode="r", offset=info.offset or 0,
+                           shape=tuple(self.tensor.dims))
+        values.fuse_lazy_source = self
+        return values
+
+
+def _is_external(tensor: onnx.TensorProto) -> bool:
+    return tensor.data_location == onnx.TensorProto.EXTERNAL
+
+
+def _load_external_data(model: onnx.ModelProto, folder: Path) -> None:
+    """Read external data into the model, except big weights of the main graph, whose extent in
+    their file is checked instead (they load lazily, see `load_graph`)."""
+    for tensor in model.graph.initializer:
+        if _is_external(tensor):
+            if _payload_bytes(tensor) >= LAZY_WEIGHT_BYTES:
+                _check_external_extent(tensor, folder)
+            else:
+                load_external_data_for_tensor(tensor, str(folder))
+    for tensor in _all_tensors(model, main_initializers=False):
+        if _is_external(tensor):
+            load_external_data_for_tensor(tensor, str(folder))
+
+
+def _check_external_extent(tensor: onnx.TensorProto, folder: Path) -> None:
+    """What reading the tensor would check, without reading it: the file holds its bytes."""
+    info = ExternalDataInfo(tensor)
+    needed = _payload_bytes(tensor)
+    if info.length is not None and info.length != needed:
+        raise ValueError(f"tensor {tensor.name!r} has {info.length} bytes of external data, its shape "
+                         f"{list(tensor.dims)} needs {needed}")
+    size = (folder / info.location).stat().st_size
+    if (info.offset or 0) + needed > size:
+        raise ValueError(f"external data of {tensor.name!r} runs past the end of {info.location}")
+
+
+def _payload_bytes(tensor: onnx.TensorProto) -> int:
+    bits = element_size_bits(tensor.data_type) or 8
+    return (math.prod(tensor.dims) * bits + 7) // 8
 
 
 def _check_text_fields(model: onnx.ModelProto, path: Path) -> None:
@@ -193,10 +294,15 @@ def _all_initializers(model: onnx.ModelProto):
     return (t for graph in _all_graphs(model.graph) for t in graph.initializer)
 
 
-def _all_tensors(model: onnx.ModelProto):
+def _all_tensors(model: onnx.ModelProto, *, main_initializers: bool = True):
     """Every tensor that may hold external data: initializers and node attribute tensors, in all
     graphs and model-local functions (a superset of what onnx.load_external_data_for_model reads)."""
-    yield from _all_initializers(model)
+    graphs = _all_graphs(model.graph)
+    main = next(graphs)
+    if main_initializers:
+        yield from main.initializer
+    for graph in graphs:
+        yield from graph.initializer
     for body in _all_graphs(model.graph, *model.functions):
         for node in body.node:
             for attr in node.attribute:
@@ -276,10 +382,15 @@ def _separate_initializer_inputs(loaded: LoadedModel, freeze_inputs: bool) -> No
     graph.input.extend(inputs)
 
 
-def assemble_model(original: LoadedModel, optimized_graph: onnx.GraphProto, provenance: str) -> onnx.ModelProto:
-    """The original model's shell (IR version, opsets, metadata, functions) around the new graph."""
-    model = _shell_of(original.model)
-    model.graph.CopyFrom(optimized_graph)
+def assemble_model(original: LoadedModel, exported: onnx.ModelProto, provenance: str) -> onnx.ModelProto:
+    """The original model's shell (IR version, opsets, metadata, functions) around the exported
+    graph. `exported` (graphsurgeon's ModelProto) becomes the result: its graph is not copied,
+    which would copy every weight."""
+    model = exported
+    for descriptor, _ in model.ListFields():
+        if descriptor.name != "graph":
+            model.ClearField(descriptor.name)
+    _copy_shell(original.model, model)
     graph = model.graph
     _restore_subgraphs(graph, original.model.graph)
     used = _tensor_names_read(graph)
@@ -313,19 +424,17 @@ def _has_subgraph(node: onnx.NodeProto) -> bool:
     return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
 
 
-def _shell_of(model: onnx.ModelProto) -> onnx.ModelProto:
+def _copy_shell(model: onnx.ModelProto, into: onnx.ModelProto) -> None:
     """Every field of the model but its graph (copying the graph would copy every weight)."""
-    shell = onnx.ModelProto()
     for descriptor, value in model.ListFields():
         if descriptor.name == "graph":
             continue
         if descriptor.is_repeated:
-            getattr(shell, descriptor.name).extend(value)
+            getattr(into, descriptor.name).extend(value)
         elif descriptor.type == descriptor.TYPE_MESSAGE:
-            getattr(shell, descriptor.name).CopyFrom(value)
+            getattr(into, descriptor.name).CopyFrom(value)
         else:
-            setattr(shell, descriptor.name, value)
-    return shell
+            setattr(into, descriptor.name, value)
 
 
 def _tensor_names_read(graph: onnx.GraphProto) -> set[str]:
@@ -357,11 +466,13 @@ def _record_provenance(model: onnx.ModelProto, original: onnx.ModelProto, proven
     model.producer_version = __version__
 
 
-def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, external_data: bool | None = None) -> list[Path]:
+def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, external_data: bool | None = None,
+               source_dir: str | os.PathLike | None = None) -> list[Path]:
     """Write atomically (temp files + rename) and return the paths written. `model` is left as it was.
 
     external_data: True forces a side `<name>.data` file, None picks it when the model would not fit
-    protobuf's 2 GB limit inline.
+    protobuf's 2 GB limit inline. source_dir: the folder that the external data still referenced
+    by `model` (weights loaded lazily, never read) is relative to.
     """
     path = Path(path)
     folder = path.parent
@@ -369,17 +480,18 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, external_data
         raise FuseError(f"{path}: output folder {folder} does not exist")
     if external_data is None:
         external_data = _tensor_bytes(model) > INLINE_SAVE_LIMIT_BYTES
+    source = Path(source_dir) if source_dir is not None else None
     written: list[Path] = []
     tmp_dir = _make_temp_dir(folder, path)
     try:
         tmp_model = Path(tmp_dir) / path.name
         if external_data:
             data_name = path.name + ".data"
-            _save_with_external_data(model, tmp_model, data_name)
+            _save_with_external_data(model, tmp_model, data_name, source)
             os.replace(Path(tmp_dir) / data_name, folder / data_name)
             written.append(folder / data_name)
         else:
-            onnx.save_model(model, str(tmp_model))
+            _save_inline(model, tmp_model, source)
         os.replace(tmp_model, path)
         written.insert(0, path)
     except OSError as exc:
@@ -391,18 +503,46 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, external_data
     return written
 
 
-def _save_with_external_data(model: onnx.ModelProto, model_file: Path, data_name: str) -> None:
+def has_unread_weights(model: onnx.ModelProto) -> bool:
+    """Does `model` still reference the input's external data (weights loaded lazily)? Such a
+    model is complete only on disk: onnxruntime needs it written out (`save_model`)."""
+    return any(_is_external(t) for t in model.graph.initializer)
+
+
+def _save_inline(model: onnx.ModelProto, model_file: Path, source: Path | None) -> None:
+    """Weights still in the input's external data are read in for the write, then let go."""
+    referenced = [(t, [(e.key, e.value) for e in t.external_data]) for t in _all_initializers(model) if _is_external(t)]
+    try:
+        for tensor, _ in referenced:
+            load_external_data_for_tensor(tensor, str(_source_folder(source, tensor)))
+        onnx.save_model(model, str(model_file))
+    finally:
+        for tensor, entries in referenced:
+            tensor.ClearField("raw_data")
+            _relink(tensor, entries)
+
+
+def _save_with_external_data(model: onnx.ModelProto, model_file: Path, data_name: str, source: Path | None) -> None:
     """Initializers of 1 KiB or more go to `data_name` beside `model_file`, then are put back.
+    Weights still in the input's external data are copied from file to file, never loaded.
 
     Not onnx.save_model(save_as_external_data=True): it strips the weights out of the caller's
     model for good, and refuses a location that exists relative to the *working directory*, so a
     second `--external-data` run from the output's folder failed.
     """
     moved: list[tuple[onnx.TensorProto, bytes]] = []
+    relinked: list[tuple[onnx.TensorProto, list[tuple[str, str]]]] = []
     try:
         with open(model_file.parent / data_name, "wb") as data:
             for tensor in _all_initializers(model):
-                raw, offset = tensor.raw_data, data.tell()
+                offset = data.tell()
+                if _is_external(tensor):
+                    info, length = ExternalDataInfo(tensor), _payload_bytes(tensor)
+                    _copy_bytes(_source_folder(source, tensor) / info.location, info.offset or 0, length, data)
+                    relinked.append((tensor, [(e.key, e.value) for e in tensor.external_data]))
+                    _relink(tensor, [("location", data_name), ("offset", str(offset)), ("length", str(length))])
+                    continue
+                raw = tensor.raw_data
                 if len(raw) < EXTERNAL_DATA_MIN_BYTES:
                     continue
                 data.write(raw)
@@ -415,6 +555,32 @@ def _save_with_external_data(model: onnx.ModelProto, model_file: Path, data_name
             tensor.ClearField("external_data")
             tensor.ClearField("data_location")
             tensor.raw_data = raw
+        for tensor, entries in relinked:
+            _relink(tensor, entries)
+
+
+def _source_folder(source: Path | None, tensor: onnx.TensorProto) -> Path:
+    if source is None:
+        raise ValueError(f"weight {tensor.name!r} is still in the input's external data, and no source folder was given")
+    return source
+
+
+def _relink(tensor: onnx.TensorProto, entries: list[tuple[str, str]]) -> None:
+    del tensor.external_data[:]
+    for key, value in entries:
+        tensor.external_data.add(key=key, value=value)
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+
+
+def _copy_bytes(source: Path, offset: int, length: int, into) -> None:
+    with open(source, "rb") as f:
+        f.seek(offset)
+        while length > 0:
+            chunk = f.read(min(length, _COPY_CHUNK_BYTES))
+            if not chunk:
+                raise OSError(f"{source} ends before the weights it should hold")
+            into.write(chunk)
+            length -= len(chunk)
 
 
 def _make_temp_dir(folder: Path, path: Path) -> str:
@@ -425,4 +591,5 @@ def _make_temp_dir(folder: Path, path: Path) -> str:
 
 
 def _tensor_bytes(model: onnx.ModelProto) -> int:
-    return sum(t.ByteSize() for t in _all_tensors(model))  # ByteSize: no copy of the weights
+    # ByteSize: no copy of the weights; a weight still in external data by its shape
+    return sum(_payload_bytes(t) if _is_external(t) else t.ByteSize() for t in _all_tensors(model))

@@ -16,20 +16,31 @@ SizeOf = Callable[[str], "int | None"]
 
 def run_pipeline(g: GraphEditor, passes: Sequence[Pass], size_of: SizeOf) -> tuple[list[FusionRecord], list[NearMiss]]:
     """Repeat the pipeline until a round changes nothing. The near-misses reported are those of
-    that last, quiet round: they describe the final graph, not states that later rounds fixed."""
+    that last, quiet round: they describe the final graph, not states that later rounds fixed.
+
+    A pass is not run again on a graph nothing has changed since it last ran without a fusion:
+    it would find exactly what it found then (its near-misses included), so that earlier run
+    stands in for it. On a deep model this halves the sweeps of the confirming round."""
     fusions: list[FusionRecord] = []
-    near_misses: list[NearMiss] = []
+    misses: list[list[NearMiss]] = [[] for _ in passes]
+    version = 0  # bumped by every pass that changes the graph
+    quiet_at: list[int | None] = [None] * len(passes)  # the version a pass last ran on and changed nothing
     for _ in range(MAX_ROUNDS):
-        near_misses = []
         changed = False
-        for p in passes:
-            made, missed = _run_pass(p, g, size_of)
+        for i, p in enumerate(passes):
+            if quiet_at[i] == version:
+                continue
+            made, misses[i] = _run_pass(p, g, size_of)
             fusions += made
-            near_misses += missed
-            changed |= bool(made)
+            if made:
+                version += 1
+                changed = True
+                quiet_at[i] = None  # its own rewrites may open new matches for it
+            else:
+                quiet_at[i] = version
         if not changed:
             break
-    return fusions, near_misses
+    return fusions, [miss for pass_misses in misses for miss in pass_misses]
 
 
 def _run_pass(p: Pass, g: GraphEditor, size_of: SizeOf) -> tuple[list[FusionRecord], list[NearMiss]]:

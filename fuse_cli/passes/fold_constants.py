@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import onnx_graphsurgeon as gs
 
 from fuse_cli.errors import FuseError
@@ -24,8 +27,17 @@ class FoldConstants(GraphPass):
     or shape arithmetic become initializers, which the fusions after this pass need.
 
     Tensors larger than the fold limit (--fold-limit, default 64 MB) stay computed at run time,
-    so a ConstantOfShape with a huge shape cannot blow up the file or our memory. Random
+    so a ConstantOfShape with a huge shape cannot blow up the file or our memory; nor is a node
+    that reads a constant over the limit folded (onnxruntime would be handed a copy of the whole
+    weight, e.g. a 1 GB Transpose, only for the result to be discarded as too big). Random
     operators are never folded. Subgraphs of If/Loop/Scan are left untouched.
+
+    graphsurgeon's folder copies the whole graph before it looks for anything to fold (seconds
+    on a 10k-node graph), so a scan for what it could fold comes first: Constant nodes (lowered),
+    Shape nodes (folded from static shapes), Casts (its shape-tensor cast elision), If nodes
+    (flattened on a constant condition), model-local functions (folded inside), and nodes whose
+    inputs are all constants. With none of these the folder would change nothing: only the
+    dead-node removal runs.
     """
 
     name = "fold-constants"
@@ -35,13 +47,20 @@ class FoldConstants(GraphPass):
     def run(self, g: GraphEditor) -> list[tuple[list[str], list[str], list[str]]]:
         graph = g.graph
         outputs_before = {id(n): (n.name or n.op, n.op, [t.name for t in n.outputs]) for n in graph.nodes}
+
+        def excluded(node: gs.Node) -> bool:
+            return _is_random(node) or _reads_constant_over(node, g.fold_limit_bytes)
+
         try:
-            graph.fold_constants(size_threshold=g.fold_limit_bytes, recurse_subgraphs=False, error_ok=True,
-                                 should_exclude_node=_is_random)
+            if _may_fold(graph, excluded):
+                graph.fold_constants(size_threshold=g.fold_limit_bytes, recurse_subgraphs=False, error_ok=True,
+                                     should_exclude_node=excluded)
             graph.cleanup(remove_unused_graph_inputs=False, recurse_subgraphs=False)
         except RecursionError as exc:
             raise FuseError("constant folding: graph too deep for onnx-graphsurgeon's recursive folder") from exc
         remaining = {id(n) for n in graph.nodes}
+        if all(node_id in remaining for node_id in outputs_before):
+            return []  # the scan of every tensor below is for removed nodes only
         now_weights = {name for name, t in graph.tensors().items() if isinstance(t, gs.Constant)}
         changes = []
         for node_id, (name, op, outputs) in outputs_before.items():
@@ -52,6 +71,31 @@ class FoldConstants(GraphPass):
             removed = [t for t in outputs if t and t not in now_weights]
             changes.append(([name], [], removed))
         return changes
+
+
+# What graphsurgeon's folder acts on besides nodes with all-constant inputs (see the class doc).
+_FOLDER_OPS = frozenset({"Constant", "Shape", "Cast", "If"})
+
+
+def _may_fold(graph: gs.Graph, excluded) -> bool:
+    if graph.functions:
+        return True
+    for node in graph.nodes:
+        if node.op in _FOLDER_OPS:
+            return True
+        if all(isinstance(t, gs.Constant) for t in node.inputs if not t.is_empty()) and not excluded(node):
+            return True
+    return False
+
+
+def _reads_constant_over(node: gs.Node, limit: int) -> bool:
+    """Sized from shape and dtype, never by loading the values."""
+    for tensor in node.inputs:
+        if isinstance(tensor, gs.Constant):
+            itemsize = np.dtype(tensor.dtype).itemsize if not isinstance(tensor.dtype, int) else 1
+            if math.prod(tensor.shape) * itemsize > limit:
+                return True
+    return False
 
 
 def _is_random(node: gs.Node) -> bool:

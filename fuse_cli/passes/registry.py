@@ -26,6 +26,7 @@ PORTABLE_PIPELINE: tuple[str, ...] = (
     # 2. layout and type plumbing that exporters leave behind
     "fuse-transposes",
     "fuse-reshapes",
+    "static-reshape-shape",
     "fuse-squeeze-unsqueeze",
     "fuse-casts",
     "eliminate-flatten",

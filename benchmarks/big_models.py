@@ -1,0 +1,360 @@
+"""fuse on big models: a deep graph (time) and a model over 2 GB (memory).
+
+    make bench                                   # runs this after benchmarks/run.py
+    .venv/bin/python benchmarks/big_models.py [--blocks 245] [--weights 3] [--dim 14336]
+                                              [--profile 15] [--skip-deep] [--skip-big] [--keep DIR]
+
+Deep: a stack of `--blocks` transformer encoder blocks in the decomposed form an exporter writes
+(opset 17: LayerNorm as ReduceMean/Sub/Pow/..., GELU as Erf, attention through Reshape/
+Transpose/Softmax), 49 nodes a block, at hidden size 32 so the weights stay small: 245 blocks are
+~12k nodes. The figure is `fuse optimize` time over `onnx.load` + `onnx.save` time of the same
+file, measured in one run: with and without --no-verify (verification runs both models in
+onnxruntime). Each `fuse optimize` runs in a child process, its imports excluded from the time
+(`fuse` as a command adds interpreter start-up and imports, about a second, also reported).
+With --profile N, the N functions with the most cumulative time in a cProfile'd run are printed.
+
+Big: `--weights` MatMul weights of [dim, dim] float32 (14336: 822 MB each, 2.5 GB in all) behind
+a chain of small ops (a decomposed LayerNorm between MatMuls, a bias Add), written straight to an
+external data file one row block at a time, so neither this script nor the model ever holds two
+copies. `fuse optimize` runs in a child process (verification on); its peak RSS (os.wait4's
+ru_maxrss) is compared with the model's total size on disk, and the output must be written with
+external data and load. Disk use: the model and its output, about twice the weights; both are
+deleted at the end unless --keep is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+REPO = Path(__file__).resolve().parents[1]
+IR_VERSION = 8  # onnxruntime 1.31 rejects the IR 14 that onnx 1.23 writes by default
+OPSET = 17  # LayerNormalization fuses; ReduceMean still takes axes as an attribute
+
+HIDDEN = 32
+HEADS = 4
+FFN = 64
+NODES_PER_BLOCK = 49
+
+TIME_TARGET = 10.0  # fuse optimize / (onnx.load + onnx.save)
+RSS_TARGET = 2.0  # peak RSS / model size on disk
+
+
+# --- the deep stack ------------------------------------------------------------------------------
+
+
+class _Stack:
+    def __init__(self, rng: np.random.Generator):
+        self.rng = rng
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = []
+
+    def const(self, name: str, value, dtype=np.float32) -> str:
+        self.initializers.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), name))
+        return name
+
+    def weight(self, name: str, *shape: int) -> str:
+        std = shape[0] ** -0.5 if len(shape) == 2 else 0.02
+        return self.const(name, self.rng.normal(0.0, std, size=shape))
+
+    def op(self, op_type: str, inputs: list[str], name: str, **attrs) -> str:
+        self.nodes.append(helper.make_node(op_type, inputs, [f"{name}_out"], name=name, **attrs))
+        return f"{name}_out"
+
+    def linear(self, x: str, name: str, n_in: int, n_out: int) -> str:
+        x = self.op("MatMul", [x, self.weight(f"{name}.weight", n_in, n_out)], f"{name}_matmul")
+        return self.op("Add", [self.weight(f"{name}.bias", n_out), x], f"{name}_add")
+
+    def layer_norm(self, x: str, name: str) -> str:
+        mean = self.op("ReduceMean", [x], f"{name}_mean", axes=[-1], keepdims=1)
+        centered = self.op("Sub", [x, mean], f"{name}_sub")
+        squared = self.op("Pow", [centered, "two"], f"{name}_pow")
+        variance = self.op("ReduceMean", [squared], f"{name}_var", axes=[-1], keepdims=1)
+        x = self.op("Sqrt", [self.op("Add", [variance, "epsilon"], f"{name}_add_eps")], f"{name}_sqrt")
+        x = self.op("Div", [centered, x], f"{name}_div")
+        gamma = self.const(f"{name}.weight", self.rng.uniform(0.5, 1.5, HIDDEN))
+        x = self.op("Mul", [x, gamma], f"{name}_mul_gamma")
+        return self.op("Add", [x, self.weight(f"{name}.bias", HIDDEN)], f"{name}_add_beta")
+
+    def heads(self, x: str, name: str, perm: list[int]) -> str:
+        return self.op("Transpose", [self.op("Reshape", [x, "split_heads"], f"{name}_reshape")], f"{name}_transpose",
+                       perm=perm)
+
+    def block(self, x: str, i: int) -> str:
+        p = f"l{i}"
+        q = self.heads(self.linear(x, f"{p}_query", HIDDEN, HIDDEN), f"{p}_query", [0, 2, 1, 3])
+        k = self.heads(self.linear(x, f"{p}_key", HIDDEN, HIDDEN), f"{p}_key", [0, 2, 3, 1])
+        v = self.heads(self.linear(x, f"{p}_value", HIDDEN, HIDDEN), f"{p}_value", [0, 2, 1, 3])
+        scores = self.op("Div", [self.op("MatMul", [q, k], f"{p}_qk"), "attn_scale"], f"{p}_scale")
+        context = self.op("MatMul", [self.op("Softmax", [scores], f"{p}_softmax", axis=-1), v], f"{p}_context")
+        context = self.op("Transpose", [context], f"{p}_merge_transpose", perm=[0, 2, 1, 3])
+        context = self.op("Reshape", [context, "merge_heads"], f"{p}_merge_reshape")
+        attn = self.layer_norm(self.op("Add", [self.linear(context, f"{p}_attn_out", HIDDEN, HIDDEN), x],
+                                       f"{p}_attn_residual"), f"{p}_ln1")
+        h = self.linear(attn, f"{p}_ffn_in", HIDDEN, FFN)
+        erf = self.op("Erf", [self.op("Div", [h, "sqrt2"], f"{p}_gelu_div")], f"{p}_gelu_erf")
+        h = self.op("Mul", [h, self.op("Add", [erf, "one"], f"{p}_gelu_add_one")], f"{p}_gelu_mul")
+        h = self.op("Mul", [h, "half"], f"{p}_gelu_half")
+        h = self.op("Add", [self.linear(h, f"{p}_ffn_out", FFN, HIDDEN), attn], f"{p}_ffn_residual")
+        return self.layer_norm(h, f"{p}_ln2")
+
+
+def build_deep_stack(blocks: int, seed: int = 0) -> onnx.ModelProto:
+    """`blocks` post-LN encoder blocks, decomposed as torch exports them."""
+    s = _Stack(np.random.default_rng(seed))
+    for name, value in (("two", 2.0), ("epsilon", 1e-5), ("sqrt2", 1.4142135), ("one", 1.0), ("half", 0.5),
+                        ("attn_scale", float(np.sqrt(HIDDEN // HEADS)))):
+        s.const(name, value)
+    s.const("split_heads", [0, -1, HEADS, HIDDEN // HEADS], np.int64)
+    s.const("merge_heads", [0, 0, HIDDEN], np.int64)
+    x = "hidden"
+    for i in range(blocks):
+        x = s.block(x, i)
+    s.nodes[-1].output[0] = "output"
+    graph = helper.make_graph(
+        s.nodes, "deep_stack", [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, ["batch", "sequence", HIDDEN])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", "sequence", HIDDEN])], s.initializers)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION,
+                             producer_name="fuse-benchmark")
+
+
+# --- the model over 2 GB -----------------------------------------------------------------------
+
+
+def write_big_model(path: Path, weights: int, dim: int, seed: int = 0) -> int:
+    """`weights` [dim, dim] float32 MatMul weights in `path`.data, written a row block at a time
+    (never a whole weight in memory); returns the total bytes on disk (model file + data).
+
+        x ─ MatMul(W0) ─ Add(b) ─ LayerNorm (decomposed) ─ MatMul(W1) ─ ... ─ y
+    """
+    rng = np.random.default_rng(seed)
+    data_name = path.name + ".data"
+    nodes, initializers = [], []
+    rows_per_block = max(1, (64 * 2**20) // (dim * 4))
+    with open(path.parent / data_name, "wb") as data:
+        for i in range(weights):
+            offset = data.tell()
+            for start in range(0, dim, rows_per_block):
+                rows = min(rows_per_block, dim - start)
+                block = rng.standard_normal((rows, dim), dtype=np.float32)
+                block *= dim ** -0.5
+                data.write(block.tobytes())
+            tensor = TensorProto(name=f"w{i}", data_type=TensorProto.FLOAT, dims=[dim, dim])
+            tensor.data_location = TensorProto.EXTERNAL
+            for key, value in (("location", data_name), ("offset", str(offset)), ("length", str(dim * dim * 4))):
+                tensor.external_data.add(key=key, value=value)
+            initializers.append(tensor)
+    initializers += [numpy_helper.from_array(np.full(dim, 0.01, np.float32), "bias"),
+                     numpy_helper.from_array(np.ones(dim, np.float32), "gamma"),
+                     numpy_helper.from_array(np.zeros(dim, np.float32), "beta"),
+                     numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+                     numpy_helper.from_array(np.array(1e-5, np.float32), "epsilon")]
+    x = "x"
+    for i in range(weights):
+        p = f"s{i}"
+        nodes.append(helper.make_node("MatMul", [x, f"w{i}"], [f"{p}_mm"], name=f"{p}_matmul"))
+        nodes.append(helper.make_node("Add", [f"{p}_mm", "bias"], [f"{p}_biased"], name=f"{p}_bias"))
+        x = f"{p}_biased"
+        if i < weights - 1:
+            ln = [("ReduceMean", [x], "mean", {"axes": [-1]}), ("Sub", [x, "{p}_mean"], "sub", {}),
+                  ("Pow", ["{p}_sub", "two"], "pow", {}), ("ReduceMean", ["{p}_pow"], "var", {"axes": [-1]}),
+                  ("Add", ["{p}_var", "epsilon"], "add_eps", {}), ("Sqrt", ["{p}_add_eps"], "sqrt", {}),
+                  ("Div", ["{p}_sub", "{p}_sqrt"], "div", {}), ("Mul", ["{p}_div", "gamma"], "mul", {}),
+                  ("Add", ["{p}_mul", "beta"], "add", {})]
+            for op, inputs, name, attrs in ln:
+                nodes.append(helper.make_node(op, [n.format(p=p) for n in inputs], [f"{p}_{name}"],
+                                              name=f"{p}_{name}_node", **attrs))
+            x = f"{p}_add"
+    nodes[-1].output[0] = "y"
+    graph = helper.make_graph(nodes, "big_weights", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, dim])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, dim])], initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION,
+                              producer_name="fuse-benchmark")
+    onnx.save(model, str(path))
+    return model_size(path)
+
+
+def model_size(path: Path) -> int:
+    """The model file plus the external data files it names."""
+    model = onnx.load(str(path), load_external_data=False)
+    files = {path}
+    for tensor in model.graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                files.add(path.parent / entry.value)
+    return sum(f.stat().st_size for f in files)
+
+
+def uses_external_data(path: Path) -> bool:
+    model = onnx.load(str(path), load_external_data=False)
+    return any(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer)
+
+
+# --- measuring -----------------------------------------------------------------------------------
+
+
+def load_save_seconds(path: Path, scratch: Path, repeats: int = 3) -> float:
+    """The best of `repeats` onnx.load + onnx.save of `path` (the unit the time target counts in)."""
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        onnx.save(onnx.load(str(path)), str(scratch / "load_save.onnx"))
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+# The child: imports first (not timed), then one `fuse optimize` through the CLI's own entry point.
+_CHILD = textwrap.dedent("""
+    import contextlib, cProfile, io, json, os, pstats, sys, time
+    from fuse_cli.cli import cli
+    args, profile_top = json.loads(sys.argv[1]), int(sys.argv[2])
+    profiler = cProfile.Profile() if profile_top else None
+    start = time.perf_counter()
+    with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
+        if profiler:
+            profiler.enable()
+        try:
+            cli.main(args, prog_name="fuse", standalone_mode=False)
+            code = 0
+        except SystemExit as exc:
+            code = exc.code
+        if profiler:
+            profiler.disable()
+    seconds = time.perf_counter() - start
+    top = ""
+    if profiler:
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(profile_top)
+        top = text.getvalue()
+    print(json.dumps({"seconds": seconds, "exit": code, "profile": top}))
+""")
+
+
+def run_fuse(args: list[str], *, profile_top: int = 0) -> dict:
+    """`fuse optimize ARGS` in a child process: its time (imports excluded), exit code, peak RSS."""
+    started = time.perf_counter()
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, json.dumps(["optimize", *args]), str(profile_top)],
+                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = child.communicate()
+    wall = time.perf_counter() - started
+    if child.returncode != 0 or not out.strip():
+        raise RuntimeError(f"fuse optimize {' '.join(args)} failed ({child.returncode}):\n{err[-3000:]}")
+    result = json.loads(out.strip().splitlines()[-1])
+    result["wall_seconds"] = wall
+    return result
+
+
+def peak_rss_of(args: list[str]) -> tuple[int, float, str]:
+    """Peak resident memory (bytes) and wall time of `fuse ARGS` run as a command; stderr tail."""
+    start = time.perf_counter()
+    child = subprocess.Popen([sys.executable, "-m", "fuse_cli", *args], cwd=REPO, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE)
+    # stderr is small (the report); reading it before wait4 keeps the pipe from filling
+    err = child.stderr.read().decode(errors="replace")
+    _, status, usage = os.wait4(child.pid, 0)
+    child.returncode = os.waitstatus_to_exitcode(status)
+    if child.returncode != 0:
+        raise RuntimeError(f"fuse {' '.join(args)} failed ({child.returncode}):\n{err[-3000:]}")
+    return usage.ru_maxrss * 1024, time.perf_counter() - start, err[-2000:]
+
+
+def bench_deep(blocks: int, work: Path, profile_top: int) -> dict:
+    model = build_deep_stack(blocks)
+    path = work / "deep_stack.onnx"
+    onnx.save(model, str(path))
+    nodes = len(model.graph.node)
+    del model
+    base = load_save_seconds(path, work)
+    out = str(work / "deep_stack.fused.onnx")
+    verified = run_fuse([str(path), "-o", out])
+    fused = onnx.load(out, load_external_data=False)
+    unverified = run_fuse([str(path), "-o", out, "--no-verify"], profile_top=0)
+    row = {
+        "nodes": nodes, "nodes_after": len(fused.graph.node), "load_save_s": base,
+        "fuse_s": verified["seconds"], "fuse_no_verify_s": unverified["seconds"],
+        "ratio": verified["seconds"] / base, "ratio_no_verify": unverified["seconds"] / base,
+        "command_s": verified["wall_seconds"], "exit": verified["exit"],
+    }
+    if profile_top:
+        row["profile"] = run_fuse([str(path), "-o", out], profile_top=profile_top)["profile"]
+    return row
+
+
+def bench_big(weights: int, dim: int, work: Path) -> dict:
+    path = work / "big_weights.onnx"
+    size = write_big_model(path, weights, dim)
+    out = work / "big_weights.fused.onnx"
+    rss, seconds, log = peak_rss_of(["optimize", str(path), "-o", str(out)])
+    external = uses_external_data(out)
+    onnx.checker.check_model(str(out))  # a path: the checker then reads the external data lazily
+    fused = onnx.load(str(out), load_external_data=False)
+    return {"model_bytes": size, "peak_rss": rss, "ratio": rss / size, "seconds": seconds,
+            "output_external": external, "output_bytes": model_size(out),
+            "nodes": f"{_count_nodes(path)} -> {len(fused.graph.node)}", "log": log}
+
+
+def _count_nodes(path: Path) -> int:
+    return len(onnx.load(str(path), load_external_data=False).graph.node)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--blocks", type=int, default=245, help="encoder blocks in the deep stack (49 nodes each)")
+    parser.add_argument("--weights", type=int, default=3, help="[dim, dim] weights in the big model")
+    parser.add_argument("--dim", type=int, default=14336, help="the big model's weight side (14336: 822 MB each)")
+    parser.add_argument("--profile", type=int, default=0, metavar="N", help="print the top N functions of a profile")
+    parser.add_argument("--skip-deep", action="store_true")
+    parser.add_argument("--skip-big", action="store_true")
+    parser.add_argument("--keep", metavar="DIR", help="build in DIR and keep the files")
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    args = parser.parse_args(argv)
+
+    work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="fuse-big-"))
+    work.mkdir(parents=True, exist_ok=True)
+    results: dict = {}
+    failed = False
+    try:
+        if not args.skip_deep:
+            deep = results["deep"] = bench_deep(args.blocks, work, args.profile)
+            print(f"deep stack: {deep['nodes']} nodes -> {deep['nodes_after']}")
+            print(f"  onnx.load + onnx.save          {deep['load_save_s']:8.3f} s   1.0x")
+            print(f"  fuse optimize                  {deep['fuse_s']:8.3f} s {deep['ratio']:5.1f}x"
+                  f"   (as a command, with start-up: {deep['command_s']:.2f} s)")
+            print(f"  fuse optimize --no-verify      {deep['fuse_no_verify_s']:8.3f} s {deep['ratio_no_verify']:5.1f}x")
+            ok = deep["ratio"] <= TIME_TARGET
+            failed |= not ok
+            print(f"  target <= {TIME_TARGET:.0f}x: {'met' if ok else 'NOT MET'}")
+            if deep.get("profile"):
+                print(deep["profile"])
+        if not args.skip_big:
+            big = results["big"] = bench_big(args.weights, args.dim, work)
+            print(f"big model: {big['model_bytes'] / 1e9:.2f} GB on disk, {big['nodes']} nodes")
+            print(f"  fuse optimize peak RSS         {big['peak_rss'] / 1e9:8.2f} GB {big['ratio']:5.2f}x model size"
+                  f"   ({big['seconds']:.1f} s)")
+            print(f"  output written with external data: {big['output_external']}"
+                  f" ({big['output_bytes'] / 1e9:.2f} GB), passes onnx.checker")
+            ok = big["ratio"] < RSS_TARGET and big["output_external"]
+            failed |= not ok
+            print(f"  target < {RSS_TARGET:.0f}x: {'met' if ok else 'NOT MET'}")
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2), encoding="utf-8")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

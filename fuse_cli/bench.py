@@ -1,0 +1,483 @@
+"""`fuse bench`: a model and its fused form in onnxruntime, side by side: latency, session-creation
+time and measured peak activation memory, per provider and graph-optimization level.
+
+How each figure is taken, and why:
+
+- Sessions get one intra-op and one inter-op thread. The machines this runs on are small and
+  shared; with one thread onnxruntime runs every kernel on the calling thread, so that thread's
+  CPU time (`time.thread_time`) is the work the model did, which other processes' load hardly
+  moves. Wall time (`time.perf_counter`) is reported beside it.
+- Both graph-optimization levels: `disabled` runs the graph as written (what fusing it changed),
+  `all` is onnxruntime's default (ORT_ENABLE_ALL: what a user of onnxruntime gets anyway).
+- Latency: after a warm-up, the sessions compared are timed in alternating rounds (one sample of
+  each per round, the order rotating), so a burst of load hits all of them alike. A sample is
+  `runs_per_sample` back-to-back runs, enough to last `sample_seconds`, so a model that runs in
+  microseconds is not measured as timer and Python overhead. Rounds go on until there are
+  `min_samples` and every session has been timed for `min_seconds`, and stop at `max_samples`.
+  Median and p90 of the per-run times.
+- Session creation: the smallest of `session_repeats` creations from the model file (a fused model
+  made in memory is written to a temporary file first, so both pay for reading a file).
+- Peak activation memory: `fuse_cli.analysis.measure.measure_peak`, in a child process, which
+  measures onnxruntime's CPU provider with graph optimizations disabled; so it fills the CPU /
+  `disabled` rows and the other rows carry none.
+- Providers: CPU always; CUDA only when a session really gets CUDAExecutionProvider.
+  `onnxruntime.get_available_providers()` lists it whenever the package was built with it, even
+  when the CUDA libraries are missing, and asking for it then logs errors and falls back to CPU;
+  so a child process asks once, quietly, and the reason it did not load is reported.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from rich.console import Console
+from rich.table import Table
+
+from fuse_cli import api
+from fuse_cli.analysis.measure import measure_peak
+from fuse_cli.config import FuseConfig
+from fuse_cli.errors import FuseError, ModelLoadError, UsageError
+from fuse_cli.graph.io import save_model
+from fuse_cli.report.render import human_bytes
+
+BENCH_SCHEMA_VERSION = 1
+PROVIDERS = {"CPU": "CPUExecutionProvider", "CUDA": "CUDAExecutionProvider"}
+GRAPH_OPTIMIZATION = {"disabled": "ORT_DISABLE_ALL", "all": "ORT_ENABLE_ALL"}
+_PROBE_TIMEOUT_S = 120
+# measure_peak's figures carry noise of tens of pages (see fuse_cli.analysis.measure): a ratio of
+# two peaks smaller than this says more about the noise than about the models.
+PEAK_RATIO_FLOOR_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How long to time. The defaults give stable medians for models that run in milliseconds;
+    QUICK is for tests and smoke runs (figures from it are not worth comparing)."""
+
+    warmup_runs: int = 3
+    warmup_seconds: float = 0.2
+    min_samples: int = 15
+    max_samples: int = 300
+    min_seconds: float = 1.0
+    sample_seconds: float = 0.002
+    session_repeats: int = 3
+    peak_repeats: int = 3
+
+    def __post_init__(self) -> None:
+        if self.warmup_runs < 1 or self.min_samples < 1 or self.session_repeats < 1 or self.peak_repeats < 1:
+            raise ValueError("warm-up runs, samples and repeats must be at least 1")
+        if self.max_samples < self.min_samples:
+            raise ValueError(f"max_samples ({self.max_samples}) is below min_samples ({self.min_samples})")
+
+
+QUICK = Timing(warmup_runs=1, warmup_seconds=0.0, min_samples=3, max_samples=3, min_seconds=0.0,
+               sample_seconds=0.0, session_repeats=1, peak_repeats=1)
+
+
+@dataclass(frozen=True)
+class Latency:
+    """Per-run times in milliseconds over `samples` samples of `runs_per_sample` runs each."""
+
+    samples: int
+    runs_per_sample: int
+    wall_median_ms: float
+    wall_p90_ms: float
+    cpu_median_ms: float
+    cpu_p90_ms: float
+
+    @property
+    def runs(self) -> int:
+        return self.samples * self.runs_per_sample
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    """One model on one provider at one graph-optimization level. The ratios are this row over
+    the original's row of the same provider and level (below 1: the fused model is better); they
+    are None on the original's rows, and where either side has no figure."""
+
+    model: str               # "original" or "fused"
+    provider: str            # "CPU" or "CUDA"
+    graph_optimization: str  # "disabled" (ORT_DISABLE_ALL) or "all" (ORT_ENABLE_ALL)
+    session_ms: float
+    samples: int
+    runs_per_sample: int
+    wall_median_ms: float
+    wall_p90_ms: float
+    cpu_median_ms: float
+    cpu_p90_ms: float
+    peak_bytes: int | None   # measured on CPU / disabled only
+    wall_ratio: float | None
+    cpu_ratio: float | None
+    peak_ratio: float | None
+    session_ratio: float | None
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    original: str
+    optimized: str | None  # None: fused in memory by fuse with `fused_by`'s configuration
+    fused_by: str
+    nodes_original: int
+    nodes_fused: int
+    input_shapes: tuple[tuple[str, tuple[int, ...]], ...]
+    rows: tuple[BenchRow, ...]
+    skipped_providers: tuple[tuple[str, str], ...]  # (provider, why it was not benchmarked)
+    peak_method: str | None
+    peak_not_measured: str | None  # why there is no peak figure, when there is none
+    timing: Timing
+    onnxruntime_version: str
+    seed: int
+
+
+def bench(model_path: str | os.PathLike, optimized_path: str | os.PathLike | None = None, *,
+          config: FuseConfig | None = None, dims: Mapping[str, int] | None = None,
+          providers: Sequence[str] | None = None, levels: Sequence[str] = tuple(GRAPH_OPTIMIZATION),
+          timing: Timing = Timing(), measure_memory: bool = True, seed: int = 0) -> BenchResult:
+    """Benchmark `model_path` against `optimized_path`, or, without one, against what fuse makes
+    of it in memory with `config` (default: the default configuration with `dims`). Symbolic
+    input dims come from `dims` (else the config's dims), unbound ones are 1. `providers` are
+    names from PROVIDERS (default: every one that really loads); `levels` from GRAPH_OPTIMIZATION."""
+    import onnxruntime as ort
+
+    unknown = [p for p in providers or () if p not in PROVIDERS] + [lv for lv in levels if lv not in GRAPH_OPTIMIZATION]
+    if unknown:
+        raise UsageError(f"unknown provider or level {unknown[0]!r}: choose from "
+                         f"{', '.join([*PROVIDERS, *GRAPH_OPTIMIZATION])}")
+    source = Path(model_path)
+    for path in (source, optimized_path):
+        if path is not None and not Path(path).is_file():
+            raise ModelLoadError(f"{path}: no such file")
+    config = config or FuseConfig(dims=dict(dims or {}))
+    dims = dict(dims if dims is not None else config.dims)
+    usable, skipped = usable_providers()
+    chosen = [p for p in (providers or usable) if p in usable]
+    skipped = tuple(s for s in skipped if s[0] in (providers or PROVIDERS))
+
+    with tempfile.TemporaryDirectory(prefix="fuse-bench-") as tmp:
+        if optimized_path is None:
+            fused_path = Path(tmp) / f"{source.stem}.fused.onnx"
+            save_model(api.optimize(source, config, dry_run=True).model, fused_path)
+            fused_by = f"fuse --target {config.target} (configuration: {config.source}), in memory"
+        else:
+            fused_path = Path(optimized_path)
+            fused_by = str(optimized_path)
+        paths = {"original": source, "fused": fused_path}
+        nodes = {name: len(onnx.load(str(p), load_external_data=False).graph.node) for name, p in paths.items()}
+        feeds = random_inputs_for(make_session(source), dims=dims, seed=seed)
+        shapes = {name: tuple(int(d) for d in value.shape) for name, value in feeds.items()}
+        if measure_memory:
+            peaks, peak_method, peak_not_measured = _measure_peaks(paths, dims, shapes, seed, timing.peak_repeats)
+        else:
+            peaks, peak_method, peak_not_measured = {}, None, "not asked for"
+
+        rows: list[BenchRow] = []
+        for provider in chosen:
+            for level in levels:
+                sessions, session_ms = {}, {}
+                for name, path in paths.items():
+                    sessions[name], session_ms[name] = timed_session(path, provider, level, timing.session_repeats)
+                latencies = time_sessions(sessions, {n: feeds_for(s, feeds, dims=dims, seed=seed)
+                                                     for n, s in sessions.items()}, timing)
+                del sessions
+                peak_here = provider == "CPU" and level == "disabled"
+                rows += _rows(latencies, session_ms, peaks if peak_here else {}, provider, level)
+
+    return BenchResult(
+        original=str(source), optimized=None if optimized_path is None else str(optimized_path), fused_by=fused_by,
+        nodes_original=nodes["original"], nodes_fused=nodes["fused"], input_shapes=tuple(shapes.items()),
+        rows=tuple(rows), skipped_providers=skipped, peak_method=peak_method, peak_not_measured=peak_not_measured,
+        timing=timing, onnxruntime_version=ort.__version__, seed=seed,
+    )
+
+
+def _measure_peaks(paths: Mapping[str, Path], dims: Mapping[str, int], shapes: Mapping[str, tuple[int, ...]],
+                   seed: int, repeats: int) -> tuple[dict[str, int | None], str | None, str | None]:
+    """measure_peak of each model at the same input shapes: (bytes by model, method, why not)."""
+    peaks: dict[str, int | None] = {}
+    method = reason = None
+    for name, path in paths.items():
+        try:
+            measured = measure_peak(path, dims=dims, input_shapes=shapes, seed=seed, repeats=repeats)
+        except ValueError as exc:  # an input of the fused model that the original's shapes do not cover
+            return {}, None, str(exc)
+        peaks[name], method, reason = measured.peak_bytes, measured.method, reason or measured.reason
+    return peaks, method, reason
+
+
+def _rows(latencies: Mapping[str, Latency], session_ms: Mapping[str, float], peaks: Mapping[str, int | None],
+          provider: str, level: str) -> list[BenchRow]:
+    base = latencies["original"]
+    rows = []
+    for name, lat in latencies.items():
+        fused = name != "original"
+        rows.append(BenchRow(
+            model=name, provider=provider, graph_optimization=level, session_ms=session_ms[name],
+            samples=lat.samples, runs_per_sample=lat.runs_per_sample,
+            wall_median_ms=lat.wall_median_ms, wall_p90_ms=lat.wall_p90_ms,
+            cpu_median_ms=lat.cpu_median_ms, cpu_p90_ms=lat.cpu_p90_ms,
+            peak_bytes=peaks.get(name),
+            wall_ratio=ratio(lat.wall_median_ms, base.wall_median_ms) if fused else None,
+            cpu_ratio=ratio(lat.cpu_median_ms, base.cpu_median_ms) if fused else None,
+            peak_ratio=peak_ratio(peaks.get(name), peaks.get("original")) if fused else None,
+            session_ratio=ratio(session_ms[name], session_ms["original"]) if fused else None,
+        ))
+    return rows
+
+
+def ratio(value: float | None, base: float | None) -> float | None:
+    if value is None or base is None or base <= 0:
+        return None
+    return value / base
+
+
+def peak_ratio(value: int | None, base: int | None) -> float | None:
+    """A ratio of measured peaks, None below PEAK_RATIO_FLOOR_BYTES."""
+    if base is None or base < PEAK_RATIO_FLOOR_BYTES:
+        return None
+    return ratio(value, base)
+
+
+# ---- sessions, inputs and timing (benchmarks/run.py uses these too) -----------------------------
+
+def make_session(model: str | os.PathLike | bytes, provider: str = "CPU", level: str = "disabled"):
+    """A one-thread onnxruntime session on `provider` ("CPU" or "CUDA"), refusing a silent fall
+    back from CUDA to CPU."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, GRAPH_OPTIMIZATION[level])
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    wanted = [PROVIDERS[provider]] + ([PROVIDERS["CPU"]] if provider != "CPU" else [])
+    source = model if isinstance(model, bytes) else str(model)
+    try:
+        session = ort.InferenceSession(source, options, providers=wanted)
+    except Exception as exc:  # onnxruntime raises its own exception types
+        raise FuseError(f"onnxruntime cannot load the model: {str(exc).strip().splitlines()[0][:300]}") from exc
+    if session.get_providers()[0] != PROVIDERS[provider]:
+        raise FuseError(f"onnxruntime did not give this session the {provider} provider")
+    return session
+
+
+def timed_session(model: str | os.PathLike, provider: str, level: str, repeats: int) -> tuple[Any, float]:
+    """The session and the smallest creation time of `repeats`, in milliseconds."""
+    best, session = math.inf, None
+    for _ in range(repeats):
+        del session
+        start = time.perf_counter()
+        session = make_session(model, provider, level)
+        best = min(best, time.perf_counter() - start)
+    return session, best * 1000
+
+
+def random_inputs_for(session, *, dims: Mapping[str, int], seed: int = 0) -> dict[str, np.ndarray]:
+    """verify.random_inputs with symbolic dims from `dims`, 1 where unbound."""
+    from fuse_cli.verify import random_inputs
+
+    return random_inputs(session, dims=dims, seed=seed, default_dim=1)
+
+
+def feeds_for(session, feeds: Mapping[str, np.ndarray], *, dims: Mapping[str, int], seed: int = 0) -> dict[str, np.ndarray]:
+    """The original's inputs, by name, for another model of it; an input the original does not
+    have (onnxruntime's saved models can keep some) gets random data of its own."""
+    wanted = [i.name for i in session.get_inputs()]
+    missing = [name for name in wanted if name not in feeds]
+    extra = random_inputs_for(session, dims=dims, seed=seed) if missing else {}
+    return {name: feeds[name] if name in feeds else extra[name] for name in wanted}
+
+
+def time_sessions(sessions: Mapping[str, Any], feeds: Mapping[str, Mapping[str, np.ndarray]],
+                  timing: Timing) -> dict[str, Latency]:
+    """Time the sessions in alternating rounds (see the module docstring)."""
+    names = list(sessions)
+    runners: dict[str, Callable[[], object]] = {
+        name: functools.partial(sessions[name].run, None, dict(feeds[name])) for name in names}
+    per_run = {}
+    for name in names:
+        runs, start = 0, time.perf_counter()
+        while runs < timing.warmup_runs or time.perf_counter() - start < timing.warmup_seconds:
+            runners[name]()
+            runs += 1
+        per_run[name] = (time.perf_counter() - start) / runs
+    number = {name: max(1, math.ceil(timing.sample_seconds / max(per_run[name], 1e-9))) for name in names}
+    wall: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, list[float]] = {name: [] for name in names}
+    spent = dict.fromkeys(names, 0.0)
+    rounds = 0
+    while True:
+        for name in names[rounds % len(names):] + names[:rounds % len(names)]:
+            run, n = runners[name], number[name]
+            wall_start, cpu_start = time.perf_counter(), time.thread_time()
+            for _ in range(n):
+                run()
+            cpu_s, wall_s = time.thread_time() - cpu_start, time.perf_counter() - wall_start
+            wall[name].append(wall_s * 1000 / n)
+            cpu[name].append(cpu_s * 1000 / n)
+            spent[name] += wall_s
+        rounds += 1
+        if rounds >= timing.max_samples:
+            break
+        if rounds >= timing.min_samples and min(spent.values()) >= timing.min_seconds:
+            break
+    return {name: Latency(rounds, number[name], statistics.median(wall[name]), _p90(wall[name]),
+                          statistics.median(cpu[name]), _p90(cpu[name])) for name in names}
+
+
+def _p90(values: Sequence[float]) -> float:
+    return float(np.percentile(values, 90))
+
+
+# ---- which providers really load ----------------------------------------------------------------
+
+_PROBE = """
+import json, onnxruntime as ort
+from onnx import TensorProto, helper
+x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe", [x],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+options = ort.SessionOptions()
+options.log_severity_level = 3
+session = ort.InferenceSession(model.SerializeToString(), options, providers=%r)
+print(json.dumps(session.get_providers()))
+"""
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@functools.cache
+def usable_providers() -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """(providers a session really gets, (provider, why not) for the others), asked once."""
+    import onnxruntime as ort
+
+    usable, skipped = ["CPU"], []
+    listed = ort.get_available_providers()
+    for name, ort_name in PROVIDERS.items():
+        if name == "CPU":
+            continue
+        if ort_name not in listed:
+            skipped.append((name, f"this onnxruntime build ({ort.__version__}) has no {ort_name}"))
+            continue
+        reason = _probe(ort_name)
+        if reason is None:
+            usable.append(name)
+        else:
+            skipped.append((name, reason))
+    return tuple(usable), tuple(skipped)
+
+
+def _probe(ort_name: str) -> str | None:
+    """None when a session in a fresh process gets `ort_name`; else why not."""
+    try:
+        done = subprocess.run([sys.executable, "-c", _PROBE % [ort_name, PROVIDERS["CPU"]]], capture_output=True,
+                              text=True, timeout=_PROBE_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        return f"asking for {ort_name} ran past {_PROBE_TIMEOUT_S} s"
+    lines = done.stdout.strip().splitlines()
+    if done.returncode == 0 and lines and ort_name in json.loads(lines[-1]):
+        return None
+    errors = [_ANSI.sub("", line).strip() for line in done.stderr.splitlines() if line.strip()]
+    detail = next((line for line in errors if "Failed to load library" in line), errors[0] if errors else "")
+    detail = detail.split("with error: ", 1)[-1][:200]
+    return f"onnxruntime lists {ort_name} but a session falls back to CPU" + (f" ({detail})" if detail else "")
+
+
+# ---- renderers: rich and Markdown share `bench_table_rows` ---------------------------------------
+
+BENCH_HEADERS = ("Provider", "Graph opt", "Model", "Session", "Wall ms median / p90", "CPU ms median / p90",
+                 "Runs", "Peak memory", "Wall ×", "CPU ×", "Peak ×", "Session ×")
+
+
+def bench_table_rows(result: BenchResult) -> list[tuple[str, ...]]:
+    return [(
+        r.provider, r.graph_optimization, r.model, f"{r.session_ms:.1f} ms",
+        f"{_ms(r.wall_median_ms)} / {_ms(r.wall_p90_ms)}", f"{_ms(r.cpu_median_ms)} / {_ms(r.cpu_p90_ms)}",
+        f"{r.samples}x{r.runs_per_sample}", "-" if r.peak_bytes is None else human_bytes(r.peak_bytes),
+        _times(r.wall_ratio), _times(r.cpu_ratio), _times(r.peak_ratio), _times(r.session_ratio),
+    ) for r in result.rows]
+
+
+def bench_summary_lines(result: BenchResult) -> list[str]:
+    shapes = ", ".join(f"{name} {'x'.join(map(str, shape)) or 'scalar'}" for name, shape in result.input_shapes)
+    lines = [
+        f"Fused model: {result.fused_by}; nodes {result.nodes_original} -> {result.nodes_fused}",
+        f"Inputs (seed {result.seed}): {shapes or 'none'}",
+        "Runs: samples x runs per sample, after warm-up, one intra-op thread; CPU = the calling thread's CPU "
+        f"time; onnxruntime {result.onnxruntime_version}. Ratios: fused / original (below 1 is better).",
+    ]
+    if result.peak_not_measured:
+        lines.append(f"Peak memory not measured: {result.peak_not_measured}")
+    elif result.peak_method:
+        lines.append(f"Peak memory (CPU, graph optimizations disabled): {result.peak_method} No ratio "
+                     f"below {human_bytes(PEAK_RATIO_FLOOR_BYTES)}: the measurement's noise is tens of pages.")
+    lines += [f"{provider} not benchmarked: {reason}" for provider, reason in result.skipped_providers]
+    return lines
+
+
+def render_bench_rich(result: BenchResult, console: Console) -> None:
+    table = Table(title=f"fuse bench: {result.original}", title_justify="left")
+    for i, header in enumerate(BENCH_HEADERS):
+        table.add_column(header, justify="left" if i < 3 else "right", no_wrap=i < 3)
+    rows = bench_table_rows(result)
+    for i, row in enumerate(rows):
+        last_of_group = i + 1 == len(rows) or rows[i + 1][:2] != row[:2]
+        table.add_row(*row, end_section=last_of_group)
+    console.print(table)
+    for line in bench_summary_lines(result):
+        console.print(line, highlight=False)
+
+
+def render_bench_markdown(result: BenchResult) -> str:
+    out = [f"### fuse bench: `{result.original}`", "",
+           "| " + " | ".join(BENCH_HEADERS) + " |",
+           "|" + "|".join("---" if i < 3 else "---:" for i in range(len(BENCH_HEADERS))) + "|"]
+    out += ["| " + " | ".join(row) + " |" for row in bench_table_rows(result)]
+    out += [""] + [f"- {line}" for line in bench_summary_lines(result)]
+    return "\n".join(out) + "\n"
+
+
+def bench_to_json_dict(result: BenchResult) -> dict[str, Any]:
+    return {
+        "schema_version": BENCH_SCHEMA_VERSION,
+        "tool": "fuse bench",
+        "original": result.original,
+        "optimized": result.optimized,
+        "fused_by": result.fused_by,
+        "nodes": {"original": result.nodes_original, "fused": result.nodes_fused},
+        "input_shapes": {name: list(shape) for name, shape in result.input_shapes},
+        "seed": result.seed,
+        "onnxruntime_version": result.onnxruntime_version,
+        "threads": {"intra_op": 1, "inter_op": 1},
+        "timing": asdict(result.timing),
+        "rows": [asdict(r) for r in result.rows],
+        "skipped_providers": [{"provider": p, "reason": r} for p, r in result.skipped_providers],
+        "peak_memory": {"method": result.peak_method, "not_measured": result.peak_not_measured},
+    }
+
+
+def render_bench_json(result: BenchResult) -> str:
+    return json.dumps(bench_to_json_dict(result), indent=2) + "\n"
+
+
+def _ms(value: float) -> str:
+    return f"{value:.3f}" if value < 1 else f"{value:.2f}" if value < 100 else f"{value:.0f}"
+
+
+def _times(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
