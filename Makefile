@@ -34,7 +34,7 @@ fuzz: $(STAMP)
 	FUSE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q -n 2 tests/test_fuzz.py
 
 bench: $(BENCH_STAMP)
-	$(BIN)/python benchmarks/run.py $(if $(MODELS),--models $(MODELS),)
+	$(BIN)/python benchmarks/run.py   # also reads the folder in $$MODELS, when set
 	$(BIN)/python benchmarks/big_models.py
 
 sample-models: $(STAMP)
