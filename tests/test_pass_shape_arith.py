@@ -185,13 +185,10 @@ ATTENTION = {
     "torch-dynamic-axes-opset12": (torch_dynamic_shapes(attention_model(opset=12), 12), READ_BY_SHAPE),
     "slice-of-input-shape": (attention_model(split_shape="concat", mask="padding"),
                              "the head count is not derivable: query_reshape's shape is computed at run time"),
-    # The rewritten Reshapes leave their Shape chains dead but still reading merge_transpose_out
-    # until fold-constants' cleanup in the next round; in this round fused-matmul absorbs the score
-    # Mul into FusedMatMul's alpha, and attention no longer matches. Needs the engine to drop
-    # nodes a sweep left without readers.
-    "torch-dynamic-axes-scale-mul": pytest.param(
-        (torch_dynamic_shapes(attention_model(mask="padding", scale="mul"), 17), READ_BY_SHAPE),
-        marks=pytest.mark.xfail(strict=True, reason="dead Shape readers block attention for a round")),
+    # The rewritten Reshapes leave their Shape chains dead; the engine drops them at the end of the
+    # sweep, so fused-matmul cannot take the score Mul before attention sees the whole pattern.
+    # Without the pass, fused-matmul takes the scaled scores first and attention does not match at all.
+    "torch-dynamic-axes-scale-mul": (torch_dynamic_shapes(attention_model(mask="padding", scale="mul"), 17), None),
 }
 
 
@@ -209,4 +206,5 @@ def test_attention_with_computed_shapes_fuses_in_the_runtime_pipeline(form, tmp_
         assert outcome.passed, outcome.outputs
     without = optimize_model(original, tmp_path, name="without", target="ort-cpu", disable=PASS)
     assert op_counts(without.model)[MHA] == 0
-    assert [m.reason for m in without.report.near_misses if m.pass_name == "attention"][0].startswith(blocked)
+    if blocked is not None:
+        assert [m.reason for m in without.report.near_misses if m.pass_name == "attention"][0].startswith(blocked)

@@ -204,9 +204,23 @@ class GraphEditor:
                 nodes.extend(n for n in self._replacements[id(node)] if id(n) not in self._removed)
             elif id(node) not in self._removed:
                 nodes.append(node)
-        self.graph.nodes = nodes
+        self.graph.nodes = self._without_dead_nodes(nodes)
         self._replacements.clear()
         self._removed.clear()
+
+    def _without_dead_nodes(self, nodes: list[gs.Node]) -> list[gs.Node]:
+        """Drop nodes whose outputs nobody reads any more (transitively: last node first), so the
+        Shape chain a rewrite made useless stops counting as a reader for the next pass of the
+        same round. ONNX nodes have no side effects; the final cleanup would drop them anyway."""
+        alive: list[gs.Node] = []
+        for node in reversed(nodes):
+            if node.outputs and all(not t.outputs and not self.is_graph_output(t) for t in node.outputs):
+                _detach_inputs(node)
+                node.outputs.clear()
+                continue
+            alive.append(node)
+        alive.reverse()
+        return alive
 
 
 def _detach_inputs(node: gs.Node) -> None:
