@@ -8,10 +8,14 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
-from fuse_cli.match import Match, Op, Var, constant_value
+from fuse_cli.match import Const, Match, Op, Var, constant_value
 from fuse_cli.passes._conv_weights import FOLDABLE_DTYPES, channel_vector, output_channels, scale_output_channels
 from fuse_cli.passes.base import PatternPass
 from fuse_cli.passes.registry import register
+
+# The operand must be a constant to be this pattern: a Conv + Add of a computed tensor is a
+# residual connection, not a near-miss of a bias fold.
+ANY_VALUE = lambda value: True  # noqa: E731
 
 CONV = Op(("Conv", "ConvTranspose"), Var("x"), Var("weight", const=True), Var("bias", const=True, optional=True),
           name="conv")
@@ -80,7 +84,7 @@ class FoldMulIntoConv(_FoldChannelConstant):
     description = "Fold a per-channel constant Mul or Div after Conv/ConvTranspose into its weights and bias"
     label = "Conv + Mul/Div (per-channel constant)"
     tag = "mulfolded"
-    pattern = Op(("Mul", "Div"), CONV, Var("c", const=True), name="op")
+    pattern = Op(("Mul", "Div"), CONV, Const(ANY_VALUE, name="c"), name="op")
 
     def fold(self, conv, w, b, c):
         return scale_output_channels(conv, w, c), None if b is None else b * c
@@ -100,7 +104,7 @@ class FoldAddIntoConvBias(_FoldChannelConstant):
     description = "Fold a per-channel constant Add after Conv/ConvTranspose into its bias"
     label = "Conv + Add (per-channel constant)"
     tag = "addfolded"
-    pattern = Op("Add", CONV, Var("c", const=True), name="op")
+    pattern = Op("Add", CONV, Const(ANY_VALUE, name="c"), name="op")
 
     def fold(self, conv, w, b, c):
         return None, c if b is None else b + c

@@ -26,13 +26,15 @@ class EliminateFlattenBeforeGemm(PatternPass):
     pattern = Op("Gemm", Op("Flatten", Var("x"), name="flatten"), Var("b"), Var("c", optional=True),
                  name="gemm")
 
+    def matches(self, m: Match, g: GraphEditor) -> bool:
+        """Flattening a rank-4 feature map before the classifier is what Flatten is for: only a
+        rank-2 input can make it a no-op, so anything else is not this pattern."""
+        dims = g.shape(m.tensor("x"))
+        return dims is not None and dims.rank == 2
+
     def check(self, m: Match, g: GraphEditor) -> str | None:
         flatten = m.node("flatten")
         dims = g.shape(m.tensor("x"))
-        if dims is None:
-            return f"{flatten.name}'s input rank is unknown"
-        if dims.rank != 2:
-            return f"{flatten.name} turns a rank-{dims.rank} input {list(dims.dims)} into a matrix (not a no-op)"
         axis = flatten.attrs.get("axis", 1)
         # [N, C] -> [1, N*C] at axis 0 and [N*C, 1] at axis 2: no-ops only when N (or C) is 1
         if axis % 2 != 1 and dims.static(axis % 2) != 1:
