@@ -58,11 +58,12 @@ def optimize(model_path: str | os.PathLike, config: FuseConfig, output_path: str
         loaded.model = upgrade_opset(loaded.model, config.upgrade_opset)
     passes = resolve(config.target, config.passes, config.disable)
     resolve(config.target, config.fail_on_near_miss)  # the same "did you mean" for gate pass names
-    symbolic = infer_shapes(loaded.model)
+    symbolic = infer_shapes(loaded.model)  # as onnxruntime's planner sees shapes: for the memory model
+    checkable = infer_shapes(loaded.model, symbolic=True)  # what fusion preconditions may rely on
     bound, unbound = _bound_shapes(loaded.model, config, unbound_table=symbolic)
 
     def fuse(selected: list[Pass]) -> _Fused:
-        return _fuse(loaded, selected, symbolic, bound, config)
+        return _fuse(loaded, selected, checkable, bound, config)
 
     fused = fuse(passes)
     verification: VerifyResult | None = None
@@ -73,7 +74,7 @@ def optimize(model_path: str | os.PathLike, config: FuseConfig, output_path: str
         if config.verify:
             fused, verification, rolled_back, notes = _verify_and_roll_back(source, passes, fused, fuse, config, writer)
         optimized, fusions, near_misses = fused.model, fused.fusions, fused.near_misses
-        runtime_extra = _what_runtime_target_adds(loaded, symbolic, bound, config) if config.target == "onnx" else ()
+        runtime_extra = _what_runtime_target_adds(loaded, checkable, bound, config) if config.target == "onnx" else ()
 
         written: tuple[str, ...] = ()
         if not dry_run:
@@ -288,11 +289,12 @@ def _bound_shapes(model: onnx.ModelProto, config: FuseConfig, assumed: tuple[str
         if unbound_table is not None and not config.dims and not config.input_shapes:
             table = unbound_table
         else:
-            table = infer_shapes(model, config.dims, config.input_shapes)
+            table = infer_shapes(model, config.dims, config.input_shapes, symbolic=True)
         if assumed is None:
             assumed = tuple(sorted({u.symbol for u in table.unknown_dims if u.symbol} - set(table.bound_dims)))
         if assumed:
-            table = infer_shapes(model, {**{name: 1 for name in assumed}, **table.bound_dims}, config.input_shapes)
+            table = infer_shapes(model, {**{name: 1 for name in assumed}, **table.bound_dims}, config.input_shapes,
+                                 symbolic=True)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     return table, assumed
@@ -304,7 +306,7 @@ def _memory_audit(loaded: LoadedModel, bound: ShapeTable, symbolic: ShapeTable, 
     before = profile_memory(loaded.model, bound, extra_weights=defaults, symbolic_shapes=symbolic)
     # The bindings in effect are known (bound.bound_dims): one inference, not _bound_shapes' two.
     try:
-        after_bound = infer_shapes(optimized, bound.bound_dims, config.input_shapes)
+        after_bound = infer_shapes(optimized, bound.bound_dims, config.input_shapes, symbolic=True)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     after_symbolic = infer_shapes(optimized)
@@ -335,16 +337,22 @@ def _measure(source: Path, optimized: onnx.ModelProto, bound: ShapeTable) -> Mea
         raise UsageError(f"--measure: {exc}") from exc
 
 
+def _unknowns(info) -> int:
+    """How much of a tensor's type is unknown: its dtype, its rank, or single dims."""
+    if info.elem_type == 0 or info.shape is None:
+        return 1_000
+    return sum(1 for d in info.shape if d is None)
+
+
 def _fill_from(table: ShapeTable, fallback: ShapeTable) -> ShapeTable:
     """`table` with the tensors it could not size taken from `fallback` (same names)."""
-    missing = {name for name, info in table.tensors.items() if info.nbytes() is None and info.shape is None
-               or info.elem_type == 0}
+    missing = {name for name, info in table.tensors.items() if _unknowns(info) > 0}
     if not missing:
         return table
     merged = dict(table.tensors)
     for name in missing:
         info = fallback.get(name)
-        if info is not None:
+        if info is not None and _unknowns(info) < _unknowns(merged[name]):
             merged[name] = info
     filled = {name for name in missing if name in fallback.tensors}
     return dataclasses.replace(table, tensors=merged,

@@ -273,3 +273,44 @@ def test_unsorted_graph_is_inferred_in_dependency_order():
     nodes = [helper.make_node("Relu", ["a"], ["y"]), helper.make_node("Relu", ["x"], ["a"])]
     table = infer_shapes(model(nodes, [value("x", [2, 8])], [value("y")]))
     assert table.nbytes("y") == 64
+
+
+def _embeddings_model():
+    """BERT's embeddings as exporters write them: position embeddings sliced to Min(512, sequence)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    table = numpy_helper.from_array(np.zeros((512, 4), np.float32), "positions")
+    consts = [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in
+              (("one", [1]), ("two", [2]), ("zero", [0]), ("limit", [512]))]
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Slice", ["shape", "one", "two"], ["seq"]),
+        helper.make_node("Min", ["seq", "limit"], ["length"]),
+        helper.make_node("Slice", ["positions", "zero", "length"], ["pos"]),
+        helper.make_node("Add", ["x", "pos"], ["y"]),
+        helper.make_node("Relu", ["y"], ["z"]),
+    ]
+    graph = helper.make_graph(nodes, "emb", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence", 4])],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)], [table, *consts])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_symbolic_inference_recovers_dims_onnx_loses():
+    model = _embeddings_model()
+    plain = infer_shapes(model)
+    assert plain.get("y").shape is None or None in plain.get("y").shape  # onnx cannot see through Min(512, ...)
+    assert infer_shapes(model, symbolic=True).get("y").shape == ("batch", "sequence", 4)
+
+
+def test_symbolic_inference_never_overrides_what_onnx_knows():
+    """onnxruntime's inference would merge batch with 2 across [batch, 3] * [2, 3]; batch may be 1."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "c"], ["y"]), helper.make_node("Relu", ["x"], ["r"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None), helper.make_tensor_value_info("r", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.ones((2, 3), np.float32), "c")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    table = infer_shapes(model, symbolic=True)
+    assert table.get("x").shape == ("batch", 3) and table.get("r").shape == ("batch", 3)

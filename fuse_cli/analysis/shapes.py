@@ -132,6 +132,8 @@ def infer_shapes(
     model: onnx.ModelProto,
     dims: Mapping[str, int] = _NO_BINDINGS,
     input_shapes: Mapping[str, Sequence[int]] = _NO_BINDINGS,
+    *,
+    symbolic: bool = False,
 ) -> ShapeTable:
     """Infer every top-level tensor's shape after binding the user's dims; `model` is not modified.
 
@@ -139,6 +141,16 @@ def infer_shapes(
     whole input shapes; where an input declares a symbol, the value binds that symbol for the
     whole graph too (batch given for `input_ids` also sizes `attention_mask`). Raises ValueError
     for bindings that contradict the model or each other.
+
+    `symbolic=True` also runs onnxruntime's symbolic shape inference (after binding) and takes
+    from it only what onnx's inference left unknown. onnx's own loses the symbol wherever an exporter computes a dim
+    (BERT's position embeddings are sliced to Min(512, sequence): every activation after them
+    becomes [?, ?, 768]); onnxruntime's keeps `batch`/`sequence` through such arithmetic by merging
+    dims that a valid model needs equal, and names the dims it creates consistently. Its symbols
+    are kept, but never override what onnx knows: its merging assumes that dims which broadcast
+    against each other are equal, which is wrong where one of them may be 1 ([batch, 3] * [2, 3]
+    would make batch 2), so onnx's dims stand wherever onnx has them. `fuse optimize` verifies
+    every rewrite numerically besides.
     """
     declared = _declared_symbols(model.graph)
     bindings = _resolve_bindings(model.graph, dims, input_shapes)
@@ -149,6 +161,11 @@ def infer_shapes(
     inferred, warnings = _run_inference(copy)
 
     tensors = _collect(model.graph, inferred.graph, bindings, declared)
+    if symbolic:
+        runtime = _runtime_symbolic_inference(model, bindings, input_shapes)
+        if runtime is not None:
+            more = _collect(model.graph, runtime.graph, bindings, declared | _all_symbols(runtime.graph))
+            tensors = {name: _fill_unknown(info, more.get(name)) for name, info in tensors.items()}
     unknown = tuple(
         reason
         for name, info in tensors.items()
@@ -161,6 +178,60 @@ def infer_shapes(
         unused_dims=unused,
         warnings=warnings,
     )
+
+
+# Initializers above this many elements reach onnxruntime's symbolic inference as typed inputs:
+# it needs their shapes, not their values (Reshape shapes and the like are small).
+_SYMBOLIC_VALUE_LIMIT = 4096
+
+
+def _runtime_symbolic_inference(model: onnx.ModelProto, bindings: Mapping[str, int],
+                                input_shapes: Mapping[str, Sequence[int]]) -> onnx.ModelProto | None:
+    """onnxruntime's SymbolicShapeInference on a weightless, bound copy, or None when it cannot run."""
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+    except ImportError:  # pragma: no cover - onnxruntime is a dependency
+        return None
+    graph = onnx.GraphProto(name=model.graph.name)
+    graph.input.extend(model.graph.input)
+    graph.output.extend(model.graph.output)
+    listed = {vi.name for vi in graph.input}
+    for tensor in model.graph.initializer:
+        if math.prod(tensor.dims) <= _SYMBOLIC_VALUE_LIMIT and tensor.data_location != onnx.TensorProto.EXTERNAL:
+            graph.initializer.append(tensor)
+        elif tensor.name not in listed:
+            graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims)))
+    graph.node.extend(model.graph.node[i] for i in _inference_order(model.graph))
+    copy = onnx.helper.make_model(graph, opset_imports=model.opset_import, ir_version=max(model.ir_version, 4))
+    copy.functions.extend(model.functions)
+    _add_missing_opset_imports(copy)
+    _bind(copy.graph, bindings, input_shapes)
+    try:
+        # auto_merge: without it, any dim the exporter computed stops inference ("Incomplete").
+        return SymbolicShapeInference.infer_shapes(copy, auto_merge=True, guess_output_rank=False)
+    except Exception:  # noqa: BLE001 - it raises bare Exceptions, asserts and KeyErrors; onnx's path follows
+        return None
+
+
+def _fill_unknown(info: TensorInfo, other: TensorInfo | None) -> TensorInfo:
+    """`info` with its unknown dtype, rank or single dims taken from `other`; known ones stand."""
+    if other is None:
+        return info
+    elem_type = info.elem_type or other.elem_type
+    if info.shape is None:
+        return TensorInfo(info.name, elem_type, other.shape)
+    if other.shape is None or len(other.shape) != len(info.shape):
+        return TensorInfo(info.name, elem_type, info.shape)
+    return TensorInfo(info.name, elem_type, tuple(a if a is not None else b for a, b in zip(info.shape, other.shape)))
+
+
+def _all_symbols(graph: onnx.GraphProto) -> set[str]:
+    return {
+        d.dim_param
+        for vi in (*graph.input, *graph.output, *graph.value_info)
+        for d in vi.type.tensor_type.shape.dim
+        if d.HasField("dim_param") and d.dim_param
+    }
 
 
 def _declared_symbols(graph: onnx.GraphProto) -> set[str]:
