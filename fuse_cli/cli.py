@@ -311,7 +311,8 @@ def list_passes(target, explain):
     ordered = list(default) + sorted(set(REGISTRY) - set(default))
     for name in ordered:
         p = REGISTRY[name]
-        table.add_row(name, "*" if name in default else "", str(p.min_opset), ",".join(sorted(p.targets)), p.description)
+        table.add_row(name, "*" if name in default else "", str(p.required_opset(target)), ",".join(sorted(p.targets)),
+                      p.description)
     console.print(table)
     if target != "onnx":
         from fuse_cli.targets import CAPABILITY_HEADERS, capability_rows

@@ -120,6 +120,17 @@ def test_full_pipeline_and_upgrade_from_opset14(tmp_path):
     assert_equivalent(model, result.model, dims={"batch": 2})
 
 
+def test_onnxruntime_targets_fuse_opset14_without_converting(tmp_path):
+    """onnxruntime registers LayerNormalization below opset 17, so its targets need no upgrade;
+    the portable target still does (see the near-miss below)."""
+    model = decomposed_layer_norm(opset=14)
+    result = optimize_model(model, tmp_path, target="ort-cpu", passes=("layer-norm",))
+    assert op_counts(result.model) == {"LayerNormalization": 1}
+    assert result.model.opset_import[0].version == 14
+    for batch in (1, 3):
+        assert_equivalent(model, result.model, dims={"batch": batch})
+
+
 @pytest.mark.parametrize("kw, reason", [
     ({"eps_input": True}, "'eps' is a graph input, not a constant"),
     ({"gamma_shape": (5, 1)}, "broadcasts over a non-normalized axis 1"),

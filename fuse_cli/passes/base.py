@@ -20,6 +20,14 @@ class Pass:
     description: ClassVar[str]
     targets: ClassVar[frozenset[str]] = ALL_TARGETS
     min_opset: ClassVar[int] = 1
+    # Where onnxruntime runs the emitted operator at older opsets than the standard defines it
+    # (it registers LayerNormalization below 17), its targets may fuse from this opset.
+    runtime_min_opset: ClassVar[int | None] = None
+
+    def required_opset(self, target: str) -> int:
+        if target != "onnx" and self.runtime_min_opset is not None:
+            return self.runtime_min_opset
+        return self.min_opset
 
     @property
     def explanation(self) -> str:

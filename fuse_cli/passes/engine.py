@@ -40,7 +40,19 @@ def run_pipeline(g: GraphEditor, passes: Sequence[Pass], size_of: SizeOf) -> tup
                 quiet_at[i] = version
         if not changed:
             break
-    return fusions, [miss for pass_misses in misses for miss in pass_misses]
+    return fusions, [miss for pass_misses in misses for miss in _largest_only(pass_misses)]
+
+
+def _largest_only(misses: list[NearMiss]) -> list[NearMiss]:
+    """One near-miss per rejected subgraph: a pass whose pattern has smaller forms (LayerNorm
+    without its Add(beta)) would otherwise report the same nodes again for each form."""
+    kept: list[NearMiss] = []
+    for miss in sorted(misses, key=lambda m: -len(m.nodes)):
+        nodes = set(miss.nodes)
+        if not any(nodes < set(other.nodes) for other in kept):
+            kept.append(miss)
+    order = {id(m): i for i, m in enumerate(misses)}
+    return sorted(kept, key=lambda m: order[id(m)])
 
 
 def _run_pass(p: Pass, g: GraphEditor, size_of: SizeOf) -> tuple[list[FusionRecord], list[NearMiss]]:
@@ -82,10 +94,11 @@ def _sweep(p: PatternPass, g: GraphEditor, size_of: SizeOf) -> tuple[list[Fusion
 
 
 def _opset_reason(p: Pass, g: GraphEditor) -> str | None:
-    if g.opset >= p.min_opset:
+    needed = p.required_opset(g.target)
+    if g.opset >= needed:
         return None
-    return (f"the fused operator needs opset {p.min_opset}, the model has opset {g.opset}: "
-            f"pass --upgrade-opset {p.min_opset} to convert the model first")
+    return (f"the fused operator needs opset {needed}, the model has opset {g.opset}: "
+            f"pass --upgrade-opset {needed} to convert the model first")
 
 
 def _record(p: Pass, label: str, replaced, created, removed, size_of: SizeOf) -> FusionRecord:

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import onnx_graphsurgeon as gs
+import onnxruntime
 
 from fuse_cli.errors import FuseError
 from fuse_cli.graph.edit import GraphEditor
@@ -53,6 +54,9 @@ class FoldConstants(GraphPass):
 
         try:
             if _may_fold(graph, excluded):
+                # graphsurgeon evaluates with onnxruntime sessions at its default log level, whose
+                # optimizer warnings ("UnsqueezeElimination cannot remove node") are noise here
+                onnxruntime.set_default_logger_severity(3)
                 graph.fold_constants(size_threshold=g.fold_limit_bytes, recurse_subgraphs=False, error_ok=True,
                                      should_exclude_node=excluded)
             graph.cleanup(remove_unused_graph_inputs=False, recurse_subgraphs=False)

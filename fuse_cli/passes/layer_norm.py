@@ -52,6 +52,9 @@ class FuseLayerNormalization(PatternPass):
     description = "Fuse a decomposed LayerNorm (ReduceMean/Sub/Pow/Sqrt/Div) into LayerNormalization"
     label = "decomposed LayerNorm -> LayerNormalization"
     min_opset = 17
+    # onnxruntime registers LayerNormalization in the default domain for opsets 1-16 as well (CPU
+    # and CUDA kernels), so its targets fuse opset-14 exports without converting them.
+    runtime_min_opset = 1
     # Largest first: the sweep visits Add(beta) before the Mul(gamma) and Div inside it.
     pattern = Alt(Op("Add", Alt(SCALED, CORE), Var("beta"), name="shift"), SCALED, CORE)
 
