@@ -74,7 +74,9 @@ def optimize(model_path: str | os.PathLike, config: FuseConfig, output_path: str
         if config.verify:
             fused, verification, rolled_back, notes = _verify_and_roll_back(source, passes, fused, fuse, config, writer)
         optimized, fusions, near_misses = fused.model, fused.fusions, fused.near_misses
-        runtime_extra = _what_runtime_target_adds(loaded, checkable, bound, config) if config.target == "onnx" else ()
+        # The audit (a dry run) says what portability costs; `optimize` does not run the pipeline twice.
+        runtime_extra = (_what_runtime_target_adds(loaded, checkable, bound, config)
+                         if config.target == "onnx" and dry_run else ())
 
         written: tuple[str, ...] = ()
         if not dry_run:
@@ -242,7 +244,7 @@ def _what_runtime_target_adds(loaded: LoadedModel, symbolic: ShapeTable, bound: 
     if not extra:
         return ()
     with contextlib.redirect_stdout(sys.stderr):
-        _, fusions, _ = _run_passes(loaded, runtime, symbolic, bound, config)
+        _, fusions, _ = _run_passes(loaded, runtime, symbolic, bound, dataclasses.replace(config, target=RUNTIME_TARGET))
     counts: dict[str, int] = {}
     for record in fusions:
         if record.pass_name in extra:
