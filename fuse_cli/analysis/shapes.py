@@ -161,7 +161,7 @@ def infer_shapes(
     inferred, warnings = _run_inference(copy)
 
     tensors = _collect(model.graph, inferred.graph, bindings, declared)
-    if symbolic:
+    if symbolic and any(info.shape is None or None in info.shape for info in tensors.values()):
         runtime = _runtime_symbolic_inference(model, bindings, input_shapes)
         if runtime is not None:
             more = _collect(model.graph, runtime.graph, bindings, declared | _all_symbols(runtime.graph))
