@@ -121,3 +121,14 @@ def test_npz_and_pb_inputs_load(tmp_path):
     onnx.save(conv_bn_model(), model_path)
     result = CliRunner().invoke(cli, ["verify", str(model_path), str(model_path), "--inputs", str(folder)])
     assert result.exit_code == 0, result.output
+
+
+def test_default_atol_scales_with_the_outputs_magnitude():
+    from fuse_cli.verify import compare_outputs
+
+    want = {"logits": np.array([10.0, -8.0, 0.001], np.float32)}
+    rounding = {"logits": np.array([10.0, -8.0, 0.001 + 4e-5], np.float32)}  # a deep sum's rounding near 0
+    wrong = {"logits": np.array([10.0, -8.0, 0.001 + 4e-3], np.float32)}  # a real error
+    assert compare_outputs(want, rounding).passed
+    assert not compare_outputs(want, wrong).passed
+    assert not compare_outputs(want, rounding, rtol=1e-4, atol=1e-5).passed  # an explicit atol is absolute

@@ -188,10 +188,9 @@ _SYMBOLIC_VALUE_LIMIT = 4096
 def _runtime_symbolic_inference(model: onnx.ModelProto, bindings: Mapping[str, int],
                                 input_shapes: Mapping[str, Sequence[int]]) -> onnx.ModelProto | None:
     """onnxruntime's SymbolicShapeInference on a weightless, bound copy, or None when it cannot run."""
-    try:
-        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-    except ImportError:  # pragma: no cover - onnxruntime is a dependency
-        return None
+    # sympy is a dependency of fuse for this import: onnxruntime uses it but does not declare it
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
     graph = onnx.GraphProto(name=model.graph.name)
     graph.input.extend(model.graph.input)
     graph.output.extend(model.graph.output)
