@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 FUZZ_EXAMPLES ?= 500
 
-.PHONY: install demo test fuzz bench sample-models clean
+.PHONY: install demo test fuzz bench bench-corpus sample-models clean
 
 install: $(STAMP)
 
@@ -42,3 +42,19 @@ sample-models: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build .pytest_cache
+
+# Benchmark corpus: real architectures exported to ONNX (benchmarks/corpus/README.md). Its own
+# virtualenv (torch, torchvision, transformers: ~6 GB); fuse and `make test` never need it.
+CORPUS_VENV ?= .venv-corpus
+CORPUS_MODELS ?= benchmarks/corpus/models
+CORPUS_STAMP := $(CORPUS_VENV)/.installed
+CORPUS_PACKAGES := torch==2.14.1 torchvision==0.29.1 transformers==5.24.0 onnx==1.23.2 onnxscript==0.7.2 onnxruntime==1.32.0
+
+$(CORPUS_STAMP):
+	$(PYTHON) -m venv $(CORPUS_VENV)
+	$(CORPUS_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(CORPUS_VENV)/bin/python -m pip install --quiet $(CORPUS_PACKAGES)
+	touch $(CORPUS_STAMP)
+
+bench-corpus: $(CORPUS_STAMP)
+	$(CORPUS_VENV)/bin/python benchmarks/corpus/export.py --out $(CORPUS_MODELS)

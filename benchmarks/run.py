@@ -165,9 +165,14 @@ def _status_bytes(key: str) -> int | None:
 def optimize_in_child(tool: str, source: Path, destination: Path) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
            "ORT_LOGGING_LEVEL": "3"}
+    # Each optimizer runs in a scratch folder: some write temporary models into the working
+    # directory (onnxruntime's symbolic shape inference leaves sym_shape_infer_temp.onnx there).
     try:
-        done = subprocess.run([sys.executable, __file__, "--optimize-child", tool, str(source), str(destination)],
-                              capture_output=True, text=True, env=env, timeout=OPTIMIZE_TIMEOUT_S, check=False)
+        with tempfile.TemporaryDirectory(prefix="fuse-bench-cwd-") as scratch:
+            done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--optimize-child", tool,
+                                   str(source.resolve()), str(destination.resolve())],
+                                  capture_output=True, text=True, env=env, timeout=OPTIMIZE_TIMEOUT_S, check=False,
+                                  cwd=scratch)
     except subprocess.TimeoutExpired:
         return {"error": f"ran past {OPTIMIZE_TIMEOUT_S} s"}
     for line in reversed(done.stdout.splitlines()):

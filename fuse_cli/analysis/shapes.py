@@ -15,6 +15,8 @@ onnx's shape inference does the work. Around it this module
 from __future__ import annotations
 
 import math
+import os
+import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -205,11 +207,19 @@ def _runtime_symbolic_inference(model: onnx.ModelProto, bindings: Mapping[str, i
     copy.functions.extend(model.functions)
     _add_missing_opset_imports(copy)
     _bind(copy.graph, bindings, input_shapes)
-    try:
-        # auto_merge: without it, any dim the exporter computed stops inference ("Incomplete").
-        return SymbolicShapeInference.infer_shapes(copy, auto_merge=True, guess_output_rank=False)
-    except Exception:  # noqa: BLE001 - it raises bare Exceptions, asserts and KeyErrors; onnx's path follows
-        return None
+    # When its inference is incomplete it saves the model as "sym_shape_infer_temp.onnx" with
+    # external data files into the working directory before raising: run it in a scratch folder,
+    # never in the user's.
+    cwd = os.getcwd()
+    with tempfile.TemporaryDirectory(prefix="fuse-shapes-") as scratch:
+        os.chdir(scratch)
+        try:
+            # auto_merge: without it, any dim the exporter computed stops inference ("Incomplete").
+            return SymbolicShapeInference.infer_shapes(copy, auto_merge=True, guess_output_rank=False)
+        except Exception:  # noqa: BLE001 - it raises bare Exceptions, asserts, KeyErrors; onnx's path stands
+            return None
+        finally:
+            os.chdir(cwd)
 
 
 def _fill_unknown(info: TensorInfo, other: TensorInfo | None) -> TensorInfo:
