@@ -240,7 +240,7 @@ def _check_tensor_payloads(model: onnx.ModelProto, path: Path) -> None:
 
 
 def _check_attribute_types(model: onnx.ModelProto, path: Path) -> None:
-    """A standard operator's attributes must have the types its schema declares (passes read them
+    """A standard operator's input count and attribute types must fit its schema (passes read them
     as such). Operators without a schema here (custom domains, onnxruntime's own) are left alone."""
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
     if opset is None:
@@ -252,6 +252,13 @@ def _check_attribute_types(model: onnx.ModelProto, path: Path) -> None:
             schema = onnx.defs.get_schema(node.op_type, opset, "")
         except onnx.defs.SchemaError:
             continue
+        inputs = len(node.input)
+        while inputs and not node.input[inputs - 1]:
+            inputs -= 1  # trailing optional inputs left empty
+        if not schema.min_input <= inputs <= schema.max_input:
+            raise ModelLoadError(
+                f"{path}: invalid graph: node {node.name or node.op_type!r} ({node.op_type}-{schema.since_version}) "
+                f"has {inputs} inputs, its schema takes {schema.min_input} to {schema.max_input}")
         for attr in node.attribute:
             declared = schema.attributes.get(attr.name)
             if declared is not None and attr.type != declared.type.value:
