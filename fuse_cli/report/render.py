@@ -235,6 +235,11 @@ def to_json_dict(report: Report) -> dict[str, Any]:
         ],
         "written_files": list(report.written_files),
         "notes": list(report.notes),
+        "measured": None if report.measured is None else {
+            "peak_bytes": {"before": report.measured.before.peak_bytes, "after": report.measured.after.peak_bytes},
+            "method": report.measured.before.method,
+            "reason": report.measured.before.reason or report.measured.after.reason,
+        },
         "verification": None if report.verification is None else {
             "passed": report.verification.passed,
             "outputs": [asdict(o) for o in report.verification.outputs],
@@ -263,13 +268,7 @@ def _memory_json(report: Report) -> dict[str, Any] | None:
             "timeline": list(p.timeline),
         }
 
-    measured = report.measured
     return {
-        "measured": None if measured is None else {
-            "peak_bytes": {"before": measured.before.peak_bytes, "after": measured.after.peak_bytes},
-            "method": measured.before.method,
-            "reason": measured.before.reason or measured.after.reason,
-        },
         "peak_bytes": {"before": audit.before.peak_bytes, "after": audit.after.peak_bytes},
         "intermediate_bytes": {"before": audit.before.intermediate_bytes, "after": audit.after.intermediate_bytes},
         "weight_bytes": {"before": audit.before.weight_bytes, "after": audit.after.weight_bytes},

@@ -1,0 +1,46 @@
+"""The JSON report validates against its published schema (a CI job parses it)."""
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from fuse_cli import api
+from fuse_cli.config import FuseConfig
+from fuse_cli.report.render import render_json
+from tests.conftest import SAMPLES
+
+SCHEMA = json.loads((Path(api.__file__).parent / "report" / "report.schema.json").read_text())
+
+
+@pytest.mark.parametrize("sample, config", [
+    ("cnn_bn_relu.onnx", FuseConfig(dims={"batch": 8})),
+    ("transformer_block_opset14.onnx", FuseConfig(target="ort-cpu")),
+    ("mlp.onnx", FuseConfig(verify=False, fail_on_fusable=True)),
+])
+def test_reports_validate(tmp_path, sample, config):
+    report = api.optimize(SAMPLES / sample, config, tmp_path / "out.onnx").report
+    document = json.loads(render_json(report))
+    jsonschema.validate(document, SCHEMA)
+    assert document["memory"]["peak_bytes"]["before"] > 0 and document["fusions"]
+
+
+def test_the_schema_rejects_a_report_missing_a_required_field(tmp_path):
+    report = api.optimize(SAMPLES / "mlp.onnx", FuseConfig(verify=False), dry_run=True).report
+    document = json.loads(render_json(report))
+    del document["memory"]["peak_bytes"]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(document, SCHEMA)
+
+
+def test_measured_fields_with_measure():
+    report = api.optimize(SAMPLES / "mlp.onnx", FuseConfig(verify=False, measure=True, dims={"batch": 64}),
+                          dry_run=True).report
+    document = json.loads(render_json(report))
+    jsonschema.validate(document, SCHEMA)
+    measured = document["measured"]
+    assert measured["method"] and set(measured["peak_bytes"]) == {"before", "after"}
+    if measured["peak_bytes"]["before"] is None:
+        pytest.skip(f"peak not measurable here: {measured['reason']}")
+    assert measured["peak_bytes"]["before"] > 0
