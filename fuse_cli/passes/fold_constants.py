@@ -19,6 +19,9 @@ from fuse_cli.passes.registry import register
 NONDETERMINISTIC_OPS = frozenset({
     "RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli", "Dropout",
 })
+# Folding DequantizeLinear(int8 weight) would be exact in float, but it turns a quantized (QDQ)
+# model into a float one: the runtime would no longer run that layer in int8. Keep Q/DQ nodes.
+QUANTIZATION_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"})
 
 
 @register
@@ -103,4 +106,5 @@ def _reads_constant_over(node: gs.Node, limit: int) -> bool:
 
 
 def _is_random(node: gs.Node) -> bool:
-    return node.op in NONDETERMINISTIC_OPS and (node.domain or "") in ("", "ai.onnx")
+    """Not foldable: random ops (their value changes per run) and quantization boundaries."""
+    return node.op in NONDETERMINISTIC_OPS | QUANTIZATION_OPS and (node.domain or "") in ("", "ai.onnx")
