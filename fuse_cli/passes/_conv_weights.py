@@ -9,14 +9,45 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor
 from fuse_cli.match import Match, constant_value
-from fuse_cli.passes.conv_bn import _output_channels as output_channels
-from fuse_cli.passes.conv_bn import _scale_output_channels as scale_output_channels
 
 FOLDABLE_DTYPES = (np.float16, np.float32, np.float64)
 BN_PARAMS = ("scale", "beta", "mean", "variance")
 
-__all__ = ["FOLDABLE_DTYPES", "BN_PARAMS", "output_channels", "scale_output_channels", "batchnorm_reason",
-           "batchnorm_affine", "channel_vector", "fold_input_affine"]
+
+def output_channels(conv: gs.Node, w: np.ndarray) -> int:
+    """Conv weights are [C_out, C_in/group, k...]; ConvTranspose's [C_in, C_out/group, k...]."""
+    if conv.op == "ConvTranspose":
+        return w.shape[1] * int(conv.attrs.get("group", 1))
+    return w.shape[0]
+
+
+def scale_output_channels(conv: gs.Node, w: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """w scaled per output channel: axis 0 for Conv; for ConvTranspose axis 1 within each group."""
+    spatial = (1,) * (w.ndim - 2)
+    if conv.op != "ConvTranspose":
+        return w * scale.reshape(-1, 1, *spatial)
+    groups = int(conv.attrs.get("group", 1))
+    c_in, c_out_per_group = w.shape[0], w.shape[1]
+    grouped = w.reshape(groups, c_in // groups, c_out_per_group, *w.shape[2:])
+    grouped = grouped * scale.reshape(groups, 1, c_out_per_group, *spatial)
+    return grouped.reshape(w.shape)
+
+
+def refolded_conv(conv: gs.Node, inputs: list[gs.Tensor], output: gs.Tensor) -> gs.Node:
+    """The same Conv/ConvTranspose (name, attributes, domain) over new weights, writing `output`."""
+    return gs.Node(op=conv.op, name=conv.name, domain=conv.domain, attrs=dict(conv.attrs), inputs=inputs,
+                   outputs=[output])
+
+
+def conv_bias_reason(m: Match, conv: gs.Node, channels: int) -> str | None:
+    bias = m.tensor("bias")
+    if bias is not None and constant_value(bias).size != channels:
+        return f"{conv.name}'s bias has {constant_value(bias).size} values for {channels} output channels"
+    return None
+
+
+__all__ = ["FOLDABLE_DTYPES", "BN_PARAMS", "output_channels", "scale_output_channels", "refolded_conv",
+           "conv_bias_reason", "batchnorm_reason", "batchnorm_affine", "channel_vector", "fold_input_affine"]
 
 
 def batchnorm_reason(bn: gs.Node, g: GraphEditor) -> str | None:

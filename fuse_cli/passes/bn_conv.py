@@ -8,7 +8,7 @@ import onnx_graphsurgeon as gs
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Match, Op, Var, constant_value
 from fuse_cli.passes._conv_weights import (FOLDABLE_DTYPES, batchnorm_affine, batchnorm_reason, bn_params_reason,
-                                           fold_input_affine)
+                                           fold_input_affine, refolded_conv)
 from fuse_cli.passes.base import PatternPass
 from fuse_cli.passes.registry import register
 
@@ -68,11 +68,9 @@ class FoldBatchNormIntoNextConv(PatternPass):
         s, t = batchnorm_affine(m, bn)
         new_w, shift = fold_input_affine(conv, w.astype(np.float64), s, t)
         b = constant_value(m.tensor("bias")).astype(np.float64) if m.tensor("bias") is not None else 0.0
-        fused = gs.Node(op="Conv", name=conv.name, domain=conv.domain, attrs=dict(conv.attrs),
-                        inputs=[m.tensor("x"), g.constant(f"{conv.name}_weight_bnfolded", new_w.astype(w.dtype)),
-                                g.constant(f"{conv.name}_bias_bnfolded", (b + shift).astype(w.dtype))],
-                        outputs=[conv.outputs[0]])
-        return Replacement(nodes=[fused])
+        inputs = [m.tensor("x"), g.constant(f"{conv.name}_weight_bnfolded", new_w.astype(w.dtype)),
+                  g.constant(f"{conv.name}_bias_bnfolded", (b + shift).astype(w.dtype))]
+        return Replacement(nodes=[refolded_conv(conv, inputs, conv.outputs[0])])
 
 
 def _output_side_fold(bn: gs.Node, g: GraphEditor) -> str | None:

@@ -8,7 +8,7 @@ import onnx_graphsurgeon as gs
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Alt, Match, Op, Var, constant_value
 from fuse_cli.passes._conv_weights import (FOLDABLE_DTYPES, batchnorm_affine, batchnorm_reason, bn_params_reason,
-                                           output_channels, scale_output_channels)
+                                           output_channels, refolded_conv, scale_output_channels)
 from fuse_cli.passes.base import PatternPass
 from fuse_cli.passes.registry import register
 
@@ -83,9 +83,9 @@ class FoldBatchNormIntoConcatenatedConvs(PatternPass):
             b = constant_value(m.tensor(f"bias{i}")).astype(np.float64) if m.tensor(f"bias{i}") is not None else 0.0
             out = g.variable(f"{conv.name}_out", like=conv.outputs[0])
             new_w = scale_output_channels(conv, w.astype(np.float64), s).astype(w.dtype)
-            nodes.append(gs.Node(op=conv.op, name=conv.name, domain=conv.domain, attrs=dict(conv.attrs), outputs=[out],
-                                 inputs=[m.tensor(f"x{i}"), g.constant(f"{conv.name}_weight_bnfolded", new_w),
-                                         g.constant(f"{conv.name}_bias_bnfolded", (b * s + t).astype(w.dtype))]))
+            inputs = [m.tensor(f"x{i}"), g.constant(f"{conv.name}_weight_bnfolded", new_w),
+                      g.constant(f"{conv.name}_bias_bnfolded", (b * s + t).astype(w.dtype))]
+            nodes.append(refolded_conv(conv, inputs, out))
             outputs.append(out)
         nodes.append(gs.Node(op="Concat", name=concat.name, domain=concat.domain, attrs=dict(concat.attrs),
                              inputs=outputs, outputs=[bn.outputs[0]]))

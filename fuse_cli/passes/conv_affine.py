@@ -9,7 +9,8 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Const, Match, Op, Var, constant_value
-from fuse_cli.passes._conv_weights import FOLDABLE_DTYPES, channel_vector, output_channels, scale_output_channels
+from fuse_cli.passes._conv_weights import (FOLDABLE_DTYPES, channel_vector, conv_bias_reason, output_channels,
+                                           refolded_conv, scale_output_channels)
 from fuse_cli.passes.base import PatternPass
 from fuse_cli.passes.registry import register
 
@@ -44,10 +45,7 @@ class _FoldChannelConstant(PatternPass):
         if channel_vector(c, w.ndim, channels) is None:
             return (f"{op.name}'s constant of shape {list(c.shape)} does not broadcast over the channel axis "
                     f"alone of {conv.name}'s rank-{w.ndim} output ({channels} channels)")
-        bias = m.tensor("bias")
-        if bias is not None and constant_value(bias).size != channels:
-            return f"{conv.name}'s bias has {constant_value(bias).size} values for {channels} output channels"
-        return None
+        return conv_bias_reason(m, conv, channels)
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
         conv, op = m.node("conv"), m.node("op")
@@ -62,8 +60,7 @@ class _FoldChannelConstant(PatternPass):
         inputs = [m.tensor("x"), weight]
         if new_b is not None:
             inputs.append(g.constant(f"{conv.name}_bias_{self.tag}", new_b.astype(w.dtype)))
-        return Replacement(nodes=[gs.Node(op=conv.op, name=conv.name, domain=conv.domain, attrs=dict(conv.attrs),
-                                          inputs=inputs, outputs=[op.outputs[0]])])
+        return Replacement(nodes=[refolded_conv(conv, inputs, op.outputs[0])])
 
 
 @register
