@@ -16,6 +16,7 @@ from rich.console import Console
 from fuse_cli import __version__, api
 from fuse_cli.bench import GRAPH_OPTIMIZATION, PROVIDERS
 from fuse_cli.config import load_config, parse_dims, parse_input_shapes, split_names
+from fuse_cli.verify import parse_int_ranges
 from fuse_cli.errors import FuseError, UsageError
 from fuse_cli.graph.io import load_model
 from fuse_cli.passes import REGISTRY, TARGETS, pipeline_for
@@ -73,6 +74,9 @@ def fusion_options(func):
                      help="Convert the model to opset N first (onnx version converter), so newer fused ops apply."),
         click.option("--verify/--no-verify", default=None,
                      help="Compare outputs with the original in onnxruntime (default on); roll back passes that break them."),
+        click.option("--int-range", "int_ranges", multiple=True, metavar="INPUT=LOW:HIGH",
+                     help="Verification: range of an integer input's random values, high exclusive "
+                          "(default 0:10; 0:2 for inputs named *mask*)."),
         click.option("--rtol", type=click.FloatRange(min=0), default=None,
                      help="Relative tolerance for verification (default by dtype)."),
         click.option("--atol", type=click.FloatRange(min=0), default=None,
@@ -99,8 +103,8 @@ def fusion_options(func):
     return func
 
 
-def _config(target, passes, disable, dims, input_shapes, freeze_inputs, fold_limit, upgrade_opset, verify, rtol,
-            atol, allow_mismatch, fail_on_fusable, max_peak, fail_on_near_miss, measure):
+def _config(target, passes, disable, dims, input_shapes, freeze_inputs, fold_limit, upgrade_opset, verify, int_ranges,
+            rtol, atol, allow_mismatch, fail_on_fusable, max_peak, fail_on_near_miss, measure):
     base = load_config()
     return base.with_overrides(
         target=target,
@@ -112,6 +116,7 @@ def _config(target, passes, disable, dims, input_shapes, freeze_inputs, fold_lim
         fold_limit_bytes=int(fold_limit * 2**20) if fold_limit is not None else None,
         upgrade_opset=upgrade_opset,
         verify=verify,
+        int_ranges=parse_int_ranges(int_ranges) if int_ranges else None,
         rtol=rtol,
         atol=atol,
         allow_mismatch=allow_mismatch,
@@ -235,7 +240,7 @@ def report(models, jobs, json_path, markdown_path, plot_path, html_path, **optio
 def verify_command(original, optimized, dims, int_ranges, inputs_path, rtol, atol, seed, json_path):
     """Run ORIGINAL and OPTIMIZED on the same inputs and compare every output."""
     from fuse_cli.report.render import render_verify_json, render_verify_rich
-    from fuse_cli.verify import load_inputs, parse_int_ranges, verify_models
+    from fuse_cli.verify import load_inputs, verify_models
 
     for path in (original, optimized):
         load_model(path)  # the same one-line errors as every command, before onnxruntime sees the file

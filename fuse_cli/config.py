@@ -36,6 +36,7 @@ class FuseConfig:
     external_data: bool | None = None  # None: only when the model needs it (> 2 GB)
     upgrade_opset: int | None = None  # convert to this opset before fusing (onnx version converter)
     verify: bool = True  # compare with the original in onnxruntime; roll back passes that break it
+    int_ranges: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # random integer inputs, high exclusive
     rtol: float | None = None  # None: per-dtype defaults (fuse_cli.verify.DEFAULT_TOLERANCES)
     atol: float | None = None
     allow_mismatch: bool = False  # exit 0 even when a pass had to be rolled back

@@ -132,3 +132,25 @@ def test_default_atol_scales_with_the_outputs_magnitude():
     assert compare_outputs(want, rounding).passed
     assert not compare_outputs(want, wrong).passed
     assert not compare_outputs(want, rounding, rtol=1e-4, atol=1e-5).passed  # an explicit atol is absolute
+
+
+def test_nan_and_inf_where_the_original_has_them_are_agreement():
+    from fuse_cli.verify import compare_outputs
+
+    want = {"y": np.array([np.nan, np.inf, -np.inf, 1.0], np.float32)}
+    assert compare_outputs(want, {"y": want["y"].copy()}).passed
+    assert not compare_outputs(want, {"y": np.array([0.0, np.inf, -np.inf, 1.0], np.float32)}).passed
+    assert not compare_outputs(want, {"y": np.array([np.nan, -np.inf, -np.inf, 1.0], np.float32)}).passed
+
+
+def test_mask_inputs_get_zeros_and_ones_so_the_original_stays_finite():
+    """(1 - mask) * finfo.min, as BERT exports write it, overflows to -inf for mask values >= 2."""
+    b = GraphBuilder()
+    scores = b.input("scores", ["batch", 8])
+    mask = b.input("attention_mask", ["batch", 8], dtype=TensorProto.INT64)
+    inverted = b.op("Sub", b.const(np.float32(1.0)), b.op("Cast", mask, to=TensorProto.FLOAT))
+    bias = b.op("Mul", inverted, b.const(np.float32(np.finfo(np.float32).min)))
+    model = b.build(b.op("Softmax", b.op("Add", scores, bias), axis=-1), output_names=["probs"])
+    feeds = random_inputs(make_session(model), dims={"batch": 16})
+    assert set(np.unique(feeds["attention_mask"])) <= {0, 1}
+    assert verify_models(model, model, dims={"batch": 16}).passed
