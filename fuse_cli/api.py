@@ -301,7 +301,9 @@ def _memory_audit(loaded: LoadedModel, bound: ShapeTable, symbolic: ShapeTable, 
         after_bound = infer_shapes(optimized, bound.bound_dims, config.input_shapes, symbolic=True)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
-    after_symbolic = infer_shapes(optimized)
+    # onnxruntime infers its contrib operators' outputs (MultiHeadAttention, ...) at run time, and its
+    # planner compares those shapes: fill what onnx cannot infer from its symbolic inference
+    after_symbolic = infer_shapes(optimized, symbolic=True)
     # onnx cannot infer contrib operators (FusedConv, ...), but a fused node writes the tensor
     # its pattern's root wrote, under the same name: the original's shapes still hold for it.
     after = profile_memory(optimized, _fill_from(after_bound, bound), extra_weights=defaults,

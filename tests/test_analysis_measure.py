@@ -13,9 +13,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from fuse_cli import api
 from fuse_cli.analysis.measure import Measurement, concrete_input_shapes, measure_here, measure_peak
 from fuse_cli.analysis.memory import WORKSPACE, profile_memory, runtime_order
 from fuse_cli.analysis.shapes import infer_shapes
+from fuse_cli.config import FuseConfig
 from tests.conftest import SAMPLES
 
 FLOAT = TensorProto.FLOAT
@@ -128,6 +130,59 @@ def test_runtime_rules_match_a_real_run(probe):
     assert estimate == units * 4 * MIB
     actual = measured(m, **dims)
     assert abs(estimate - actual) <= 0.05 * actual, (estimate, actual)
+
+
+# Contrib kernels' scratch (memory.py's Workspace rules) against a real run, at 4 MiB per [16, 256, 256]
+# tensor for the Gelu kernels; MultiHeadAttention [B, S, 64] with 4 heads.
+MS = helper.make_opsetid("com.microsoft", 1)
+
+
+def attention(batch, sequence, kv_length, *, mask=False):
+    hidden = 64
+    inputs = ["q", "k", "v"] + (["", "mask"] if mask else [])
+    mha = helper.make_node("MultiHeadAttention", inputs, ["y"], domain="com.microsoft", num_heads=4)
+    initializers = [numpy_helper.from_array(np.ones((batch, kv_length), np.int32), "mask")] if mask else []
+    values = [value("q", [batch, sequence, hidden]), value("k", [batch, kv_length, hidden]),
+              value("v", [batch, kv_length, hidden])]
+    return model([mha], values, [value("y", [batch, sequence, hidden])], initializers, extra_opsets=[MS])
+
+
+def bias_gelu():
+    x = [16, 256, 256]
+    return model([helper.make_node("BiasGelu", ["x", "bias"], ["y"], domain="com.microsoft")],
+                 [value("x", x)], [value("y", x)], [floats("bias", [256])], extra_opsets=[MS])
+
+
+@pytest.mark.parametrize(("build", "mib"), [
+    # flash: q, k, v, y 2 MiB each + their three [32, 4, 256, 16] copies = 14 MiB
+    (lambda: attention(32, 256, 256), 14),
+    # q, y 0.5 MiB, k, v 2 MiB + copies of q, k, v = 9.5 MiB
+    (lambda: attention(16, 128, 512), 9.5),
+    # a mask: not flash. q, y 0.5 MiB, k, v 1 MiB, copies 2.5 MiB, probabilities
+    # [16, 4, 128, 256] 8 MiB, output before its transpose 0.5 MiB; the mask is a weight: 14 MiB
+    (lambda: attention(16, 128, 256, mask=True), 14),
+    # x, y 4 MiB each + the biased input's temporary 4 MiB
+    (bias_gelu, 12),
+])
+def test_contrib_kernel_scratch_matches_a_real_run(build, mib):
+    m = build()
+    estimate = profile(m).peak_bytes
+    assert estimate == mib * MIB
+    actual = measured(m)
+    assert abs(estimate - actual) <= 0.05 * actual, (estimate, actual)
+
+
+def test_ort_cpu_fused_transformer_estimate_is_within_a_quarter_of_the_measured_peak(tmp_path):
+    # The transformer sample fused for onnxruntime's CPU provider (MultiHeadAttention, BiasGelu,
+    # LayerNormalization), estimated and measured as `fuse report --target ort-cpu --measure` does.
+    config = FuseConfig(target="ort-cpu", dims={"batch": 8, "sequence": 256}, verify=False, measure=True)
+    report = api.optimize(SAMPLES / "transformer_block_opset14.onnx", config, dry_run=True).report
+    assert {"MultiHeadAttention", "BiasGelu"} <= set(report.memory.after.by_op_type)
+    estimate = report.memory.after.peak_bytes
+    result = report.measured.after
+    if result.peak_bytes is None:
+        pytest.skip(f"cannot measure here: {result.reason}")
+    assert abs(estimate - result.peak_bytes) <= 0.25 * result.peak_bytes, (estimate, result.peak_bytes)
 
 
 # --- measuring: what it refuses and reports ---------------------------------------------------

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from fuse_cli.analysis.memory import INPUT_PRODUCER, LiveTensor, profile_memory, runtime_order
+from fuse_cli.analysis.memory import INPUT_PRODUCER, WORKSPACE, LiveTensor, profile_memory, runtime_order
 from fuse_cli.analysis.order import execution_order
 from fuse_cli.analysis.shapes import infer_shapes
 
@@ -260,3 +260,72 @@ def test_graph_without_nodes():
     m = model([], [value("x", [4, 8])], [value("x")])
     p = profile(m)
     assert (p.peak_bytes, p.peak_step, p.peak_node, p.timeline) == (0, -1, "", ())
+
+
+# --- contrib kernels' scratch (com.microsoft, onnxruntime's CPU provider) ---------------------
+
+MS = helper.make_opsetid("com.microsoft", 1)
+
+
+def ms_node(op, inputs, outputs, **kwargs):
+    return helper.make_node(op, inputs, outputs, name=f"{op}_{outputs[0]}", domain="com.microsoft", **kwargs)
+
+
+def attention_model(q_shape, kv_shape, *, extra_inputs=(), extra_values=(), **attrs):
+    # One MultiHeadAttention node, num_heads 4; y is declared (onnx cannot infer a contrib op).
+    attrs.setdefault("num_heads", 4)
+    mha = ms_node("MultiHeadAttention", ["q", "k", "v", *extra_inputs], ["y"], **attrs)
+    inputs = [value("q", q_shape), value("k", kv_shape), value("v", kv_shape), *extra_values]
+    return model([mha], inputs, [value("y", q_shape)], extra_opsets=[MS])
+
+
+def test_attention_copies_query_key_and_value_for_flash_attention():
+    # q, k, v [2, 8, 16] floats = 1 KiB each; 4 heads of 4. Flash attention (no mask, no past):
+    # scratch is the [2, 4, 8, 4] copies of q, k and v = 3 KiB, beside q + k + v + y = 4 KiB.
+    p = profile(attention_model([2, 8, 16], [2, 8, 16]))
+    assert p.timeline == (4 * 1024 + 3 * 1024,)
+    assert p.live_at_peak[0] == LiveTensor(WORKSPACE, 3 * 1024, "MultiHeadAttention_y")
+
+
+def test_attention_with_a_shorter_key_copies_each_at_its_own_length():
+    # q [2, 8, 16] = 1 KiB, k and v [2, 4, 16] = 512 bytes each, y = 1 KiB: scratch 1 + 0.5 + 0.5 KiB.
+    p = profile(attention_model([2, 8, 16], [2, 4, 16]))
+    assert p.timeline == (3 * 1024 + 2 * 1024,)
+
+
+def test_attention_with_a_mask_holds_the_probabilities():
+    # A key padding mask (int32 [2, 8] = 64 bytes, a graph input) turns flash attention off:
+    # besides the 3 KiB of copies, probabilities [2, 4, 8, 8] floats = 2 KiB and the output before
+    # its transpose [2, 4, 8, 4] floats = 1 KiB. q + k + v + mask + y = 4 KiB + 64.
+    m = attention_model([2, 8, 16], [2, 8, 16], extra_inputs=["", "mask"],
+                        extra_values=[value("mask", [2, 8], TensorProto.INT32)])
+    assert profile(m).timeline == (4 * 1024 + 64 + 6 * 1024,)
+    # unidirectional: the same path, no mask input
+    assert profile(attention_model([2, 8, 16], [2, 8, 16], unidirectional=1)).timeline == (4 * 1024 + 6 * 1024,)
+
+
+def test_attention_with_key_and_value_in_heads_layout_copies_only_the_query():
+    # k, v [2, 4, 8, 4] (B, N, L, H) = 1 KiB each are read in place, and that path is never
+    # flash: query copy 1 KiB + probabilities [2, 4, 8, 8] = 2 KiB + output before transpose 1 KiB.
+    p = profile(attention_model([2, 8, 16], [2, 4, 8, 4]))
+    assert p.timeline == (4 * 1024 + 4 * 1024,)
+
+
+def test_attention_of_unknown_size_has_no_scratch():
+    # batch unbound: no figure for the scratch, so none is counted (the tensors are listed unknown)
+    p = profile_memory(attention_model(["b", 8, 16], ["b", 8, 16]), infer_shapes(attention_model(["b", 8, 16], ["b", 8, 16])))
+    assert p.timeline == (0,)
+
+
+@pytest.mark.parametrize(("op", "inputs", "scratch"), [
+    # bias added into a temporary as big as the output: x + y + temporary = 3S
+    ("BiasGelu", ["x", "bias"], S),
+    ("FastGelu", ["x", "bias"], S),
+    # no bias, no temporary: x + y = 2S
+    ("FastGelu", ["x"], 0),
+    ("Gelu", ["x"], 0),
+])
+def test_gelu_kernels_with_a_bias_fill_a_temporary(op, inputs, scratch):
+    bias = numpy_helper.from_array(np.zeros(8, np.float32), "bias")
+    m = model([ms_node(op, inputs, ["y"])], [value("x", [4, 8])], [value("y", [4, 8])], [bias], extra_opsets=[MS])
+    assert profile(m).timeline == (2 * S + scratch,)

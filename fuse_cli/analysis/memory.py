@@ -43,7 +43,23 @@ Workspace. Kernel scratch, live while its node runs:
   im2col matrix (output pixels x K floats) when the filters per group outnumber the output
   pixels; else one 128x128-float tile (64 KiB) per thread;
 - Dropout from opset 12 without a mask output fills a mask anyway: one byte per element
-  (cpu/nn/dropout_op.h).
+  (cpu/nn/dropout_op.h);
+- com.microsoft BiasGelu, and FastGelu given a bias, write input + bias into a temporary the
+  size of the output before the Erf/Tanh pass (BiasGelu::Compute, contrib_ops/cpu/bert/
+  bias_gelu.cc); measured: one output's worth. Gelu, FastGelu without a bias, FusedMatMul,
+  FusedConv's 1x1 GEMM, SkipLayerNormalization, LayerNormalization and
+  SimplifiedLayerNormalization measured none;
+- com.microsoft MultiHeadAttention (contrib_ops/cpu/bert/multihead_attention.cc) copies query,
+  key and value, bias added, into [B, N, S, H], [B, N, L, H] and [B, N, L, H_v] buffers from the
+  temp-space allocator (MaybeTransposeToBNSHAndAddBias, attention_utils.cc): as many bytes as
+  the three inputs, all held until the kernel returns, together with its inputs and output. Key
+  and value given as [B, N, L, H] are used as they are, not copied. With no mask, attention
+  bias, past or present, and not unidirectional, it runs MlasFlashAttention, whose tile buffer
+  is a few Q rows by a block of keys per thread, sized to the L2 cache: not modelled. Otherwise
+  ApplyAttention (attention_cpu_base.h) also holds the attention probabilities [B, N, S, T]
+  (T = past + L) and the output before its transpose [B, N, S, H_v] until it returns; measured
+  with a key padding mask, no [B, S, T] mask buffer stayed resident. Measured on onnxruntime
+  1.31 for batch, sequence, key length, heads and head size: within 0.2 MiB of the formula.
 
 Not modelled, being small next to activations: allocator rounding (under a page per buffer),
 blocks glibc serves from its own heap, kernels' per-row scratch, thread stacks; with T intra-op
@@ -435,6 +451,11 @@ def _workspace_bytes(node: onnx.NodeProto, shapes: ShapeTable, opset: int) -> in
     domain = _domain(node)
     if node.op_type == "Conv" and domain == "" or node.op_type == "FusedConv" and domain == _MS_DOMAIN:
         return _conv_workspace(node, shapes)
+    if domain == _MS_DOMAIN and (node.op_type == "BiasGelu"
+                                 or node.op_type == "FastGelu" and len(node.input) > 1 and node.input[1]):
+        return shapes.nbytes(node.output[0]) or 0
+    if domain == _MS_DOMAIN and node.op_type == "MultiHeadAttention":
+        return _attention_workspace(node, shapes)
     if node.op_type == "Dropout" and domain == "" and opset >= 12 and (len(node.output) < 2 or not node.output[1]):
         info = shapes.get(node.input[0])
         if info is not None and info.shape is not None and all(isinstance(d, int) for d in info.shape):
@@ -476,6 +497,48 @@ def _conv_workspace(node: onnx.NodeProto, shapes: ShapeTable) -> int:
     if filters > pixels:
         return 4 * k * pixels
     return _MLAS_CONV_TILE_BYTES
+
+
+# MultiHeadAttention inputs that turn MlasFlashAttention off: key_padding_mask, attention_bias,
+# past_key, past_value, past_sequence_length, cache_indirection.
+_ATTENTION_UNFLASHED_INPUTS = range(4, 10)
+
+
+def _attention_workspace(node: onnx.NodeProto, shapes: ShapeTable) -> int:
+    """MultiHeadAttention's temp-space buffers on the CPU provider, in bytes; 0 when unknown."""
+    inputs = list(node.input) + [""] * 10
+
+    def static(name: str) -> tuple[int, ...] | None:
+        info = shapes.get(name) if name else None
+        if info is None or info.shape is None or not all(isinstance(d, int) for d in info.shape):
+            return None
+        return info.shape
+
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    heads = int(attrs.get("num_heads", 0))
+    query, key, value = (static(name) for name in inputs[:3])
+    info = shapes.get(inputs[0])
+    bits = element_size_bits(info.elem_type) if info is not None else None
+    if heads <= 0 or bits is None or query is None or len(query) != 3 or key is None or value is None:
+        return 0  # packed QKV (5-D) has no CPU kernel; without key, nothing we can size
+    size = bits // 8
+    batch, sequence, hidden = query
+    if len(key) == 3 and len(value) == 3:
+        kv_length, v_hidden = key[1], value[2]
+        copies = batch * (sequence * hidden + kv_length * hidden + kv_length * v_hidden)
+        flash = (not any(inputs[i] for i in _ATTENTION_UNFLASHED_INPUTS)
+                 and not any(node.output[1:]) and not int(attrs.get("unidirectional", 0)))
+    elif len(key) == 4 and len(value) == 4:  # [B, N, L, H]: used in place, and never flash
+        kv_length, v_hidden = key[2], value[1] * value[3]
+        copies, flash = batch * sequence * hidden, False
+    else:
+        return 0
+    if flash:
+        return size * copies
+    past = static(inputs[6])
+    total = kv_length + (past[2] if past is not None and len(past) == 4 else 0)
+    probabilities = batch * heads * sequence * total
+    return size * (copies + probabilities + batch * sequence * v_hidden)
 
 
 def _conv_pads(attrs: Mapping, spatial_in: Sequence[int], spatial_out: Sequence[int],
