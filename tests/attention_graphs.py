@@ -21,7 +21,7 @@ def attention_model(*, opset: int = 17, heads: int = 4, head_size: int = 16, seq
                     mask: str | None = None, causal_fill: float | None = None, masked_fill: bool = False,
                     scale: str = "div", k_transpose: str = "fused", cross: bool = False, packed: bool = False,
                     split_shape: str = "const", softmax_axis: int = -1, probs_output: bool = False,
-                    dtype=np.float32) -> onnx.ModelProto:
+                    static_length: int | None = None, fused_scores: bool = False, dtype=np.float32) -> onnx.ModelProto:
     """mask: None, "padding" ([B,1,1,T] from an int64 attention_mask: (1 - m) * -10000) or "rank3"
     ([B,1,T], which no attention_bias layout takes). causal_fill: GPT-2's torch.where(tril, s, fill),
     the tril sliced from a constant buffer (masked_fill: Where(not tril, fill, s)). scale: "div"
@@ -30,8 +30,11 @@ def attention_model(*, opset: int = 17, heads: int = 4, head_size: int = 16, seq
     (s / sqrt(hidden / heads) from the input's shape at run time). k_transpose: "fused" (one
     Transpose [0,2,3,1]) or "pair" ([0,2,1,3] then [0,1,3,2]). packed: one Q/K/V projection Split
     in three (GPT-2's c_attn). cross: key and value from a second input. split_shape "concat": the
-    head-split shape computed from Shape at run time (torch with dynamic axes)."""
-    b = GraphBuilder(opset=opset, seed=7)
+    head-split shape computed from Shape at run time (torch with dynamic axes). static_length: the
+    split and merge shapes write the sequence length out ([0, 197, H, d] and [0, 197, H*d], what
+    static-reshape-shape makes of ViT's run-time shapes). fused_scores: Q.K^T as the FusedMatMul
+    fused-matmul makes of it (scale as alpha, the "pair" form's last-two-axes swap as transB)."""
+    b = GraphBuilder(opset=opset, seed=7, extra_opsets={"com.microsoft": 1} if fused_scores else None)
     elem = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
     hidden = heads * head_size
     x = b.input("hidden", ["batch", seq, hidden], elem)
@@ -44,8 +47,9 @@ def attention_model(*, opset: int = 17, heads: int = 4, head_size: int = 16, seq
         product = b.op("MatMul", t, const(b.rand(hidden, hidden) * hidden**-0.5), name=f"{name}_matmul")
         return b.op("Add", const(b.rand(hidden) * 0.1), product, name=f"{name}_add")
 
+    length = -1 if static_length is None else static_length
     if split_shape == "const":
-        split = b.const(np.array([0, -1, heads, head_size], np.int64), name="split_heads_shape")
+        split = b.const(np.array([0, length, heads, head_size], np.int64), name="split_heads_shape")
     else:  # torch with dynamic axes: x.size()[:-1] + (heads, head_size), computed at run time
         batch_seq = b.op("Slice", b.op("Shape", x), b.const(np.array([0], np.int64)), b.const(np.array([2], np.int64)))
         split = b.op("Concat", batch_seq, b.const(np.array([heads, head_size], np.int64)), axis=0)
@@ -62,16 +66,24 @@ def attention_model(*, opset: int = 17, heads: int = 4, head_size: int = 16, seq
     q = heads_of(projections[0], "query", [0, 2, 1, 3])
     if k_transpose == "fused":
         k = heads_of(projections[1], "key", [0, 2, 3, 1])
+    elif fused_scores:  # the [0,1,3,2] Transpose became FusedMatMul's transB
+        k = heads_of(projections[1], "key", [0, 2, 1, 3])
     else:
         k = b.op("Transpose", heads_of(projections[1], "key", [0, 2, 1, 3]), perm=[0, 1, 3, 2])
     v = heads_of(projections[2], "value", [0, 2, 1, 3])
 
     inv_sqrt = head_size**-0.5
-    if scale == "query":
+    if fused_scores:  # what fused-matmul leaves: alpha = 1/sqrt(d), K's [0,1,3,2] as transB
+        swap = k_transpose == "pair"
+        scores = b.op("FusedMatMul", q, k, domain="com.microsoft", name="qk_matmul", alpha=inv_sqrt, transA=0,
+                      transB=int(swap))
+        scale = "fused"
+    elif scale == "query":
         q = b.op("Mul", q, const(inv_sqrt))
     elif scale == "both":
         q, k = b.op("Mul", q, const(inv_sqrt**0.5)), b.op("Mul", k, const(inv_sqrt**0.5))
-    scores = b.op("MatMul", q, k, name="qk_matmul")
+    if not fused_scores:
+        scores = b.op("MatMul", q, k, name="qk_matmul")
     if scale == "div":
         scores = b.op("Div", scores, const(np.sqrt(head_size)), name="scale_div")
     elif scale == "mul":
@@ -105,11 +117,15 @@ def attention_model(*, opset: int = 17, heads: int = 4, head_size: int = 16, seq
     probs = b.op("Softmax", scores, axis=softmax_axis, name="softmax")
     context = b.op("MatMul", probs, v, name="context_matmul")
     context = b.op("Transpose", context, perm=[0, 2, 1, 3], name="merge_transpose")
-    context = b.op("Reshape", context, b.const(np.array([0, 0, hidden], np.int64)), name="merge_reshape")
+    context = b.op("Reshape", context, b.const(np.array([0, static_length or 0, hidden], np.int64)),
+                    name="merge_reshape")
     out = b.op("MatMul", context, const(b.rand(hidden, hidden) * hidden**-0.5), name="output_matmul")
     outputs = (out, probs) if probs_output else (out,)
     names = ("output", "probs") if probs_output else ("output",)
-    return b.build(*outputs, output_names=names)
+    model = b.build(*outputs, output_names=names)
+    for output in model.graph.output:  # onnx's inference stops at com.microsoft operators
+        output.type.tensor_type.elem_type = output.type.tensor_type.elem_type or elem
+    return model
 
 
 def bert(opset: int, padding: bool) -> onnx.ModelProto:
@@ -126,3 +142,10 @@ def gpt2(opset: int, padding: bool) -> onnx.ModelProto:
 def vit(opset: int) -> onnx.ModelProto:
     # ViT: a fixed number of patch tokens (static sequence), no mask
     return attention_model(opset=opset, seq=17, heads=6, head_size=8, scale="query", k_transpose="pair")
+
+
+def vit_static(opset: int, fused_scores: bool = False) -> onnx.ModelProto:
+    # ViT as torch exports it (scale on the scores, K^T in one Transpose) after static-reshape-shape:
+    # the 197 (here 17) tokens written out in the head-split and merge shapes
+    return attention_model(opset=opset, seq=17, heads=6, head_size=8, scale="mul", static_length=17,
+                           fused_scores=fused_scores)

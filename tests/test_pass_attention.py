@@ -9,7 +9,7 @@ import pytest
 from fuse_cli.errors import UsageError
 from fuse_cli.passes.registry import pipeline_for, resolve
 from fuse_cli.verify import verify_models
-from tests.attention_graphs import attention_model, bert, gpt2, vit
+from tests.attention_graphs import attention_model, bert, gpt2, vit, vit_static
 from tests.conftest import SAMPLES, optimize_model
 from tests.graphs import op_counts
 
@@ -40,6 +40,10 @@ FORMS = {
     "gpt2-opset17": (gpt2(17, padding=False), 4, None),
     "vit-opset14": (vit(14), 6, None),
     "vit-opset17": (vit(17), 6, None),
+    "vit-static-length-opset14": (vit_static(14), 6, None),
+    "vit-static-length-opset17": (vit_static(17), 6, None),
+    "fused-matmul-scores": (vit_static(17, fused_scores=True), 6, None),
+    "fused-matmul-scores-trans-b": (attention_model(fused_scores=True, k_transpose="pair", mask="padding"), 4, None),
     "scale-mul": (attention_model(scale="mul", mask="padding"), 4, None),
     "scale-on-q-and-k": (attention_model(scale="both", k_transpose="pair"), 4, None),
     "custom-scale": (attention_model(scale="custom"), 4, 0.2),
@@ -88,6 +92,9 @@ NEAR_MISSES = {
                            "scale_div's score_scale 'Sqrt_1_out' is computed at run time by Sqrt_1"),
     "heads-not-derivable": (attention_model(split_shape="concat"), "ort-cpu",
                             "the head count is not derivable: query_reshape's shape is computed at run time"),
+    "length-not-the-static-one": (attention_model(static_length=17), "ort-cpu",
+                                  "query_reshape reshapes to [0, 17, 4, 16]: sequence length 17 is not "
+                                  "'query_matmul_out''s static dim 1 (sequence)"),
     "probabilities-are-an-output": (attention_model(probs_output=True), "ort-cpu",
                                     "softmax's output 'probs' is a graph output"),
     "causal-fill-too-small": (attention_model(causal_fill=-10000.0), "ort-cpu",

@@ -32,7 +32,10 @@ def scaled(x, role: str) -> Alt:
 QUERY = scaled(Op("Transpose", split_heads("query"), name="query_transpose"), "query")
 KEY_T = scaled(Alt(Op("Transpose", split_heads("key"), name="key_transpose"),
                    Op("Transpose", Op("Transpose", split_heads("key"), name="key_heads"), name="key_transpose")), "key")
-SCORES = scaled(Op("MatMul", QUERY, KEY_T, name="qk"), "score")
+# fused-matmul may have run first (an earlier round, while the head shapes were still computed at
+# run time) and folded the score scale -- and K's last-two-axes swap, as transB -- into FusedMatMul
+SCORES = scaled(Alt(Op("MatMul", QUERY, KEY_T, name="qk"), Op("FusedMatMul", QUERY, KEY_T, domain="com.microsoft",
+                                                              name="qk")), "score")
 CAUSAL = Alt(Op("Where", Var("keep"), SCORES, Var("fill", const=True), name="causal"),
              Op("Where", Var("drop"), Var("fill", const=True), SCORES, name="causal"), SCORES)
 MASKED = Alt(Op("Add", CAUSAL, Var("mask"), name="mask_add"), CAUSAL)
@@ -55,11 +58,14 @@ class FuseMultiHeadAttention(PatternPass):
     are not constant MatMuls (GPT-2's Split of one packed projection); onnxruntime's CPU runs both.
     The Q/K/V MatMuls stay; a constant [hidden] bias Add on each is absorbed. K^T is one Transpose
     [0,2,3,1] or [0,2,1,3] then [0,1,3,2]. scale is the product of the constant scalar Mul/Div on
-    Q, K^T and the scores (emitted when it is not 1/sqrt(d)). attention_bias (rank 4: B or 1, H or
-    1, S, T) is what the graph adds to the scores: its own mask, plus Where(causal, 0, fill) for a
+    Q, K^T and the scores (emitted when it is not 1/sqrt(d)), times alpha when fused-matmul already
+    made Q.K^T a FusedMatMul (transB counts as K's last-two-axes swap). attention_bias (rank 4: B
+    or 1, H or 1, S, T) is what the graph adds to the scores: its own mask, plus Where(causal, 0, fill) for a
     causal Where -- equal to the Where when fill <= -1e30, as s + fill then rounds to fill -- and
     an Expand to [1, 1, S, T] unless its last dims are statically S and T (broadcasting them is
-    not allowed). Heads and head size come from constant Reshape shapes matching [B, L, H*d].
+    not allowed). Heads and head size come from constant Reshape shapes matching [B, L, H*d]; L
+    is 0, -1 or, for a static sequence (ViT's 197 tokens, written out by static-reshape-shape),
+    the tensor's static length itself.
     """
 
     name = "attention"
@@ -74,9 +80,17 @@ class FuseMultiHeadAttention(PatternPass):
         def perm(name: str) -> list[int]:
             return list(m.node(name).attrs.get("perm", []))
 
-        key_perms = ([KEY_PERM] if "key_heads" not in m.nodes else [LAST_TWO_PERM, HEADS_PERM])
+        key = list(range(4))  # K^T's axes: the Transposes composed, then FusedMatMul's transB
+        for name in ("key_heads", "key_transpose"):
+            if name in m.nodes:
+                key = [key[axis] for axis in perm(name)] if len(perm(name)) == 4 else []
+        qk = m.node("qk").attrs
+        if m.node("qk").op == "FusedMatMul":
+            if any(qk.get(a, 0) for a in ("transA", "transBatchA", "transBatchB")):
+                return False
+            key = [key[axis] for axis in LAST_TWO_PERM] if qk.get("transB", 0) and key else key
         return (all(perm(n) == HEADS_PERM for n in ("query_transpose", "value_transpose", "merge_transpose"))
-                and [perm(n) for n in ("key_transpose", "key_heads") if n in m.nodes] == key_perms)
+                and key == KEY_PERM)
 
     def check(self, m: Match, g: GraphEditor) -> str | None:
         q = m.tensor("query_in")
@@ -99,13 +113,18 @@ class FuseMultiHeadAttention(PatternPass):
             return "the query, key and value batch sizes are not provably equal (MatMul would broadcast them)"
         merged = constant_value(m.tensor("merge_shape"))
         merged = None if merged is None else [int(s) for s in merged.reshape(-1)]
-        if merged not in ([0, 0, hv * dv], [0, -1, hv * dv]) or m.node("merge").attrs.get("allowzero", 0):
+        lengths = (0, -1, q_shape.static(1))  # a static query length written out (ViT's 197) is exact too
+        if (merged is None or len(merged) != 3 or merged[0] != 0 or merged[1] not in lengths or merged[2] != hv * dv
+                or m.node("merge").attrs.get("allowzero", 0)):
             return f"{m.node('merge').name} reshapes to {merged}, not [0, 0, {hv * dv}] (merging the heads)"
         for role in ("query", "key", "score"):
             c = constant_value(m.tensor(f"{role}_scale")) if m.tensor(f"{role}_scale") is not None else 1.0
             if np.size(c) != 1 or not np.all(np.isfinite(c)) or np.all(c == 0):
                 scaling = m.node(f"{role}_scaling").name
                 return f"{scaling} scales by {np.ravel(c)[:4].tolist()}, not a finite nonzero scalar"
+        alpha = m.node("qk").attrs.get("alpha", 1.0)
+        if not (np.isfinite(alpha) and alpha != 0):
+            return f"{m.node('qk').name} scales by alpha {alpha}, not a finite nonzero scalar"
         fill = constant_value(m.tensor("fill")) if "causal" in m.nodes else None
         if fill is not None and (fill.size != 1 or not float(fill.reshape(-1)[0]) <= FILL_LIMIT):
             return (f"{m.node('causal').name} fills masked scores with {fill.reshape(-1)[:4].tolist()}: attention_bias "
@@ -119,7 +138,7 @@ class FuseMultiHeadAttention(PatternPass):
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
         h, d = _heads(m, g, "query")
-        scale = 1.0  # float64 product of the factors, rounded once into the attribute
+        scale = float(m.node("qk").attrs.get("alpha", 1.0))  # float64 product, rounded once into the attribute
         for role in ("query", "key", "score"):
             if m.tensor(f"{role}_scale") is not None:
                 c = float(constant_value(m.tensor(f"{role}_scale")).reshape(-1)[0])
@@ -150,12 +169,15 @@ def _heads(m: Match, g: GraphEditor, role: str) -> tuple[int, int] | str:
         return (f"the head count is not derivable: {reshape.name}'s shape is computed at run time "
                 f"(a constant [0, -1, heads, head_size] is needed)")
     dims, source_shape = [int(s) for s in shape.reshape(-1)], g.shape(source)
-    if (len(dims) != 4 or dims[0] != 0 or dims[1] not in (0, -1) or min(dims[2:]) <= 0
+    if (len(dims) != 4 or dims[0] != 0 or dims[1] < -1 or min(dims[2:]) <= 0
             or reshape.attrs.get("allowzero", 0)):
         return f"{reshape.name} reshapes to {dims}, not [0, -1 or 0, heads, head_size]"
     if source_shape is None or source_shape.rank != 3 or source_shape.static(2) != dims[2] * dims[3]:
         return (f"{reshape.name} splits {source.name!r} of shape {source_shape and list(source_shape.dims)} into "
                 f"{dims[2]} heads of {dims[3]}: it must be [batch, sequence, {dims[2] * dims[3]}]")
+    if dims[1] > 0 and source_shape.static(1) != dims[1]:  # a written-out length must be the static one
+        return (f"{reshape.name} reshapes to {dims}: sequence length {dims[1]} is not {source.name!r}'s "
+                f"static dim 1 ({source_shape.dims[1]}), so it is not [0, -1, heads, head_size]")
     bias = m.tensor(f"{role}_bias")
     if bias is not None and (constant_value(bias).size != dims[2] * dims[3] or g.dtype(bias) != g.dtype(source)):
         return (f"{m.node(f'{role}_bias_add').name}'s bias {bias.name!r} is not a [{dims[2] * dims[3]}] vector "
