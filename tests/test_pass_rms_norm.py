@@ -10,6 +10,7 @@ from onnx import helper, numpy_helper
 from fuse_cli.verify import make_session
 from tests.conftest import assert_equivalent, optimize_model
 from tests.graphs import GraphBuilder, op_counts
+from tests.norm_graphs import rms_norm
 
 HIDDEN = 16
 
@@ -22,27 +23,9 @@ def decomposed_rms_norm(*, opset=23, x_shape=("batch", 5, HIDDEN), axes=(-1,), s
     `gamma_shape=None` leaves Mul(gamma) out; `gate` multiplies the result by x (a runtime tensor)."""
     b = GraphBuilder(opset=opset)
     x = b.input("x", list(x_shape))
-
-    def reduce_mean(t):
-        if opset >= 18:
-            return b.op("ReduceMean", t, b.const(list(axes), dtype=np.int64), keepdims=1)
-        return b.op("ReduceMean", t, axes=list(axes), keepdims=1)
-
-    if centered:
-        x = b.op("Sub", x, reduce_mean(x))
-    squared = b.op("Pow", x, b.const(2.0)) if square == "pow" else b.op("Mul", x, x)
-    eps = b.input("eps", []) if eps_input else b.const(1e-6)
-    rms = b.op("Sqrt", b.op("Add", *((eps, reduce_mean(squared)) if commuted else (reduce_mean(squared), eps))))
-    if divide == "div":
-        y = b.op("Div", x, rms)
-    else:
-        inverse = b.op("Reciprocal", rms) if divide == "reciprocal" else b.op("Div", b.const(1.0), rms)
-        y = b.op("Mul", *((inverse, x) if commuted else (x, inverse)))
-    if gamma_shape is not None:
-        gamma = b.const(b.rand(*gamma_shape, low=0.5, high=1.5))
-        y = b.op("Mul", *((gamma, y) if commuted else (y, gamma)))
+    y, *extra = rms_norm(b, x, axes=axes, square=square, divide=divide, gamma_shape=gamma_shape, commuted=commuted,
+                         eps_input=eps_input, reader=reader, centered=centered)
     y = b.op("Mul", y, x) if gate else y
-    extra = [b.op("Neg", squared, name="reader")] if reader else []
     return b.build(y, *extra, output_names=["y", "z"][: 1 + len(extra)])
 
 
