@@ -208,3 +208,47 @@ def test_attention_with_computed_shapes_fuses_in_the_runtime_pipeline(form, tmp_
     assert op_counts(without.model)[MHA] == 0
     if blocked is not None:
         assert [m.reason for m in without.report.near_misses if m.pass_name == "attention"][0].startswith(blocked)
+
+
+# --- torch's Conv1D: the back-reshape copies leading dims of the input, not of the Gemm output ---
+
+def conv1d(*, opset: int = 17, shared: bool = False) -> onnx.ModelProto:
+    """input [batch, sequence, 32] ─ Reshape[-1, 32] ─ Gemm(W, b) ─ Reshape(Concat(input.size(0),
+    input.size(1), [64])) ─ Relu ─ y; `shared`: the two size pieces are also a graph output."""
+    b = GraphBuilder(opset=opset)
+    x = b.input("input", ["batch", "sequence", 32])
+    flat = b.op("Reshape", x, b.const(ints([-1, 32])), name="flatten")
+    y = b.op("Gemm", flat, b.const(b.rand(32, 64)), b.const(b.rand(64)), name="gemm")
+    pieces = dim(b, x, 0), dim(b, x, 1)
+    back = b.op("Reshape", y, concat(b, *pieces, [64]), name="reshape")
+    outputs = [b.op("Relu", back)] + ([concat(b, *pieces)] if shared else [])
+    return b.build(*outputs, output_names=["y", "sizes"][:len(outputs)])
+
+
+def test_leading_dims_of_another_tensor_become_one_shape_slice(tmp_path):
+    original = conv1d()
+    result = optimize_model(original, tmp_path, passes=PASS)
+    assert op_counts(original)["Gather"] == 2
+    assert op_counts(result.model) == {"Reshape": 2, "Gemm": 1, "Shape": 1, "Concat": 1, "Relu": 1}
+    (shape,) = [n for n in result.model.graph.node if n.op_type == "Shape"]
+    assert list(shape.input) == ["input"]
+    assert {a.name: helper.get_attribute_value(a) for a in shape.attribute} == {"start": 0, "end": 2}
+    for dims in SIZES:
+        assert_equivalent(original, result.model, dims=dims)
+    again = optimize_model(result.model, tmp_path, name="again", passes=PASS)
+    assert not again.report.fusions and not again.report.near_misses
+
+
+def test_leading_dims_read_elsewhere_gain_nothing_and_stay(tmp_path):
+    original = conv1d(shared=True)
+    result = optimize_model(original, tmp_path, passes=PASS)
+    assert not result.report.fusions and signature(result.model) == signature(original)
+    assert not [m for m in result.report.near_misses if m.pass_name == PASS[0]]
+
+
+def test_leading_dims_before_opset_15_stay_a_near_miss(tmp_path):
+    original = conv1d(opset=14)
+    result = optimize_model(original, tmp_path, passes=PASS)
+    assert not result.report.fusions and signature(result.model) == signature(original)
+    (miss,) = [m.reason for m in result.report.near_misses if m.pass_name == PASS[0]]
+    assert "entry 0 (dim 0 of 'input', 'batch', is not provably 'gemm_out''s dim 0" in miss

@@ -193,10 +193,11 @@ class GraphEditor:
             self.graph.outputs[index] = new
             self.graph_outputs = {id(t) for t in self.graph.outputs}
 
-    def commit(self) -> None:
-        """Rebuild the node list once: replacements stand where their root stood."""
+    def commit(self) -> list[tuple[str, list[str]]]:
+        """Rebuild the node list once: replacements stand where their root stood. Returns the
+        nodes the rewrites left without readers and dropped, (name, output names) each."""
         if not self._replacements and not self._removed:
-            return
+            return []
         nodes: list[gs.Node] = []
         for node in self.graph.nodes:
             if id(node) in self._replacements:
@@ -204,23 +205,26 @@ class GraphEditor:
                 nodes.extend(n for n in self._replacements[id(node)] if id(n) not in self._removed)
             elif id(node) not in self._removed:
                 nodes.append(node)
-        self.graph.nodes = self._without_dead_nodes(nodes)
+        self.graph.nodes, dropped = self._without_dead_nodes(nodes)
         self._replacements.clear()
         self._removed.clear()
+        return dropped
 
-    def _without_dead_nodes(self, nodes: list[gs.Node]) -> list[gs.Node]:
+    def _without_dead_nodes(self, nodes: list[gs.Node]) -> tuple[list[gs.Node], list[tuple[str, list[str]]]]:
         """Drop nodes whose outputs nobody reads any more (transitively: last node first), so the
         Shape chain a rewrite made useless stops counting as a reader for the next pass of the
         same round. ONNX nodes have no side effects; the final cleanup would drop them anyway."""
         alive: list[gs.Node] = []
+        dropped: list[tuple[str, list[str]]] = []
         for node in reversed(nodes):
             if node.outputs and all(not t.outputs and not self.is_graph_output(t) for t in node.outputs):
+                dropped.append((node.name or node.op, [t.name for t in node.outputs]))
                 _detach_inputs(node)
                 node.outputs.clear()
                 continue
             alive.append(node)
         alive.reverse()
-        return alive
+        return alive, dropped
 
 
 def _detach_inputs(node: gs.Node) -> None:

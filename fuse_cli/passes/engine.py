@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 
 from fuse_cli.graph.edit import GraphEditor
@@ -89,7 +90,14 @@ def _sweep(p: PatternPass, g: GraphEditor, size_of: SizeOf) -> tuple[list[Fusion
             break
         if first_miss:
             missed.append(first_miss)
-    g.commit()
+    dropped = g.commit()
+    if made and dropped:
+        # Nodes this sweep's rewrites left unread (a Shape chain a constant shape replaced) are
+        # part of what the pass removed: count them with its last record, so no row goes negative.
+        last = made[-1]
+        made[-1] = dataclasses.replace(
+            last, replaced=last.replaced + tuple(name for name, _ in dropped),
+            removed=last.removed + tuple(RemovedTensor(t, size_of(t)) for _, outs in dropped for t in outs))
     return made, missed
 
 

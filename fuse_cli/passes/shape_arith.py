@@ -39,6 +39,11 @@ class StaticReshapeShape(PatternPass):
     static when x's dims that no 0 copies are static: [0, 0, -1, 64] of [B, S, 768] is
     [0, 0, 12, 64], the form head-count readers (attention) need. The Shape chain is then dead;
     cleanup (fold-constants at the start of the next round, and the final one) removes it.
+
+    A shape that stays run-time but is dims 0..k-1 of one tensor t (k >= 2) then constants (torch's
+    Conv1D back-reshape, Reshape(Gemm(Reshape(t, [-1, K])), [t.size(0), t.size(1), N]), where a 0
+    would copy the 2-D Gemm output's dims) becomes Concat(Shape(t, end=k), constants): the same
+    values in 2 nodes (opset >= 15), done only when more than 2 nodes of the old chain die with it.
     """
 
     name = "static-reshape-shape"
@@ -49,17 +54,67 @@ class StaticReshapeShape(PatternPass):
     def matches(self, m: Match, g: GraphEditor) -> bool:
         """Only shapes that read some tensor's Shape; other run-time shapes depend on data."""
         shape = m.tensor("shape")
-        return constant_value(shape) is None and any(_dims_of(piece) for piece in _pieces(shape))
+        if constant_value(shape) is not None or not any(_dims_of(piece) for piece in _pieces(shape)):
+            return False
+        # already as short as it gets (e.g. this pass's own output): nothing to say
+        leading = _leading_dims(m, g) if isinstance(_static_shape(m, g), str) else None
+        return leading is None or _dead_with(m, g, leading[0]) > 2
 
     def check(self, m: Match, g: GraphEditor) -> str | None:
         shape = _static_shape(m, g)
-        return shape if isinstance(shape, str) else None
+        return shape if isinstance(shape, str) and _leading_dims(m, g) is None else None
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
         reshape = m.node("reshape")
-        shape = g.constant(f"{reshape.name or 'reshape'}_shape", _static_shape(m, g))
-        return Replacement(nodes=[gs.Node(op="Reshape", name=reshape.name, attrs=dict(reshape.attrs),
-                                          inputs=[m.tensor("x"), shape], outputs=[reshape.outputs[0]])])
+        base = reshape.name or "reshape"
+        shape, nodes = _static_shape(m, g), []
+        if isinstance(shape, str):  # check passed: the leading-dims form
+            t, k, rest = _leading_dims(m, g)
+            dims, shape = g.variable(f"{base}_leading_dims"), g.variable(f"{base}_shape")
+            dims.dtype = shape.dtype = np.int64
+            nodes = [gs.Node(op="Shape", name=g.unique_name(f"{base}_shape_of"), attrs={"start": 0, "end": k},
+                             inputs=[t], outputs=[dims]),
+                     gs.Node(op="Concat", name=g.unique_name(f"{base}_concat"), attrs={"axis": 0},
+                             inputs=[dims, g.constant(f"{base}_rest", np.array(rest, np.int64))], outputs=[shape])]
+        else:
+            shape = g.constant(f"{base}_shape", shape)
+        return Replacement(nodes=nodes + [gs.Node(op="Reshape", name=reshape.name, attrs=dict(reshape.attrs),
+                                                  inputs=[m.tensor("x"), shape], outputs=[reshape.outputs[0]])])
+
+
+def _leading_dims(m: Match, g: GraphEditor) -> tuple[gs.Tensor, int, list[int]] | None:
+    """(t, k, constants) when the shape is Concat(dims 0..k-1 of one tensor t, constants), k >= 2."""
+    shape = m.tensor("shape")
+    if g.opset < 15 or len(shape.inputs) != 1 or shape.inputs[0].op != "Concat":
+        return None
+    entries = [e for piece in _pieces(shape) for e in (_entries(piece, g) or [None])]
+    k = next((j for j, e in enumerate(entries) if not isinstance(e, tuple)), len(entries))
+    rest = entries[k:]
+    if k < 2 or not rest or not all(isinstance(e, int) for e in rest):
+        return None
+    t = entries[0][0]
+    if any(e[0] is not t or e[1] != j for j, e in enumerate(entries[:k])):
+        return None
+    return t, k, rest
+
+
+def _dead_with(m: Match, g: GraphEditor, source: gs.Tensor) -> int:
+    """How many nodes computing the shape nobody reads once the Reshape reads Shape(source)."""
+    chain, todo = {}, [m.tensor("shape")]
+    while todo:  # the nodes between source and the shape
+        t = todo.pop()
+        if t is not source and len(t.inputs) == 1 and id(t.inputs[0]) not in chain:
+            chain[id(t.inputs[0])] = t.inputs[0]
+            todo.extend(t.inputs[0].inputs)
+    dead, changed = {id(m.node("reshape"))}, True
+    while changed:
+        changed = False
+        for key, node in chain.items():
+            if key not in dead and all(not g.is_graph_output(t) and all(id(r) in dead for r in t.outputs)
+                                       for t in node.outputs):
+                dead.add(key)
+                changed = True
+    return len(dead) - 1
 
 
 def _static_shape(m: Match, g: GraphEditor) -> np.ndarray | str:
