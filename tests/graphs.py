@@ -78,3 +78,16 @@ class GraphBuilder:
 def op_counts(model: onnx.ModelProto) -> Counter:
     """Node counts keyed by op type ("Conv") or by "domain::Op" for non-default domains."""
     return Counter(n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}::{n.op_type}" for n in model.graph.node)
+
+
+def signature(model: onnx.ModelProto) -> list[tuple[str, list[str], list[str]]]:
+    """Each node's op, inputs and outputs, in order: equal signatures mean an unchanged graph."""
+    return [(n.op_type, list(n.input), list(n.output)) for n in model.graph.node]
+
+
+def assert_declined(model: onnx.ModelProto, result, pass_name: str, reason: str) -> None:
+    """Nothing changed, and the pass's one near-miss says `reason`."""
+    assert not result.report.fusions
+    assert signature(result.model) == signature(model)
+    (miss,) = [m.reason for m in result.report.near_misses if m.pass_name == pass_name]
+    assert reason in miss

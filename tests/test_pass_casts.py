@@ -6,13 +6,9 @@ import pytest
 from onnx import TensorProto as T
 
 from tests.conftest import assert_equivalent, optimize_model
-from tests.graphs import GraphBuilder, op_counts
+from tests.graphs import GraphBuilder, op_counts, signature
 
 PASSES = ("fuse-casts",)
-
-
-def signature(model):
-    return [(n.op_type, list(n.input), list(n.output)) for n in model.graph.node]
 
 
 def casts(a, *targets, opset=17, x_shape=("batch", 3)):

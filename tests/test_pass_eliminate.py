@@ -7,21 +7,10 @@ import pytest
 from onnx import TensorProto
 
 from tests.conftest import assert_equivalent, optimize_model
-from tests.graphs import GraphBuilder, op_counts
+from tests.graphs import GraphBuilder, assert_declined, op_counts
 
 # Pinned, so passes added to the default pipeline cannot change what these tests exercise.
 PASSES = ("eliminate-identity", "eliminate-dropout")
-
-
-def assert_declined(model, result, pass_name: str, reason: str) -> None:
-    """Nothing changed, and the pass's one near-miss says `reason`."""
-    def signature(m):
-        return [(n.op_type, list(n.input), list(n.output)) for n in m.graph.node]
-
-    assert not result.report.fusions
-    assert signature(result.model) == signature(model)
-    (miss,) = [m.reason for m in result.report.near_misses if m.pass_name == pass_name]
-    assert reason in miss
 
 
 def output_names(model) -> list[str]:

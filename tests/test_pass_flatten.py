@@ -5,13 +5,9 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import assert_equivalent, optimize_model
-from tests.graphs import GraphBuilder, op_counts
+from tests.graphs import GraphBuilder, op_counts, signature
 
 PASSES = ("eliminate-flatten",)
-
-
-def signature(model):
-    return [(n.op_type, list(n.input), list(n.output)) for n in model.graph.node]
 
 
 def flatten_gemm(x_shape=("batch", 4), *, k=4, bias=True, trans_a=0, opset=13, **flatten_attrs):

@@ -8,13 +8,9 @@ from onnx import TensorProto as T
 from onnx import numpy_helper
 
 from tests.conftest import assert_equivalent, optimize_model
-from tests.graphs import GraphBuilder, op_counts
+from tests.graphs import GraphBuilder, op_counts, signature
 
 PASSES = ("eliminate-noop-arith",)
-
-
-def signature(model):
-    return [(n.op_type, list(n.input), list(n.output)) for n in model.graph.node]
 
 
 def arith(op, value, *, constant_first=False, x_shape=("batch", 3), dtype=np.float32, as_node=False):

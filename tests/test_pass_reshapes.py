@@ -6,13 +6,9 @@ import numpy as np
 import pytest
 
 from tests.conftest import assert_equivalent, optimize_model
-from tests.graphs import GraphBuilder, op_counts
+from tests.graphs import GraphBuilder, op_counts, signature
 
 DIMS = ({"batch": 1}, {"batch": 3})
-
-
-def signature(model):
-    return [(n.op_type, list(n.input), list(n.output)) for n in model.graph.node]
 
 
 def chain(x_shape, *steps, opset=14, reader=False):

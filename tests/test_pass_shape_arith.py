@@ -10,7 +10,7 @@ from onnx import helper, numpy_helper
 from fuse_cli.verify import verify_models
 from tests.attention_graphs import attention_model
 from tests.conftest import assert_equivalent, optimize_model
-from tests.graphs import GraphBuilder, op_counts
+from tests.graphs import GraphBuilder, op_counts, signature
 
 PASS = ("static-reshape-shape",)
 SIZES = ({"batch": 1, "sequence": 3}, {"batch": 3, "sequence": 5})
@@ -112,10 +112,6 @@ def test_computed_shape_becomes_constant(case, tmp_path):
         assert_equivalent(original, result.model, dims=dims)
     again = optimize_model(result.model, tmp_path, name="again", passes=PASS)
     assert not again.report.fusions and not again.report.near_misses
-
-
-def signature(m: onnx.ModelProto):
-    return [(n.op_type, list(n.input), list(n.output)) for n in m.graph.node]
 
 
 @pytest.mark.parametrize("x_shape, shape_of, options, reason", [

@@ -10,7 +10,7 @@ from onnx import helper
 from fuse_cli.errors import UsageError
 from fuse_cli.passes.registry import pipeline_for
 from tests.conftest import assert_equivalent, optimize_model
-from tests.graphs import GraphBuilder, op_counts
+from tests.graphs import GraphBuilder, op_counts, signature
 from tests.norm_graphs import rms_norm
 
 HIDDEN = 16
@@ -25,10 +25,6 @@ def decomposed(*, opset=17, x_shape=("batch", 5, HIDDEN), **kw) -> onnx.ModelPro
 
 def attrs_of(node) -> dict:
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
-
-
-def signature(m):
-    return [(n.op_type, list(n.input), list(n.output)) for n in m.graph.node]
 
 
 POSITIVE = {

@@ -10,7 +10,7 @@ from onnx import TensorProto, helper
 from fuse_cli.errors import UsageError
 from fuse_cli.passes.registry import pipeline_for
 from tests.conftest import assert_equivalent, optimize_model
-from tests.graphs import GraphBuilder, op_counts
+from tests.graphs import GraphBuilder, op_counts, signature
 from tests.test_pass_simplified_norm import rms_norm
 
 HIDDEN = 16
@@ -61,10 +61,6 @@ def run(model, tmp_path, passes, target="ort-cuda", name="model"):
 
 def attrs_of(node) -> dict:
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
-
-
-def signature(m):
-    return [(n.op_type, list(n.input), list(n.output)) for n in m.graph.node]
 
 
 def fused_node(model, op):

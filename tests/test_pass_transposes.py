@@ -5,14 +5,10 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import assert_equivalent, optimize_model
-from tests.graphs import GraphBuilder, op_counts
+from tests.graphs import GraphBuilder, op_counts, signature
 
 PASSES = ("fuse-transposes",)
 NCHW_TO_NHWC, NHWC_TO_NCHW = [0, 2, 3, 1], [0, 3, 1, 2]
-
-
-def signature(model):
-    return [(n.op_type, list(n.input), list(n.output)) for n in model.graph.node]
 
 
 def transposes(*perms, x_shape=("batch", 3, 4, 5), reader=False):
