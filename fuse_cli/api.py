@@ -17,7 +17,7 @@ import onnx_graphsurgeon as gs
 from fuse_cli import __version__
 from fuse_cli.analysis.measure import measure_peak
 from fuse_cli.analysis.memory import profile_memory
-from fuse_cli.analysis.shapes import ShapeTable, element_size_bits, infer_shapes
+from fuse_cli.analysis.shapes import ShapeTable, element_size_bits, infer_shapes, with_runtime_dims
 from fuse_cli.config import FuseConfig
 from fuse_cli.errors import FuseError, UsageError
 from fuse_cli.graph.edit import GraphEditor, toposort
@@ -59,7 +59,7 @@ def optimize(model_path: str | os.PathLike, config: FuseConfig, output_path: str
     passes = resolve(config.target, config.passes, config.disable)
     resolve(config.target, config.fail_on_near_miss)  # the same "did you mean" for gate pass names
     symbolic = infer_shapes(loaded.model)  # as onnxruntime's planner sees shapes: for the memory model
-    checkable = infer_shapes(loaded.model, symbolic=True)  # what fusion preconditions may rely on
+    checkable = with_runtime_dims(loaded.model, symbolic)  # what fusion preconditions may rely on
     bound, unbound = _bound_shapes(loaded.model, config, unbound_table=symbolic)
 
     def fuse(selected: list[Pass]) -> _Fused:

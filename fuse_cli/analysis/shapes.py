@@ -14,6 +14,7 @@ onnx's shape inference does the work. Around it this module
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import tempfile
@@ -163,23 +164,33 @@ def infer_shapes(
     inferred, warnings = _run_inference(copy)
 
     tensors = _collect(model.graph, inferred.graph, bindings, declared)
-    if symbolic and any(info.shape is None or None in info.shape for info in tensors.values()):
-        runtime = _runtime_symbolic_inference(model, bindings, input_shapes)
-        if runtime is not None:
-            more = _collect(model.graph, runtime.graph, bindings, declared | _all_symbols(runtime.graph))
-            tensors = {name: _fill_unknown(info, more.get(name)) for name, info in tensors.items()}
-    unknown = tuple(
-        reason
-        for name, info in tensors.items()
-        for reason in _unknown_dims(name, info)
-    )
-    return ShapeTable(
+    table = ShapeTable(
         tensors=MappingProxyType(tensors),
-        unknown_dims=unknown,
+        unknown_dims=_all_unknown_dims(tensors),
         bound_dims=MappingProxyType(dict(bindings)),
         unused_dims=unused,
         warnings=warnings,
     )
+    return with_runtime_dims(model, table, input_shapes) if symbolic else table
+
+
+def with_runtime_dims(model: onnx.ModelProto, table: ShapeTable,
+                      input_shapes: Mapping[str, Sequence[int]] = _NO_BINDINGS) -> ShapeTable:
+    """`table` (an infer_shapes result for `model`) with the dims onnx left unknown taken from
+    onnxruntime's symbolic inference (see infer_shapes), without running onnx's inference again."""
+    if not any(info.shape is None or None in info.shape for info in table.tensors.values()):
+        return table
+    runtime = _runtime_symbolic_inference(model, table.bound_dims, input_shapes)
+    if runtime is None:
+        return table
+    declared = _declared_symbols(model.graph) | _all_symbols(runtime.graph)
+    more = _collect(model.graph, runtime.graph, table.bound_dims, declared)
+    tensors = {name: _fill_unknown(info, more.get(name)) for name, info in table.tensors.items()}
+    return dataclasses.replace(table, tensors=MappingProxyType(tensors), unknown_dims=_all_unknown_dims(tensors))
+
+
+def _all_unknown_dims(tensors: Mapping[str, TensorInfo]) -> tuple[UnknownDim, ...]:
+    return tuple(reason for name, info in tensors.items() for reason in _unknown_dims(name, info))
 
 
 # Initializers above this many elements reach onnxruntime's symbolic inference as typed inputs:
