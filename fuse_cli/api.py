@@ -28,7 +28,7 @@ from fuse_cli.passes import resolve
 from fuse_cli.passes.engine import run_pipeline
 from fuse_cli.passes.base import Pass
 from fuse_cli.report.model import FusionRecord, Gates, MeasuredPeaks, MemoryAudit, NearMiss, Report, RolledBack
-from fuse_cli.verify import VerifyResult, verify_models
+from fuse_cli.verify import VerifyResult, pinned_dims, verify_models
 
 
 @dataclass(frozen=True)
@@ -188,10 +188,12 @@ def _verify_and_roll_back(source: Path, passes: list[Pass], fused: _Fused, fuse,
     """Compare with the original in onnxruntime. On a mismatch, bisect the pipeline for the first
     pass whose rewrites break the outputs, drop it, and try again until the outputs match."""
 
+    dims = pinned_dims(fused.model, config.dims)
+
     def check(candidate: _Fused) -> VerifyResult:
         if has_unread_weights(candidate.model) or candidate.model.ByteSize() > INLINE_SAVE_LIMIT_BYTES:
-            return _verify_file(source, writer.for_verification(candidate.model), config)
-        return verify_models(str(source), candidate.model, dims=config.dims, rtol=config.rtol, atol=config.atol,
+            return _verify_file(source, writer.for_verification(candidate.model), config, dims)
+        return verify_models(str(source), candidate.model, dims=dims, rtol=config.rtol, atol=config.atol,
                              int_ranges=config.int_ranges)
 
     try:
@@ -216,8 +218,8 @@ def _verify_and_roll_back(source: Path, passes: list[Pass], fused: _Fused, fuse,
     return fused, result, tuple(rolled_back), ()
 
 
-def _verify_file(source: Path, written: Path, config: FuseConfig) -> VerifyResult:
-    return verify_models(str(source), str(written), dims=config.dims, rtol=config.rtol, atol=config.atol,
+def _verify_file(source: Path, written: Path, config: FuseConfig, dims: dict[str, int]) -> VerifyResult:
+    return verify_models(str(source), str(written), dims=dims, rtol=config.rtol, atol=config.atol,
                          int_ranges=config.int_ranges)
 
 

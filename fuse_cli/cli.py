@@ -240,12 +240,14 @@ def report(models, jobs, json_path, markdown_path, plot_path, html_path, **optio
 def verify_command(original, optimized, dims, int_ranges, inputs_path, rtol, atol, seed, json_path):
     """Run ORIGINAL and OPTIMIZED on the same inputs and compare every output."""
     from fuse_cli.report.render import render_verify_json, render_verify_rich
-    from fuse_cli.verify import load_inputs, verify_models
+    from fuse_cli.verify import load_inputs, pinned_dims, verify_models
 
-    for path in (original, optimized):
-        load_model(path)  # the same one-line errors as every command, before onnxruntime sees the file
+    # the same one-line errors as every command, before onnxruntime sees the files
+    loaded = [load_model(path) for path in (original, optimized)]
     feeds = load_inputs(inputs_path) if inputs_path else None
-    result = verify_models(original, optimized, dims=parse_dims(dims), seed=seed, rtol=rtol, atol=atol, feeds=feeds,
+    pinned = pinned_dims(loaded[0].model, parse_dims(dims))
+    del loaded
+    result = verify_models(original, optimized, dims=pinned, seed=seed, rtol=rtol, atol=atol, feeds=feeds,
                            int_ranges=parse_int_ranges(int_ranges))
     render_verify_rich(result, _console(stderr=json_path == "-"))
     if json_path == "-":

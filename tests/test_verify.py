@@ -14,7 +14,7 @@ from fuse_cli.config import FuseConfig
 from fuse_cli.graph.edit import Replacement
 from fuse_cli.passes import REGISTRY
 from fuse_cli.passes.conv_bn import FoldBatchNormIntoConv
-from fuse_cli.verify import load_inputs, make_session, random_inputs, verify_models
+from fuse_cli.verify import load_inputs, make_session, pinned_dims, random_inputs, verify_models
 from tests.graphs import GraphBuilder, op_counts
 
 
@@ -154,3 +154,37 @@ def test_mask_inputs_get_zeros_and_ones_so_the_original_stays_finite():
     feeds = random_inputs(make_session(model), dims={"batch": 16})
     assert set(np.unique(feeds["attention_mask"])) <= {0, 1}
     assert verify_models(model, model, dims={"batch": 16}).passed
+
+
+def two_input_model() -> onnx.ModelProto:
+    b = GraphBuilder()
+    x = b.input("x", ["batch", "width"])
+    y = b.input("y", ["batch", 1])
+    return b.build(b.op("Add", x, y), output_names=["z"])
+
+
+def test_pinned_dims_give_every_symbolic_input_dim_a_value():
+    assert pinned_dims(two_input_model(), {"width": 5}) == {"batch": 2, "width": 5}
+
+
+def test_sessions_are_built_with_the_pinned_dims(monkeypatch):
+    """onnxruntime's session creation is quadratic in node count while inputs have free dims, so
+    verification fixes them at the values its random inputs take."""
+    import fuse_cli.verify as verify
+
+    model = two_input_model()
+    seen = []
+    real = verify.make_session
+
+    def spy(m, **kwargs):
+        session = real(m, **kwargs)
+        seen.append([i.shape for i in session.get_inputs()])
+        return session
+
+    monkeypatch.setattr(verify, "make_session", spy)
+    assert verify_models(model, model, dims=pinned_dims(model, {"batch": 3})).passed
+    assert seen == [[[3, 2], [3, 1]]] * 2
+    seen.clear()
+    feeds = {"x": np.ones((4, 6), np.float32), "y": np.ones((4, 1), np.float32)}
+    assert verify_models(model, model, dims={"batch": 3}, feeds=feeds).passed, "given inputs keep their own shapes"
+    assert seen == [[["batch", "width"], ["batch", 1]]] * 2
