@@ -270,6 +270,60 @@ def peak_rss_of(args: list[str]) -> tuple[int, float, str]:
     return usage.ru_maxrss * 1024, time.perf_counter() - start, err[-2000:]
 
 
+# The same deep file through graphsurgeon alone (the floor of any pass built on it) and through the
+# peers, each in a child process with its imports outside the time.
+_PEER_CHILD = textwrap.dedent("""
+    import contextlib, json, os, sys, time
+    import onnx
+    tool, source, destination = sys.argv[1:4]
+    if tool == "graphsurgeon round trip":
+        import onnx_graphsurgeon as gs
+        def work():
+            graph = gs.import_onnx(onnx.load(source))
+            graph.cleanup().toposort()
+            onnx.save(gs.export_onnx(graph), destination)
+    elif tool == "onnxruntime basic":
+        import onnxruntime as ort
+        def work():
+            options = ort.SessionOptions()
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+            options.optimized_model_filepath = destination
+            options.log_severity_level = 3
+            ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+    elif tool == "onnxsim":
+        import onnxsim
+        def work():
+            onnx.save(onnxsim.simplify(onnx.load(source))[0], destination)
+    elif tool == "onnxslim":
+        import onnxslim
+        def work():
+            onnx.save(onnxslim.slim(onnx.load(source)), destination)
+    elif tool == "onnxoptimizer":
+        import onnxoptimizer
+        def work():
+            onnx.save(onnxoptimizer.optimize(onnx.load(source)), destination)
+    start = time.perf_counter()
+    with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
+        work()
+    print(json.dumps({"seconds": time.perf_counter() - start}))
+""")
+PEERS = ("graphsurgeon round trip", "onnxruntime basic", "onnxsim", "onnxslim", "onnxoptimizer")
+PEER_TIMEOUT_S = 600
+
+
+def peer_seconds(tool: str, source: Path, destination: Path) -> float | str:
+    """Seconds of one peer run, or why there is none (not installed, failed, timed out)."""
+    try:
+        done = subprocess.run([sys.executable, "-c", _PEER_CHILD, tool, str(source), str(destination)], cwd=REPO,
+                              capture_output=True, text=True, timeout=PEER_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return f"over {PEER_TIMEOUT_S} s"
+    if done.returncode != 0 or not done.stdout.strip():
+        last = (done.stderr.strip().splitlines() or ["failed"])[-1]
+        return "not installed" if "ModuleNotFoundError" in last else last[:120]
+    return json.loads(done.stdout.strip().splitlines()[-1])["seconds"]
+
+
 def bench_deep(blocks: int, work: Path, profile_top: int) -> dict:
     model = build_deep_stack(blocks)
     path = work / "deep_stack.onnx"
@@ -287,6 +341,7 @@ def bench_deep(blocks: int, work: Path, profile_top: int) -> dict:
         "ratio": verified["seconds"] / base, "ratio_no_verify": unverified["seconds"] / base,
         "command_s": verified["wall_seconds"], "exit": verified["exit"],
     }
+    row["peers"] = {tool: peer_seconds(tool, path, work / "deep_stack.peer.onnx") for tool in PEERS}
     if profile_top:
         row["profile"] = run_fuse([str(path), "-o", out], profile_top=profile_top)["profile"]
     return row
@@ -333,6 +388,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  fuse optimize                  {deep['fuse_s']:8.3f} s {deep['ratio']:5.1f}x"
                   f"   (as a command, with start-up: {deep['command_s']:.2f} s)")
             print(f"  fuse optimize --no-verify      {deep['fuse_no_verify_s']:8.3f} s {deep['ratio_no_verify']:5.1f}x")
+            for tool, seconds in deep["peers"].items():
+                shown = (f"{seconds:8.3f} s {seconds / deep['load_save_s']:5.1f}x" if isinstance(seconds, float)
+                         else f"{seconds}")
+                print(f"  {tool:<30} {shown}")
             ok = deep["ratio"] <= TIME_TARGET
             failed |= not ok
             print(f"  target <= {TIME_TARGET:.0f}x: {'met' if ok else 'NOT MET'}")

@@ -304,8 +304,9 @@ def _memory_audit(loaded: LoadedModel, bound: ShapeTable, symbolic: ShapeTable, 
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     # onnxruntime infers its contrib operators' outputs (MultiHeadAttention, ...) at run time, and its
-    # planner compares those shapes: fill what onnx cannot infer from its symbolic inference
-    after_symbolic = infer_shapes(optimized, symbolic=True)
+    # planner compares those shapes: fill what onnx cannot infer from its symbolic inference. Only
+    # then: on a 12k-node graph that inference takes longer than the whole pipeline.
+    after_symbolic = infer_shapes(optimized, symbolic=_has_contrib_nodes(optimized))
     # onnx cannot infer contrib operators (FusedConv, ...), but a fused node writes the tensor
     # its pattern's root wrote, under the same name: the original's shapes still hold for it.
     after = profile_memory(optimized, _fill_from(after_bound, bound), extra_weights=defaults,
@@ -338,6 +339,10 @@ def _unknowns(info) -> int:
     if info.elem_type == 0 or info.shape is None:
         return 1_000
     return sum(1 for d in info.shape if d is None)
+
+
+def _has_contrib_nodes(model: onnx.ModelProto) -> bool:
+    return any(node.domain not in ("", "ai.onnx") for node in model.graph.node)
 
 
 def _fill_from(table: ShapeTable, fallback: ShapeTable) -> ShapeTable:

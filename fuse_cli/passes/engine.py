@@ -48,10 +48,15 @@ def _largest_only(misses: list[NearMiss]) -> list[NearMiss]:
     """One near-miss per rejected subgraph: a pass whose pattern has smaller forms (LayerNorm
     without its Add(beta)) would otherwise report the same nodes again for each form."""
     kept: list[NearMiss] = []
+    kept_with: dict[str, list[set[str]]] = {}  # node name -> node sets of kept misses holding it
     for miss in sorted(misses, key=lambda m: -len(m.nodes)):
         nodes = set(miss.nodes)
-        if not any(nodes < set(other.nodes) for other in kept):
-            kept.append(miss)
+        # a larger miss that covers this one holds its first node: look only at those
+        if miss.nodes and any(nodes < other for other in kept_with.get(miss.nodes[0], ())):
+            continue
+        kept.append(miss)
+        for name in nodes:
+            kept_with.setdefault(name, []).append(nodes)
     order = {id(m): i for i, m in enumerate(misses)}
     return sorted(kept, key=lambda m: order[id(m)])
 
