@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from fuse_cli import api
-from fuse_cli.bench import (BENCH_SCHEMA_VERSION, QUICK, BenchRow, bench, bench_to_json_dict, render_bench_markdown,
+from fuse_cli.bench import (BENCH_SCHEMA_VERSION, QUICK, BenchRow, Latency, bench, bench_to_json_dict, render_bench_markdown,
                             render_bench_rich, usable_providers)
 from fuse_cli.config import FuseConfig
 from fuse_cli.errors import UsageError
@@ -157,13 +157,18 @@ def test_run_quick_writes_markdown_and_json(tmp_path, run_module):
     assert "fuse-onnx" in ran and "ort-basic" in ran  # the peers that do not import are skipped with a reason
     assert all(t["skipped"] for t in data["tools"] if t["name"] not in ran)
     (model,) = data["models"]
-    assert model["name"] == "mlp" and model["group"] == "MLP / other" and model["error"] is None
+    assert model["name"] == "mlp" and model["groups"] == ["MLP / other"] and model["error"] is None
+    assert model["session_ms"] > 0 and model["latency_all"]["runs"] >= 1
     assert [r["tool"] for r in model["results"]] == ["noise-floor", *ran]
     fuse_row = model["results"][1]
     assert fuse_row["error"] is None and fuse_row["nodes"] < model["nodes"]
     assert fuse_row["max_abs_diff"] is not None and fuse_row["max_abs_diff"] < 1e-4
-    assert fuse_row["optimize_seconds"] > 0 and fuse_row["latency"]["runs"] >= 1
+    assert fuse_row["optimize_seconds"] > 0 and fuse_row["latency_disabled"]["runs"] >= 1
+    for field in ("session_ratio", "cpu_ratio_disabled", "wall_ratio_disabled", "cpu_ratio_all", "wall_ratio_all"):
+        assert fuse_row[field] > 0, field
+    assert data["settings"]["graph_optimization"] == ["disabled", "all"]
     assert "| mlp | original |" in markdown and "## Geometric means by group" in markdown
+    assert "| CNN opset 14 | " in markdown  # every group is listed, with "none" where no model is in it
     for tool in ran:
         assert f"| {tool} |" in markdown
 
@@ -171,10 +176,56 @@ def test_run_quick_writes_markdown_and_json(tmp_path, run_module):
 def test_run_groups_models_by_their_operators(run_module):
     import onnx
 
-    groups = {p.stem: run_module.model_group(onnx.load(str(p), load_external_data=False))
+    groups = {p.stem: run_module.model_groups(onnx.load(str(p), load_external_data=False))
               for p in sorted(SAMPLES.glob("*.onnx"))}
-    assert groups == {"cnn_bn_relu": "CNN with BatchNorm", "mlp": "MLP / other",
-                      "transformer_block_opset14": "transformer", "transformer_block_opset17": "transformer"}
+    assert groups == {"cnn_bn_relu": ("CNN with BatchNorm",), "mlp": ("MLP / other",),
+                      "transformer_block_opset14": ("transformer",), "transformer_block_opset17": ("transformer",)}
+
+
+def _model_of(opset: int, *ops: str):
+    """Only the operators and the opset import: all model_groups reads."""
+    from onnx import helper
+
+    nodes = [helper.make_node(op, [], [f"y{i}"]) for i, op in enumerate(ops)]
+    return helper.make_model(helper.make_graph(nodes, "g", [], []), opset_imports=[helper.make_opsetid("", opset)])
+
+
+@pytest.mark.parametrize("opset, ops, expected", [
+    (14, ("Conv", "BatchNormalization"), ("CNN with BatchNorm", "CNN opset 14")),
+    (17, ("Conv", "BatchNormalization"), ("CNN with BatchNorm",)),
+    (14, ("Conv", "Relu"), ("CNN without BatchNorm", "CNN opset 14")),
+    (17, ("Conv", "LayerNormalization", "MatMul"), ("CNN without BatchNorm",)),  # ConvNeXt: no attention
+    (14, ("Conv", "MatMul", "Softmax"), ("transformer",)),  # ViT: its patch Conv does not make it a CNN
+    (14, ("MatMul", "Relu"), ("MLP / other",)),
+])
+def test_run_counts_cnns_at_opset_14_in_a_second_group(run_module, opset, ops, expected):
+    assert run_module.model_groups(_model_of(opset, *ops)) == expected
+
+
+def test_run_group_means_count_a_model_in_each_of_its_groups(run_module):
+    def model(name, groups, cpu_all):
+        lat = Latency(samples=1, runs_per_sample=1, wall_median_ms=1.0, wall_p90_ms=1.0, cpu_median_ms=1.0,
+                      cpu_p90_ms=1.0)
+        row = run_module.ToolResult("fuse-onnx", node_ratio=0.5, latency_disabled=lat, cpu_ratio_all=cpu_all)
+        return run_module.ModelResult(name, name, groups, 10, {}, None, lat, lat, None, (row,))
+
+    models = [model("a", ("CNN with BatchNorm", "CNN opset 14"), 0.5), model("b", ("CNN with BatchNorm",), 2.0)]
+    means = {g.group: g for g in run_module.group_means(models, ["fuse-onnx"])}
+    assert set(means) == {"CNN with BatchNorm", "CNN opset 14", "all"}
+    assert (means["CNN opset 14"].models, means["CNN opset 14"].cpu_ratio_all) == (1, pytest.approx(0.5))
+    assert (means["all"].models, means["all"].cpu_ratio_all) == (2, pytest.approx(1.0))
+    assert means["all"].session_ratio is None  # no model had the figure
+    members = {row[0]: row[2] for row in run_module.member_rows(models)}
+    assert members["CNN opset 14"] == "a" and members["CNN with BatchNorm"] == "a, b"
+    assert members["transformer"] == "none" and members["all"] == "2"
+
+
+def test_run_times_session_creation_and_reports_a_model_that_will_not_load(run_module, tmp_path):
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(b"not a model")
+    sessions, best_ms, refused = run_module.timed_sessions({"mlp": MLP, "broken": broken}, "all", repeats=2)
+    assert set(sessions) == set(best_ms) == {"mlp"} and best_ms["mlp"] > 0
+    assert set(refused) == {"broken"} and "cannot load" in refused["broken"]
 
 
 def test_run_skips_a_peer_that_does_not_import(run_module, monkeypatch):
