@@ -17,3 +17,24 @@ def test_onnx_audit_counts_what_ort_would_fuse_in_addition():
 def test_a_runtime_target_run_reports_no_such_hint():
     report = api.optimize(SAMPLES / "cnn_bn_relu.onnx", FuseConfig(target="ort", verify=False), dry_run=True).report
     assert report.runtime_target_would_add == ()
+
+
+def test_an_ort_cpu_transformer_output_says_to_run_it_without_the_online_optimizer(tmp_path):
+    """The note's premise is checked here too: at level all onnxruntime itself turns the
+    output's Add + LayerNormalization into SkipLayerNormalization (slow on CPU in 1.31)."""
+    import collections
+
+    import onnx
+    import onnxruntime as ort
+
+    source = SAMPLES / "transformer_block_opset17.onnx"
+    out = tmp_path / "fused.onnx"
+    report = api.optimize(source, FuseConfig(target="ort-cpu", verify=False), out).report
+    assert any("graph optimizations at basic or disabled" in note for note in report.notes)
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "ort_all.onnx")
+    ort.InferenceSession(str(out), options, providers=["CPUExecutionProvider"])
+    assert collections.Counter(n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node)[
+        "SkipLayerNormalization"] > 0
+    onnx_report = api.optimize(source, FuseConfig(target="onnx", verify=False), tmp_path / "o.onnx").report
+    assert not any("graph optimizations at basic" in note for note in onnx_report.notes)
