@@ -11,7 +11,7 @@ from onnx import TensorProto, helper
 from fuse_cli.errors import UsageError
 from fuse_cli.passes.registry import pipeline_for
 from tests.conftest import assert_equivalent, optimize_model
-from tests.graphs import GraphBuilder, op_counts, signature
+from tests.graphs import GraphBuilder, assert_declined, op_counts, signature
 
 HIDDEN = 6
 MS = "com.microsoft::"
@@ -91,7 +91,8 @@ POSITIVE = {
 @pytest.mark.parametrize("kw, passes, counts", POSITIVE.values(), ids=POSITIVE.keys())
 def test_fuses(tmp_path, kw, passes, counts):
     model = activation(**kw)
-    result = run(model, tmp_path, passes)
+    target = "ort-cuda" if counts == BIAS else "ort-cpu"  # BiasGelu is declined where the CPU may run it
+    result = run(model, tmp_path, passes, target=target)
     assert op_counts(result.model) == counts
     fused = result.model.graph.node[-1]
     absorbed = "bias_shape" in kw and "Add" not in counts
@@ -100,7 +101,17 @@ def test_fuses(tmp_path, kw, passes, counts):
         assert attrs_of(fused)["alpha"] == pytest.approx(1.0 if kw["form"] == "silu" else 1.702)
     for batch in (1, 3):
         assert_equivalent(model, result.model, dims={"batch": batch})
-    assert not run(result.model, tmp_path, ALL, name="again").report.fusions
+    assert not run(result.model, tmp_path, ALL, target=target, name="again").report.fusions
+
+
+@pytest.mark.parametrize("target, commuted", [("ort-cpu", False), ("ort-cpu", True), ("ort", False)])
+def test_bias_gelu_declined_where_the_cpu_runs_it(tmp_path, target, commuted):
+    """onnxruntime's CPU BiasGelu measured slower than Add + Gelu: the bias Add stays."""
+    model = activation(form="gelu", opset=20, bias_shape=(HIDDEN,), commuted=commuted)
+    assert_declined(model, run(model, tmp_path, ("bias-gelu",), target=target), "bias-gelu",
+                    "CPU BiasGelu measured 1.04-1.28x slower than the Add + Gelu")
+    fused = run(model, tmp_path, ("contrib-gelu", "bias-gelu"), target=target, name="contrib")
+    assert op_counts(fused.model) == {"Add": 1, MS + "Gelu": 1}
 
 
 def test_tanh_forms_are_not_contrib_gelu_and_erf_is_not_fast_gelu(tmp_path):
@@ -132,7 +143,7 @@ def test_x_times_half_times_half_is_not_a_gelu(tmp_path):
         "half-of-higher-rank", "alpha-of-higher-rank"])
 def test_near_miss(tmp_path, kw, passes, reason):
     model = activation(**kw)
-    result = run(model, tmp_path, passes)
+    result = run(model, tmp_path, passes, target="ort-cuda" if passes == ("bias-gelu",) else "ort-cpu")
     assert not result.report.fusions and signature(result.model) == signature(model)
     (miss,) = {m.reason for m in result.report.near_misses if m.pass_name == passes[-1]}
     assert reason in miss
@@ -144,17 +155,20 @@ def test_fp16_allowed_where_cuda_runs_it(tmp_path):
 
 
 def test_rank2_linear_gelu_becomes_bias_gelu_not_gemm(tmp_path):
-    """bias-gelu runs before matmul-add, which would otherwise take the rank-2 MatMul's bias into Gemm."""
+    """bias-gelu runs before matmul-add, which would otherwise take the rank-2 MatMul's bias into Gemm
+    (on ort-cuda: ort-cpu declines BiasGelu and keeps that Gemm)."""
     b = GraphBuilder(opset=17)
     h = b.op("Add", b.op("MatMul", b.input("x", ["batch", 8]), b.const(b.rand(8, HIDDEN))), b.const(b.rand(HIDDEN)))
     gate = b.op("Add", b.op("Erf", b.op("Div", h, b.const(math.sqrt(2.0)))), b.const(1.0))
     model = b.build(b.op("Mul", b.op("Mul", h, gate), b.const(0.5)), output_names=["y"])
-    result = optimize_model(model, tmp_path, target="ort-cpu")
+    result = optimize_model(model, tmp_path, target="ort-cuda")
     assert op_counts(result.model) == {"MatMul": 1, MS + "BiasGelu": 1}
     for batch in (1, 3):
         assert_equivalent(model, result.model, dims={"batch": batch})
     portable = optimize_model(model, tmp_path, name="portable", target="onnx")
     assert op_counts(portable.model)["Gemm"] == 1  # what the ordering prevents
+    cpu = optimize_model(model, tmp_path, name="cpu", target="ort-cpu")
+    assert op_counts(cpu.model) == {"Gemm": 1, MS + "Gelu": 1}  # BiasGelu declined: the Gemm takes the bias
 
 
 @pytest.mark.parametrize("name", ALL)
