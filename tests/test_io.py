@@ -327,3 +327,13 @@ def test_the_streamed_write_reads_back_as_the_same_model(tmp_path):
     assert back.SerializeToString(deterministic=True) == model.SerializeToString(deterministic=True)
     assert [t.name for t in back.graph.initializer] == [t.name for t in model.graph.initializer]
     onnx.checker.check_model(str(path))
+
+
+def test_inline_weights_over_the_protobuf_limit_are_refused_not_written(tmp_path, monkeypatch):
+    monkeypatch.setattr(io, "INLINE_SAVE_LIMIT_BYTES", 100)  # stands in for 2 GB
+    model = mlp_with_function()
+    with pytest.raises(FuseError, match="2 GB limit"):
+        save_model(model, tmp_path / "m.onnx", external_data=False)
+    assert list(tmp_path.iterdir()) == []
+    written = save_model(model, tmp_path / "m.onnx")  # left to fuse: external data
+    assert [p.name for p in written] == ["m.onnx", "m.onnx.data"]

@@ -485,8 +485,12 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, external_data
     folder = path.parent
     if not folder.is_dir():
         raise FuseError(f"{path}: output folder {folder} does not exist")
+    # Parsers refuse a file over 2 GB, even one written a weight at a time (_write_streamed)
+    too_big_inline = _tensor_bytes(model) > INLINE_SAVE_LIMIT_BYTES
     if external_data is None:
-        external_data = _tensor_bytes(model) > INLINE_SAVE_LIMIT_BYTES
+        external_data = too_big_inline
+    elif not external_data and too_big_inline:
+        raise FuseError(f"{path}: the weights exceed protobuf's 2 GB limit for one file: write external data")
     source = Path(source_dir) if source_dir is not None else None
     written: list[Path] = []
     tmp_dir = _make_temp_dir(folder, path)
@@ -543,7 +547,8 @@ def _write_streamed(model: onnx.ModelProto, model_file: Path) -> None:
     BERT-base that was 830 MB above fuse's resident size at the final save. Protobuf's wire
     format allows an embedded message field to occur several times, the parser merging the
     occurrences and appending repeated fields in order, so the graph is written once without its
-    initializers and then once per initializer: at most one weight is serialized at a time."""
+    initializers and then once per initializer: at most one weight is serialized at a time.
+    """
     rest = onnx.ModelProto()
     for descriptor, value in model.ListFields():
         if descriptor.number != _MODEL_GRAPH_FIELD:
