@@ -67,7 +67,7 @@ def random_cnn(blocks: list[str], seed: int, channels: int, eps: float, opset: i
             y = b.op("Add", b.const(b.rand(channels, 1, 1)), y)
         elif block == "residual":
             y = b.op("Add", y, history[int(rng.integers(len(history)))])
-        elif block == "side_output":
+        elif block == "side_output" and y != "x":
             side_outputs.append(y)  # a shared consumer: this intermediate is also a graph output
         elif block == "dropout":
             y = b.op("Dropout", y)
@@ -98,6 +98,113 @@ def test_random_graphs_keep_their_outputs(tmp_path_factory, blocks, seed, channe
     except FuseError:
         return  # a clear, user-facing refusal is allowed; anything else fails the test
     assert_equivalent(model, result.model, dims={"batch": 2}, seeds=(seed,))
+    assert len(result.model.graph.node) <= len(model.graph.node)
+    assert [o.name for o in result.model.graph.output] == [o.name for o in model.graph.output]
+
+
+SEQUENCE_BLOCKS = ("linear", "layer_norm", "layer_norm_no_affine", "rms_norm", "gelu_erf", "gelu_tanh", "relu",
+                   "residual", "side_output", "transpose_pair", "reshape_pair", "scale", "softmax", "hard_swish",
+                   "identity", "attention")
+
+
+def random_sequence_model(blocks: list[str], seed: int, hidden: int, eps: float, opset: int):
+    """A chain over a [batch, sequence, hidden] activation from the transformer-side patterns:
+    bias Adds on either side, decomposed LayerNorm / RMSNorm / GELU with random eps and forms,
+    self-attention, shared consumers. Each block keeps the shape."""
+    b = GraphBuilder(opset=opset, seed=seed)
+    rng = np.random.default_rng(seed)
+    y = b.input("x", ["batch", "sequence", hidden])
+    history, side_outputs = [y], []
+    heads = 2
+
+    def reduce_mean(t):
+        if opset >= 18:  # axes became an input
+            return b.op("ReduceMean", t, b.const(np.array([-1], np.int64)), keepdims=1)
+        return b.op("ReduceMean", t, axes=[-1], keepdims=1)
+
+    def bias_add(t, n):
+        bias = b.const(b.rand(n))
+        return b.op("Add", t, bias) if rng.random() < 0.5 else b.op("Add", bias, t)
+
+    def linear(t, n_in, n_out):
+        return bias_add(b.op("MatMul", t, b.const(b.rand(n_in, n_out))), n_out)
+
+    def layer_norm(t, affine=True):
+        centered = b.op("Sub", t, reduce_mean(t))
+        variance = reduce_mean(b.op("Pow", centered, b.const(np.float32(2.0))))
+        out = b.op("Div", centered, b.op("Sqrt", b.op("Add", variance, b.const(np.float32(eps)))))
+        if affine:
+            out = b.op("Add", b.op("Mul", out, b.const(b.rand(hidden, low=0.5, high=1.5))), b.const(b.rand(hidden)))
+        return out
+
+    def split_heads(t):
+        shaped = b.op("Reshape", t, b.const(np.array([0, 0, heads, hidden // heads], np.int64)))
+        return b.op("Transpose", shaped, perm=[0, 2, 1, 3])
+
+    for block in blocks:
+        if block == "linear":
+            y = linear(y, hidden, hidden)
+        elif block in ("layer_norm", "layer_norm_no_affine"):
+            y = layer_norm(y, affine=block == "layer_norm")
+        elif block == "rms_norm":
+            rms = b.op("Sqrt", b.op("Add", reduce_mean(b.op("Pow", y, b.const(np.float32(2.0)))),
+                                    b.const(np.float32(eps))))
+            y = b.op("Mul", b.op("Div", y, rms), b.const(b.rand(hidden, low=0.5, high=1.5)))
+        elif block == "gelu_erf":
+            erf = b.op("Erf", b.op("Div", y, b.const(np.float32(np.sqrt(2.0)))))
+            y = b.op("Mul", b.op("Mul", y, b.op("Add", erf, b.const(np.float32(1.0)))), b.const(np.float32(0.5)))
+        elif block == "gelu_tanh":
+            cube = b.op("Mul", b.op("Pow", y, b.const(np.float32(3.0))), b.const(np.float32(0.044715)))
+            inner = b.op("Mul", b.op("Add", y, cube), b.const(np.float32(np.sqrt(2.0 / np.pi))))
+            y = b.op("Mul", b.op("Mul", b.const(np.float32(0.5)), y),
+                     b.op("Add", b.const(np.float32(1.0)), b.op("Tanh", inner)))
+        elif block == "relu":
+            y = b.op("Relu", y)
+        elif block == "residual":
+            y = b.op("Add", y, history[int(rng.integers(len(history)))])
+        elif block == "side_output" and y != "x":
+            side_outputs.append(y)
+        elif block == "transpose_pair":
+            y = b.op("Transpose", b.op("Transpose", y, perm=[0, 2, 1]), perm=[0, 2, 1])
+        elif block == "reshape_pair":
+            y = b.op("Reshape", b.op("Reshape", y, b.const(np.array([0, -1], np.int64))),
+                     b.const(np.array([0, -1, hidden], np.int64)))
+        elif block == "scale":
+            y = b.op("Mul", y, b.const(np.float32(rng.uniform(0.5, 2.0))))
+        elif block == "softmax":
+            y = b.op("Softmax", y, axis=-1)
+        elif block == "hard_swish":
+            y = b.op("Mul", y, b.op("HardSigmoid", y, alpha=1.0 / 6, beta=0.5))
+        elif block == "identity":
+            y = b.op("Identity", y)
+        elif block == "attention":
+            q, k, v = (split_heads(linear(y, hidden, hidden)) for _ in range(3))
+            scores = b.op("MatMul", q, b.op("Transpose", k, perm=[0, 1, 3, 2]))
+            probs = b.op("Softmax", b.op("Div", scores, b.const(np.float32(np.sqrt(hidden // heads)))), axis=-1)
+            context = b.op("Transpose", b.op("MatMul", probs, v), perm=[0, 2, 1, 3])
+            y = linear(b.op("Reshape", context, b.const(np.array([0, 0, hidden], np.int64))), hidden, hidden)
+        history.append(y)
+    outputs = [y] + list(dict.fromkeys(o for o in side_outputs if o != y))
+    return b.build(*outputs, output_names=["y"] + [f"side{i}" for i in range(len(outputs) - 1)])
+
+
+@FUZZ_SETTINGS
+@given(
+    blocks=st.lists(st.sampled_from(SEQUENCE_BLOCKS), min_size=1, max_size=8),
+    seed=st.integers(0, 2**16),
+    hidden=st.sampled_from([4, 8]),
+    eps=st.sampled_from([1e-12, 1e-5, 1e-2]),
+    opset=st.sampled_from([14, 17, 18, 20]),
+    target=st.sampled_from(["onnx", "ort-cpu", "ort"]),
+)
+def test_random_sequence_graphs_keep_their_outputs(tmp_path_factory, blocks, seed, hidden, eps, opset, target):
+    model = random_sequence_model(blocks, seed, hidden, eps, opset)
+    tmp_path = tmp_path_factory.mktemp("fuzz")
+    try:
+        result = optimize_model(model, tmp_path, target=target)
+    except FuseError:
+        return  # a clear, user-facing refusal is allowed; anything else fails the test
+    assert_equivalent(model, result.model, dims={"batch": 2, "sequence": 3}, seeds=(seed,))
     assert len(result.model.graph.node) <= len(model.graph.node)
     assert [o.name for o in result.model.graph.output] == [o.name for o in model.graph.output]
 
