@@ -60,6 +60,9 @@ SAMPLES = REPO / "sample_models"
 LIGHT_MODELS = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 DEFAULT_OUT = REPO / "benchmarks" / "results"
 DEFAULT_DIMS = {"batch": 8, "sequence": 128}
+# Transformers run at batch 1, as they are served (and a BERT-base run at batch 8 takes ~1.4 s on
+# one thread: the corpus would take hours); --dim overrides both.
+TRANSFORMER_DIMS = {"batch": 1, "sequence": 128}
 # onnxruntime graph-optimization levels, named as in fuse_cli.bench: ORT_DISABLE_ALL, ORT_ENABLE_ALL.
 # Session creation is timed at `all`, where onnxruntime's optimizer runs, as it does for a user.
 LEVELS = ("disabled", "all")
@@ -303,6 +306,7 @@ def bench_model(path: Path, tools: Sequence[str], dims: Mapping[str, int], timin
     original = onnx.load(str(path), load_external_data=False)
     name, groups, nodes = path.stem, model_groups(original), len(original.graph.node)
     del original
+    dims = {**(TRANSFORMER_DIMS if "transformer" in groups else DEFAULT_DIMS), **dims}
     with tempfile.TemporaryDirectory(prefix="fuse-run-") as tmp:
         outputs: dict[str, Path] = {}
         results: dict[str, ToolResult] = {}
@@ -614,7 +618,7 @@ def notes(run: Mapping[str, Any]) -> list[str]:
         f"{human_bytes(PEAK_RATIO_FLOOR_BYTES)} the tool rows give bytes, not a ratio: the measurement's noise "
         "is tens of pages.",
         "Max abs diff: largest absolute difference from the original's outputs on the same seeded random inputs "
-        f"(symbolic dims: {', '.join(f'{k}={v}' for k, v in run['settings']['dims'].items())}, others 1).",
+        f"(symbolic dims: {_dims_text(run['settings']['dims'])}, others 1).",
         "The light models build most weights at run time from ConstantOfShape: a tool that folds them into "
         "initializers lowers the measured peak activation memory by the weights' size.",
     ]
@@ -653,24 +657,32 @@ def _latency_json(lat: Latency | None) -> dict[str, Any] | None:
 
 # ---- the run ------------------------------------------------------------------------------------
 
+def _dims_text(given: Mapping[str, int]) -> str:
+    def text(defaults):
+        return ", ".join(f"{k}={v}" for k, v in {**defaults, **given}.items())
+    return f"{text(DEFAULT_DIMS)}; transformers {text(TRANSFORMER_DIMS)}"
+
+
 def default_models() -> list[Path]:
-    models = sorted(SAMPLES.glob("*.onnx")) + sorted(LIGHT_MODELS.glob("*.onnx"))
-    if os.environ.get("MODELS"):
-        folder = Path(os.environ["MODELS"])
-        if not folder.is_dir():
-            raise SystemExit(f"run.py: MODELS={folder} is not a folder")
-        models += sorted(folder.glob("*.onnx"))
-    return models
+    """The samples and the onnx package's light zoo; with $MODELS, the samples and that folder
+    (the light zoo's 9 models would add a quarter of an hour to a corpus run)."""
+    models = sorted(SAMPLES.glob("*.onnx"))
+    if not os.environ.get("MODELS"):
+        return models + sorted(LIGHT_MODELS.glob("*.onnx"))
+    folder = Path(os.environ["MODELS"])
+    if not folder.is_dir():
+        raise SystemExit(f"run.py: MODELS={folder} is not a folder")
+    return models + sorted(folder.glob("*.onnx"))
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("models", nargs="*", type=Path, help="models to run (default: samples, light zoo, $MODELS)")
+    parser.add_argument("models", nargs="*", type=Path, help="models to run (default: samples and light zoo, or samples and $MODELS)")
     parser.add_argument("--quick", action="store_true", help="few timing runs (for tests; figures not comparable)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for latest.md and latest.json")
     parser.add_argument("--tools", default=",".join(TOOL_NAMES), help=f"comma-separated, from {', '.join(TOOL_NAMES)}")
     parser.add_argument("--dim", action="append", default=[], metavar="NAME=VALUE",
-                        help=f"bind a symbolic dim (default {', '.join(f'{k}={v}' for k, v in DEFAULT_DIMS.items())})")
+                        help=f"bind a symbolic dim (default {_dims_text({})})")
     parser.add_argument("--optimize-child", nargs=3, metavar=("TOOL", "SOURCE", "DESTINATION"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     unknown = sorted(set(args.tools.split(",")) - set(TOOL_NAMES))
@@ -686,7 +698,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     import onnxruntime as ort
 
-    dims = dict(DEFAULT_DIMS)
+    dims = {}  # the user's; each model adds its group's defaults (bench_model)
     for item in args.dim:
         key, _, value = item.partition("=")
         dims[key] = int(value)
