@@ -35,7 +35,8 @@ fuzz: $(STAMP)
 
 bench: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/run.py   # also reads the folder in $$MODELS, when set
-	$(BIN)/python benchmarks/big_models.py
+	$(BIN)/python benchmarks/big_models.py --json benchmarks/results/big_models.json > benchmarks/results/big_models.txt; \
+		status=$$?; cat benchmarks/results/big_models.txt; exit $$status
 
 sample-models: $(STAMP)
 	$(BIN)/python sample_models/build.py
