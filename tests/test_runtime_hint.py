@@ -6,12 +6,14 @@ from tests.conftest import SAMPLES
 
 
 def test_onnx_audit_counts_what_ort_would_fuse_in_addition():
-    report = api.optimize(SAMPLES / "cnn_bn_relu.onnx", FuseConfig(verify=False), dry_run=True).report
-    # conv1, conv2 and the depthwise conv are each followed (after BN folding) by a Relu, which
-    # FusedConv takes on CPU and CUDA alike; conv4's Clip has no CUDA FusedConv mode, so `ort`
-    # (both providers) leaves it.
-    assert dict(report.runtime_target_would_add) == {"Conv (+ Add) + activation -> FusedConv": 3}
-    assert not any(f.pass_name == "fused-conv" for f in report.fusions)  # the onnx output has none
+    report = api.optimize(SAMPLES / "transformer_block_opset17.onnx", FuseConfig(verify=False), dry_run=True).report
+    # `ort` (CPU and CUDA alike) takes the attention and the Erf GELU; its FusedConv is declined
+    # (slower on CUDA), so the CNN sample would gain nothing.
+    assert dict(report.runtime_target_would_add) == {"multi-head attention -> MultiHeadAttention": 1,
+                                                     "Erf GELU -> com.microsoft Gelu": 1}
+    assert not any(f.pass_name == "attention" for f in report.fusions)  # the onnx output has none
+    cnn = api.optimize(SAMPLES / "cnn_bn_relu.onnx", FuseConfig(verify=False), dry_run=True).report
+    assert cnn.runtime_target_would_add == ()
 
 
 def test_a_runtime_target_run_reports_no_such_hint():

@@ -181,7 +181,9 @@ def probe(op: str, domain: str, dtype: str, provider: str, workdir: Path) -> boo
             return False
         raise
     except Exception as error:  # onnxruntime raises a Fail for the CUDA refusal; anything else is a broken probe
-        if provider == "cuda" and "fallback to CPU EP has been explicitly disabled" in str(error):
+        # the CUDA refusal reads one of two ways (onnxruntime-gpu 1.31 on an H200 gave the second)
+        if provider == "cuda" and ("fallback to CPU EP has been explicitly disabled" in str(error)
+                                   or "Provider type for" in str(error) and "is not set" in str(error)):
             return False
         raise
     nodes = [n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node]
