@@ -88,3 +88,15 @@ def test_random_ops_are_not_folded(tmp_path, random_op):
     result = optimize_model(model, tmp_path, passes=PASSES)
     assert op_counts(result.model) == {"Add": 1, random_op: 1}
     assert "fold-constants" not in fusions_by_pass(result)
+
+
+def test_sequence_producers_are_not_folded(tmp_path):
+    """SequenceEmpty has no inputs, so it looks foldable; its value is a sequence, which no
+    initializer can hold (found by running fuse over onnx's backend test models)."""
+    b = GraphBuilder(opset=17)
+    x = b.input("x", [2, 3])
+    seq = b.op("SequenceInsert", b.op("SequenceEmpty", dtype=1), x)
+    model = b.build(b.op("SequenceAt", seq, b.const(np.array(0, np.int64))), output_names=["y"])
+    result = optimize_model(model, tmp_path, verify=True)
+    assert result.report.verification.passed
+    assert op_counts(result.model) == Counter({"SequenceEmpty": 1, "SequenceInsert": 1, "SequenceAt": 1})

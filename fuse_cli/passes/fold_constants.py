@@ -23,6 +23,10 @@ NONDETERMINISTIC_OPS = frozenset({
 # Folding DequantizeLinear(int8 weight) would be exact in float, but it turns a quantized (QDQ)
 # model into a float one: the runtime would no longer run that layer in int8. Keep Q/DQ nodes.
 QUANTIZATION_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"})
+# Their outputs are sequences or optionals, which an initializer cannot hold (graphsurgeon's folder
+# crashes on the list onnxruntime returns for SequenceEmpty, which has no inputs at all).
+NON_TENSOR_OPS = frozenset({"SequenceEmpty", "SequenceConstruct", "SequenceInsert", "SequenceErase",
+                            "SplitToSequence", "Optional"})
 
 
 @register
@@ -130,5 +134,6 @@ def _reads_constant_over(node: gs.Node, limit: int) -> bool:
 
 
 def _is_random(node: gs.Node) -> bool:
-    """Not foldable: random ops (their value changes per run) and quantization boundaries."""
-    return node.op in NONDETERMINISTIC_OPS | QUANTIZATION_OPS and (node.domain or "") in ("", "ai.onnx")
+    """Not foldable: random ops (their value changes per run), quantization boundaries, and
+    producers of sequences and optionals."""
+    return node.op in NONDETERMINISTIC_OPS | QUANTIZATION_OPS | NON_TENSOR_OPS and (node.domain or "") in ("", "ai.onnx")
