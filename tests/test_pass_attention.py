@@ -9,7 +9,7 @@ import pytest
 from fuse_cli.errors import UsageError
 from fuse_cli.passes.registry import pipeline_for, resolve
 from fuse_cli.verify import verify_models
-from tests.attention_graphs import attention_model, bert, gpt2, vit, vit_static
+from tests.attention_graphs import attention_model, bert, dynamo_sdpa_model, gpt2, vit, vit_static
 from tests.conftest import SAMPLES, optimize_model
 from tests.graphs import op_counts
 
@@ -125,3 +125,22 @@ def test_target_onnx_never_runs_the_pass():
     assert "attention" not in pipeline_for("onnx") and "attention" in pipeline_for("ort-cpu")
     with pytest.raises(UsageError, match="cannot run"):
         resolve("onnx", ["attention"])
+
+
+def test_dynamo_sdpa_form_fuses(tmp_path):
+    model = dynamo_sdpa_model()
+    result = optimize_model(model, tmp_path, target="ort-cpu")
+    assert op_counts(result.model)[MHA] == 1
+    assert not {"IsNaN", "Softmax"} & set(op_counts(result.model))  # the mask's Where stays: it is the bias
+    assert mha_attrs(result.model)["num_heads"] == 2
+    assert_same_outputs(model, result.model)
+
+
+@pytest.mark.parametrize("variant", [{"flat_shape": [-1, 4, 5]}, {"guard_other": True}])
+def test_dynamo_sdpa_near_forms_do_not_fuse(tmp_path, variant):
+    """Reshape [-1, d, S] has K^T's sizes but reinterprets memory; a NaN guard on the scores is
+    not the softmax's (the fused kernel would drop it)."""
+    model = dynamo_sdpa_model(**variant)
+    result = optimize_model(model, tmp_path, target="ort-cpu")
+    assert op_counts(result.model)[MHA] == 0
+    assert_same_outputs(model, result.model)
