@@ -152,38 +152,54 @@ def vit_static(opset: int, fused_scores: bool = False) -> onnx.ModelProto:
 
 
 def dynamo_sdpa_model(*, length: int = 5, heads: int = 2, head_size: int = 4, flat_shape: list[int] | None = None,
-                      guard_other: bool = False) -> onnx.ModelProto:
+                      guard_other: bool = False, symbolic: bool = False) -> onnx.ModelProto:
     """scaled_dot_product_attention as torch.onnx.export(dynamo=True) writes it for a static length
     (ViT): split shape [-1, S, H, d]; the scale d^-1/4 on Q and on K^T; K^T through a batch-flattened
     view (Reshape [-1, S, d], Transpose [0, 2, 1], Reshape [-1, H, d, S]); an additive bias from an
     all-true boolean mask; the probabilities guarded by Where(IsNaN(p), 0, p); merge shape
     [-1, S, H*d] with allowzero=1. flat_shape replaces [-1, S, d] (e.g. [-1, d, S]: the same sizes,
-    but a reinterpretation, not K^T); guard_other makes the IsNaN read the scores, not the softmax."""
+    but a reinterpretation, not K^T); guard_other makes the IsNaN read the scores, not the softmax.
+    symbolic: a "sequence" length, every shape computed from Shape at run time as BERT's export has
+    it (split [B, S, -1, d], K^T's [-1, T, d] and [B, H, d, T] read from Shape(K))."""
     b = GraphBuilder(opset=18, seed=11)
     hidden = heads * head_size
-    x = b.input("hidden", ["batch", length, hidden])
-    split = b.const(np.array([-1, length, heads, head_size], np.int64))
+    x = b.input("hidden", ["batch", "sequence" if symbolic else length, hidden])
     quarter = b.const(np.float32(head_size ** -0.25))
+
+    def ints(*values: int) -> str:
+        return b.const(np.array(values, np.int64))
+
+    def dims(t: str, start: int, end: int) -> str:  # Shape(t)[start:end], as the exporter slices it
+        return b.op("Slice", b.op("Shape", t), ints(start), ints(end))
+
+    batch, seq = dims(x, 0, 1), dims(x, 1, 2)
+    split = (b.op("Concat", batch, seq, ints(-1, head_size), axis=0) if symbolic
+             else ints(-1, length, heads, head_size))
 
     def linear(t: str) -> str:
         return b.op("Add", b.op("MatMul", t, b.const(b.rand(hidden, hidden) * hidden**-0.5)),
                     b.const(b.rand(hidden) * 0.1))
 
     def heads_of(t: str) -> str:
-        return b.op("Transpose", b.op("Reshape", linear(t), split), perm=[0, 2, 1, 3])
+        return b.op("Transpose", b.op("Reshape", linear(t), split, allowzero=1 if symbolic else 0), perm=[0, 2, 1, 3])
 
     q = b.op("Mul", heads_of(x), quarter)
-    flat = b.op("Reshape", heads_of(x), b.const(np.array(flat_shape or [-1, length, head_size], np.int64)))
-    unflat = b.const(np.array([-1, heads, head_size, length], np.int64))
+    k4 = heads_of(x)
+    if symbolic:
+        flat_to = b.op("Concat", ints(-1), dims(k4, -2, -1), ints(head_size), axis=0)
+        unflat = b.op("Concat", dims(k4, -(2**63), -2), ints(head_size), dims(k4, -2, -1), axis=0)
+    else:
+        flat_to = ints(*(flat_shape or [-1, length, head_size]))
+        unflat = ints(-1, heads, head_size, length)
+    flat = b.op("Reshape", k4, flat_to)
     k_t = b.op("Mul", b.op("Reshape", b.op("Transpose", flat, perm=[0, 2, 1]), unflat), quarter)
-    keep = b.const(np.ones((1, 1, length, 1), np.bool_))
-    shape = b.op("Concat", b.op("Slice", b.op("Shape", x), b.const(np.array([0], np.int64)),
-                                b.const(np.array([1], np.int64))),
-                 b.const(np.array([1, length, length], np.int64)), axis=0)
+    keep = b.const(np.ones((1, 1, 1, 1), np.bool_))
+    shape = b.op("Concat", batch, ints(1), seq, seq, axis=0)
     bias = b.op("Where", b.op("Expand", keep, shape), b.const(np.float32(0)), b.const(np.float32(F32_MIN)))
     scores = b.op("Add", b.op("MatMul", q, k_t), bias)
     probs = b.op("Softmax", scores, axis=-1)
     guarded = b.op("Where", b.op("IsNaN", scores if guard_other else probs), b.const(np.float32(0)), probs)
     context = b.op("Transpose", b.op("MatMul", guarded, heads_of(x)), perm=[0, 2, 1, 3])
-    merged = b.op("Reshape", context, b.const(np.array([-1, length, hidden], np.int64)), allowzero=1)
+    merge_to = b.op("Concat", batch, seq, ints(hidden), axis=0) if symbolic else ints(-1, length, hidden)
+    merged = b.op("Reshape", context, merge_to, allowzero=1)
     return b.build(b.op("MatMul", merged, b.const(b.rand(hidden, hidden))), output_names=["y"])

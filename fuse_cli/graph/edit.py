@@ -117,8 +117,10 @@ class GraphEditor:
     def replace_reason(self, m: Match, kept: Iterable[gs.Node] = ()) -> str | None:
         """May the matched nodes be replaced? Every intermediate (an output of a non-root node)
         must be read only inside the match and must not be a graph output; constants must be
-        constants. `kept` nodes are exempt: the rewrite promises to produce their outputs too
-        (e.g. SkipLayerNormalization's optional sum output). Returns None or the reason."""
+        constants. A reader whose results flow only into the match (a Shape that computes a
+        matched Reshape's shape) dies with it and counts as inside. `kept` nodes are exempt: the
+        rewrite promises to produce their outputs too (e.g. SkipLayerNormalization's optional sum
+        output). Returns None or the reason."""
         covered = {id(n) for n in m.covered}
         exempt = {id(n) for n in kept}
         for node in m.covered:
@@ -128,13 +130,36 @@ class GraphEditor:
                 if self.is_graph_output(out):
                     return f"{label(node)}'s output {out.name!r} is a graph output"
                 for consumer in out.outputs:
-                    if id(consumer) not in covered:
+                    if id(consumer) not in covered and not self._feeds_only(consumer, covered):
                         return f"{label(node)}'s output {out.name!r} is also read by {label(consumer)}"
         for var_name, consumer in m.const_vars:
             reason = self.not_constant_reason(m.tensors[var_name], var_name, consumer)
             if reason:
                 return reason
         return None
+
+    def _feeds_only(self, node: gs.Node, covered: set[int], limit: int = 32) -> bool:
+        """Do all of `node`'s results end as the shape input of covered Reshapes or Expands
+        (through at most `limit` other nodes)? Then they die with the match; a result a rewrite
+        could still read (a mask, a bias) would not."""
+        seen, stack = {id(node)}, [node]
+        while stack:
+            current = stack.pop()
+            for out in current.outputs:
+                if self.is_graph_output(out):
+                    return False
+                for reader in out.outputs:
+                    if id(reader) in covered:
+                        if reader.op not in ("Reshape", "Expand") or reader.inputs[1] is not out:
+                            return False
+                        continue
+                    if id(reader) in seen:
+                        continue
+                    if len(seen) >= limit:
+                        return False
+                    seen.add(id(reader))
+                    stack.append(reader)
+        return True
 
     def reroute_reason(self, old: gs.Tensor, new: gs.Tensor) -> str | None:
         """Can every reader of `old` read `new` instead? Only a problem when `old` is a graph

@@ -9,6 +9,7 @@ from fuse_cli.graph.edit import GraphEditor, Replacement, TensorShape
 from fuse_cli.match import Alt, Const, Match, Op, Var, constant_value
 from fuse_cli.passes.base import PatternPass
 from fuse_cli.passes.registry import register
+from fuse_cli.passes.shape_arith import shape_entries
 
 HEADS_PERM, KEY_PERM, LAST_TWO_PERM = [0, 2, 1, 3], [0, 2, 3, 1], [0, 1, 3, 2]
 FILL_LIMIT = -1e30  # s + fill rounds to fill in float32 for every |s| < 3e22
@@ -135,18 +136,20 @@ class FuseMultiHeadAttention(PatternPass):
             return f"the heads differ: query {h}x{d}, key {hk}x{dk}, value {hv}x{dv}"
         q_shape, k_shape, v_shape = (g.shape(m.tensor(f"{r}_in")) for r in ("query", "key", "value"))
         if "key_flatten" in m.nodes:
-            reason = _flattened_key_reason(m, k_shape, h, d)
+            reason = _flattened_key_reason(m, g, k_shape, h, d)
             if reason:
                 return reason
         if not _same(q_shape.dims[0], k_shape.dims[0]) or not _same(k_shape.dims[0], v_shape.dims[0]):
             return "the query, key and value batch sizes are not provably equal (MatMul would broadcast them)"
         merged = constant_value(m.tensor("merge_shape"))
         merged = None if merged is None else [int(s) for s in merged.reshape(-1)]
+        inferred = merged is None and _merge_by_inferred_shape(g, m.node("merge_transpose").outputs[0],
+                                                               m.node("merge").outputs[0], hv * dv)
         lengths = (0, -1, q_shape.static(1))  # a static query length written out (ViT's 197) is exact too
         # [-1, S, H*d] with S written out (dynamo) leaves -1 exactly the batch; allowzero matters only with a 0
         first = (0, -1) if merged is not None and len(merged) == 3 and merged[1] == q_shape.static(1) else (0,)
-        if (merged is None or len(merged) != 3 or merged[0] not in first or merged[1] not in lengths
-                or merged[2] != hv * dv or m.node("merge").attrs.get("allowzero", 0) and 0 in merged):
+        if not inferred and (merged is None or len(merged) != 3 or merged[0] not in first or merged[1] not in lengths
+                             or merged[2] != hv * dv or m.node("merge").attrs.get("allowzero", 0) and 0 in merged):
             return f"{m.node('merge').name} reshapes to {merged}, not [0, 0, {hv * dv}] (merging the heads)"
         for role in ("query", "key", "score"):
             c = constant_value(m.tensor(f"{role}_scale")) if m.tensor(f"{role}_scale") is not None else 1.0
@@ -197,8 +200,12 @@ def _heads(m: Match, g: GraphEditor, role: str) -> tuple[int, int] | str:
     reshape, source = m.node(f"{role}_reshape"), m.tensor(f"{role}_in")
     shape = constant_value(m.tensor(f"{role}_shape"))
     if shape is None:
-        return (f"the head count is not derivable: {reshape.name}'s shape is computed at run time "
-                f"(a constant [0, -1, heads, head_size] is needed)")
+        split = _split_by_inferred_shape(g, source, reshape.outputs[0])
+        if split is None:
+            return (f"the head count is not derivable: {reshape.name}'s shape is computed at run time "
+                    f"(a constant [0, -1, heads, head_size], or an inferred [batch, sequence, heads, head_size] "
+                    f"output, is needed)")
+        return _bias_size_reason(m, g, role, source, *split) or split
     dims, source_shape = [int(s) for s in shape.reshape(-1)], g.shape(source)
     # [-1, S, H, d] (dynamo) is exact when S is the static length checked below: -1 is then the batch
     if (len(dims) != 4 or dims[0] not in (0, -1) or dims[0] == -1 and dims[1] <= 0 or dims[1] < -1
@@ -210,17 +217,81 @@ def _heads(m: Match, g: GraphEditor, role: str) -> tuple[int, int] | str:
     if dims[1] > 0 and source_shape.static(1) != dims[1]:  # a written-out length must be the static one
         return (f"{reshape.name} reshapes to {dims}: sequence length {dims[1]} is not {source.name!r}'s "
                 f"static dim 1 ({source_shape.dims[1]}), so it is not [0, -1, heads, head_size]")
+    return _bias_size_reason(m, g, role, source, dims[2], dims[3]) or (dims[2], dims[3])
+
+
+def _bias_size_reason(m: Match, g: GraphEditor, role: str, source: gs.Tensor, heads: int, size: int) -> str | None:
     bias = m.tensor(f"{role}_bias")
-    if bias is not None and (constant_value(bias).size != dims[2] * dims[3] or g.dtype(bias) != g.dtype(source)):
-        return (f"{m.node(f'{role}_bias_add').name}'s bias {bias.name!r} is not a [{dims[2] * dims[3]}] vector "
+    if bias is not None and (constant_value(bias).size != heads * size or g.dtype(bias) != g.dtype(source)):
+        return (f"{m.node(f'{role}_bias_add').name}'s bias {bias.name!r} is not a [{heads * size}] vector "
                 "of the input's type")
-    return dims[2], dims[3]
+    return None
 
 
-def _flattened_key_reason(m: Match, k_shape: TensorShape, heads: int, size: int) -> str | None:
+def _merge_by_inferred_shape(g: GraphEditor, heads: gs.Tensor, merged: gs.Tensor, hidden: int) -> bool:
+    """[B, S, H, d] -> [B, S, H*d] by the inferred shapes (a shape computed at run time)."""
+    src, out = g.shape(heads), g.shape(merged)
+    return (src is not None and out is not None and src.rank == 4 and out.rank == 3 and out.static(2) == hidden
+            and _same(src.dims[0], out.dims[0]) and _same(src.dims[1], out.dims[1]))
+
+
+def _split_by_inferred_shape(g: GraphEditor, source: gs.Tensor, split: gs.Tensor) -> tuple[int, int] | None:
+    """(H, d) when shape inference gives Reshape's output as [B, S, H, d] for a [B, S, H*d] input
+    (the same B and S, provably): the shape tensor was computed at run time (torch's dynamo export
+    with a symbolic sequence), but a Reshape is a row-major reinterpretation fixed by its output's
+    dims, so those make it the head split. fuse optimize verifies every rewrite besides."""
+    src, out = g.shape(source), g.shape(split)
+    if src is None or out is None or src.rank != 3 or out.rank != 4:
+        return None
+    h, d = out.static(2), out.static(3)
+    if h is None or d is None or src.static(2) != h * d or not (_same(src.dims[0], out.dims[0])
+                                                                 and _same(src.dims[1], out.dims[1])):
+        return None
+    return h, d
+
+
+def _flattened_by_inferred_shapes(m: Match, g: GraphEditor) -> bool:
+    """K^T by the inferred shapes: [B, H, T, d] -> [*, T, d] -> transposed -> [B, H, d, T]."""
+    k4, flat, unflat = (g.shape(m.node(n).outputs[0]) for n in ("key_heads", "key_flatten", "key_unflatten"))
+    if k4 is None or flat is None or unflat is None or (k4.rank, flat.rank, unflat.rank) != (4, 3, 4):
+        return False
+    b, h, t, d = k4.dims
+    return (_same(flat.dims[1], t) and _same(flat.dims[2], d)
+            and all(_same(x, y) for x, y in zip(unflat.dims, (b, h, d, t))))
+
+
+def _flattened_by_read_dims(m: Match, g: GraphEditor) -> bool:
+    """K^T by the shape vectors themselves, when they are built from Shape(K) (a symbolic length):
+    [-1, dim 2, d] and then [dim 0 or -1, dim 1 or H, d, dim 2] of the [B, H, T, d] heads."""
+    k4 = g.shape(m.node("key_heads").outputs[0])
+    if k4 is None or k4.rank != 4:
+        return False
+
+    def dims(name: str) -> list | None:
+        entries = shape_entries(m.tensor(name), g)
+        if entries is None or any(e is None for e in entries):
+            return None
+        return [e if isinstance(e, int) else _dim_of(g, *e) for e in entries]
+
+    b, h, t, d = k4.dims
+    flat, unflat = dims("key_flat_shape"), dims("key_unflat_shape")
+    return (flat is not None and unflat is not None and len(flat) == 3 and len(unflat) == 4
+            and flat[0] == -1 and _same(flat[1], t) and _same(flat[2], d)
+            and (unflat[0] == -1 or _same(unflat[0], b)) and _same(unflat[1], h)
+            and _same(unflat[2], d) and _same(unflat[3], t))
+
+
+def _dim_of(g: GraphEditor, tensor: gs.Tensor, axis: int):
+    shape = g.shape(tensor)
+    return shape.dims[axis] if shape is not None and 0 <= axis < shape.rank else None
+
+
+def _flattened_key_reason(m: Match, g: GraphEditor, k_shape: TensorShape, heads: int, size: int) -> str | None:
     """The 3-D route is K^T only as Reshape [-1, T, d] of [B, H, T, d], then [-1, H, d, T]."""
     length = k_shape.static(1)
     flat, unflat = (constant_value(m.tensor(name)) for name in ("key_flat_shape", "key_unflat_shape"))
+    if (flat is None or unflat is None) and (_flattened_by_inferred_shapes(m, g) or _flattened_by_read_dims(m, g)):
+        return None
     flat = None if flat is None else [int(v) for v in flat.reshape(-1)]
     unflat = None if unflat is None else [int(v) for v in unflat.reshape(-1)]
     if length is None or flat != [-1, length, size] or unflat != [-1, heads, size, length]:

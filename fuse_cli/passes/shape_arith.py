@@ -168,6 +168,18 @@ def _inferred(shape: list[int], x_dims, allowzero: int) -> list[int]:
     return [total // part if s == -1 else s for s in shape]
 
 
+def shape_entries(shape: gs.Tensor, g: GraphEditor) -> list[Entry] | None:
+    """A shape vector's values as entries (constants, or dim `axis` of a tensor read through
+    Shape), when it is a constant or a Concat of such pieces; None where a piece's length is unknown."""
+    entries: list[Entry] = []
+    for piece in _pieces(shape):
+        part = _entries(piece, g)
+        if part is None:
+            return None
+        entries += part
+    return entries
+
+
 def _pieces(shape: gs.Tensor) -> list[gs.Tensor]:
     producer = shape.inputs[0] if len(shape.inputs) == 1 else None
     return list(producer.inputs) if producer is not None and producer.op == "Concat" else [shape]
