@@ -84,8 +84,9 @@ class FuseMultiHeadAttention(PatternPass):
     [0, 2, 1], Reshape [-1, H, d, S]) and Where(IsNaN(p), 0, p) after the softmax: matched too
     (vit-base dynamo: 12 MultiHeadAttention, 0.96x CPU time, 0.73x peak). Exact for finite
     inputs; where the inputs hold NaN or inf the guard's zeros become the kernel's NaN. With the
-    length computed at run time (BERT's dynamo export) the flattening shapes are not constant and
-    the attention stays as it is.
+    length computed at run time (BERT's dynamo export: bert-base 540 -> 214 nodes) the split and
+    merge Reshapes are judged by their inferred output shapes, and K^T's flattening by the Shape
+    dims its shape vectors read.
     """
 
     name = "attention"
