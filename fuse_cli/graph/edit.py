@@ -79,6 +79,11 @@ class GraphEditor:
             return None
         return TensorShape(tuple(d if isinstance(d, (int, str)) and d != -1 else None for d in dims))
 
+    def dim(self, tensor: gs.Tensor | None, axis: int) -> int | str | None:
+        """Dim `axis` of `tensor` as shape() knows it; None when unknown or out of range."""
+        shape = self.shape(tensor)
+        return shape.dims[axis] if shape is not None and 0 <= axis < shape.rank else None
+
     def dtype(self, tensor: gs.Tensor | None) -> np.dtype | None:
         if tensor is None:
             return None

@@ -272,7 +272,7 @@ def _flattened_by_read_dims(m: Match, g: GraphEditor) -> bool:
         entries = shape_entries(m.tensor(name), g)
         if entries is None or any(e is None for e in entries):
             return None
-        return [e if isinstance(e, int) else _dim_of(g, *e) for e in entries]
+        return [e if isinstance(e, int) else g.dim(*e) for e in entries]
 
     b, h, t, d = k4.dims
     flat, unflat = dims("key_flat_shape"), dims("key_unflat_shape")
@@ -280,11 +280,6 @@ def _flattened_by_read_dims(m: Match, g: GraphEditor) -> bool:
             and flat[0] == -1 and _same(flat[1], t) and _same(flat[2], d)
             and (unflat[0] == -1 or _same(unflat[0], b)) and _same(unflat[1], h)
             and _same(unflat[2], d) and _same(unflat[3], t))
-
-
-def _dim_of(g: GraphEditor, tensor: gs.Tensor, axis: int):
-    shape = g.shape(tensor)
-    return shape.dims[axis] if shape is not None and 0 <= axis < shape.rank else None
 
 
 def _flattened_key_reason(m: Match, g: GraphEditor, k_shape: TensorShape, heads: int, size: int) -> str | None:

@@ -131,9 +131,7 @@ def _static_shape(m: Match, g: GraphEditor) -> np.ndarray | str:
             j = len(shape)
             if isinstance(entry, tuple):
                 t, i = entry
-                t_dims = g.shape(t)
-                dim = t_dims.dims[i] if t_dims is not None and i < t_dims.rank else None
-                x_dim = x_dims.dims[j] if x_dims is not None and j < x_dims.rank else None
+                dim, x_dim = g.dim(t, i), g.dim(x, j)
                 if isinstance(dim, int) and (dim or allowzero):
                     entry = dim
                 elif not allowzero and ((t is x and i == j) or (isinstance(dim, str) and dim == x_dim)):
