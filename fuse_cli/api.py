@@ -28,7 +28,7 @@ from fuse_cli.passes import resolve
 from fuse_cli.passes.engine import run_pipeline
 from fuse_cli.passes.base import Pass
 from fuse_cli.report.model import FusionRecord, Gates, MeasuredPeaks, MemoryAudit, NearMiss, Report, RolledBack
-from fuse_cli.verify import VerifyResult, pinned_dims, verify_models
+from fuse_cli.verify import MISMATCH, VerifyResult, compare_with_reference, reference_for
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ def optimize(model_path: str | os.PathLike, config: FuseConfig, output_path: str
     passes = resolve(config.target, config.passes, config.disable)
     resolve(config.target, config.fail_on_near_miss)  # the same "did you mean" for gate pass names
     symbolic = infer_shapes(loaded.model)  # as onnxruntime's planner sees shapes: for the memory model
-    checkable = with_runtime_dims(loaded.model, symbolic)  # what fusion preconditions may rely on
+    checkable = with_runtime_dims(loaded.model, symbolic, proofs=True)  # what fusion preconditions may rely on
     bound, unbound = _bound_shapes(loaded.model, config, unbound_table=symbolic)
 
     def fuse(selected: list[Pass]) -> _Fused:
@@ -68,11 +68,10 @@ def optimize(model_path: str | os.PathLike, config: FuseConfig, output_path: str
     fused = fuse(passes)
     verification: VerifyResult | None = None
     rolled_back: tuple[RolledBack, ...] = ()
-    notes: tuple[str, ...] = ()
     writer = _Writer(loaded, None if dry_run else target_path, config.external_data)
     try:
         if config.verify:
-            fused, verification, rolled_back, notes = _verify_and_roll_back(source, passes, fused, fuse, config, writer)
+            fused, verification, rolled_back = _verify_and_roll_back(source, loaded, passes, fused, fuse, config, writer)
         optimized, fusions, near_misses = fused.model, fused.fusions, fused.near_misses
         # The audit (a dry run) says what portability costs; `optimize` does not run the pipeline twice.
         runtime_extra = (_what_runtime_target_adds(loaded, checkable, bound, config)
@@ -98,11 +97,11 @@ def optimize(model_path: str | os.PathLike, config: FuseConfig, output_path: str
         dims=tuple(sorted(bound.bound_dims.items())),
         written_files=written,
         dry_run=dry_run,
-        notes=_notes(bound) + _opset_note(opset_before, loaded.model) + _run_level_note(config.target, optimized) + notes,
+        notes=_notes(bound) + _opset_note(opset_before, loaded.model) + _run_level_note(config.target, optimized),
         verification=verification,
         rolled_back=rolled_back,
         runtime_target_would_add=runtime_extra,
-        gates=Gates(config.fail_on_fusable, config.max_peak_bytes, config.fail_on_near_miss),
+        gates=Gates(config.fail_on_fusable, config.max_peak_bytes, config.fail_on_near_miss, config.require_verified),
         measured=_measure(source, optimized, bound) if config.measure else None,
         allow_mismatch=config.allow_mismatch,
         memory=_memory_audit(loaded, bound, symbolic, optimized, config, fusions),
@@ -184,42 +183,41 @@ class _Writer:
             shutil.rmtree(self._scratch, ignore_errors=True)
 
 
-def _verify_and_roll_back(source: Path, passes: list[Pass], fused: _Fused, fuse, config: FuseConfig, writer: _Writer):
-    """Compare with the original in onnxruntime. On a mismatch, bisect the pipeline for the first
-    pass whose rewrites break the outputs, drop it, and try again until the outputs match."""
-
-    dims = pinned_dims(fused.model, config.dims)
+def _verify_and_roll_back(source: Path, loaded: LoadedModel, passes: list[Pass], fused: _Fused, fuse,
+                          config: FuseConfig, writer: _Writer):
+    """Compare with the original in onnxruntime. On a mismatch (an output differs, or the
+    candidate fails where the original runs), bisect the pipeline for the first pass whose
+    rewrites break it, drop it, and try again until nothing is broken. The original runs once per
+    shape setting, whatever the number of candidates."""
+    reference = reference_for(str(source), loaded.model, config.dims, int_ranges=config.int_ranges)
 
     def check(candidate: _Fused) -> VerifyResult:
         # From a file, not the bytes of the model: onnxruntime parses either way, and bytes would
         # be one more copy of every weight (BERT-base: 2.9 -> 2.3 GB peak RSS for fuse optimize).
-        return _verify_file(source, writer.for_verification(candidate.model), config, dims)
+        return compare_with_reference(reference, writer.for_verification(candidate.model), config.rtol, config.atol)
 
-    try:
-        result = check(fused)
-    except FuseError as exc:
-        return fused, None, (), (f"not verified: {exc}",)
+    result = check(fused)
     active = list(passes)
     rolled_back: list[RolledBack] = []
-    while not result.passed and active:
-        good, bad = 0, len(active)  # a prefix of `good` passes matches, one of `bad` does not
+    while result.status == MISMATCH and active:
+        good, bad = 0, len(active)  # a prefix of `good` passes is not broken, one of `bad` is
         while bad - good > 1:
             middle = (good + bad) // 2
-            if check(fuse(active[:middle])).passed:
+            if check(fuse(active[:middle])).status != MISMATCH:
                 good = middle
             else:
                 bad = middle
-        culprit = active.pop(bad - 1)
-        worst = max(result.failing(), key=lambda o: o.max_abs_diff)
-        rolled_back.append(RolledBack(culprit.name, worst.name, worst.max_abs_diff))
+        rolled_back.append(_rolled_back(active.pop(bad - 1).name, result))
         fused = fuse(active)
         result = check(fused)
-    return fused, result, tuple(rolled_back), ()
+    return fused, result, tuple(rolled_back)
 
 
-def _verify_file(source: Path, written: Path, config: FuseConfig, dims: dict[str, int]) -> VerifyResult:
-    return verify_models(str(source), str(written), dims=dims, rtol=config.rtol, atol=config.atol,
-                         int_ranges=config.int_ranges)
+def _rolled_back(pass_name: str, result: VerifyResult) -> RolledBack:
+    if not result.failing():  # the candidate did not run: nothing to compare
+        return RolledBack(pass_name, None, None, result.reason)
+    worst = max(result.failing(), key=lambda o: o.max_abs_diff)
+    return RolledBack(pass_name, worst.name, worst.max_abs_diff, worst.problem)
 
 
 RUNTIME_TARGET = "ort"

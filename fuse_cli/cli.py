@@ -76,13 +76,15 @@ def fusion_options(func):
                      help="Compare outputs with the original in onnxruntime (default on); roll back passes that break them."),
         click.option("--int-range", "int_ranges", multiple=True, metavar="INPUT=LOW:HIGH",
                      help="Verification: range of an integer input's random values, high exclusive "
-                          "(default 0:10; 0:2 for inputs named *mask*)."),
+                          "(default: what the graph implies, e.g. an embedding's row count; 0:2 for masks; else 0:10)."),
         click.option("--rtol", type=click.FloatRange(min=0), default=None,
                      help="Relative tolerance for verification (default by dtype)."),
         click.option("--atol", type=click.FloatRange(min=0), default=None,
                      help="Absolute tolerance for verification (default by dtype)."),
         click.option("--allow-mismatch", is_flag=True, default=None,
                      help="Exit 0 even when a pass had to be rolled back."),
+        click.option("--require-verified", is_flag=True, default=None,
+                     help="CI: exit 1 unless verification confirmed the output (not unverifiable, not inconclusive)."),
         click.option("--fail-on-fusable", is_flag=True, default=None,
                      help="CI gate: exit 1 when any pass would still fire (the model was not optimized)."),
         click.option("--max-peak", type=click.FloatRange(min=0), default=None, metavar="MB",
@@ -104,7 +106,7 @@ def fusion_options(func):
 
 
 def _config(target, passes, disable, dims, input_shapes, freeze_inputs, fold_limit, upgrade_opset, verify, int_ranges,
-            rtol, atol, allow_mismatch, fail_on_fusable, max_peak, fail_on_near_miss, measure):
+            rtol, atol, allow_mismatch, require_verified, fail_on_fusable, max_peak, fail_on_near_miss, measure):
     base = load_config()
     return base.with_overrides(
         target=target,
@@ -120,6 +122,7 @@ def _config(target, passes, disable, dims, input_shapes, freeze_inputs, fold_lim
         rtol=rtol,
         atol=atol,
         allow_mismatch=allow_mismatch,
+        require_verified=require_verified,
         fail_on_fusable=fail_on_fusable,
         max_peak_bytes=int(max_peak * 2**20) if max_peak is not None else None,
         fail_on_near_miss=split_names(fail_on_near_miss) if fail_on_near_miss is not None else None,
@@ -226,9 +229,10 @@ def report(models, jobs, json_path, markdown_path, plot_path, html_path, **optio
 @cli.command(name="verify")
 @click.argument("original")
 @click.argument("optimized")
-@click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE", help="Value for a symbolic dimension (default 2).")
+@click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE",
+              help="Value for a symbolic dimension (default: distinct primes, at two settings).")
 @click.option("--int-range", "int_ranges", multiple=True, metavar="INPUT=LOW:HIGH",
-              help="Range for an integer input's random values, high exclusive (default 0:10).")
+              help="Range for an integer input's random values, high exclusive (default: what the graph implies).")
 @click.option("--inputs", "inputs_path", default=None, metavar="FILE.npz|DIR",
               help="Real inputs: a .npz file, or a folder of onnx TensorProto .pb files named after the inputs.")
 @click.option("--rtol", type=click.FloatRange(min=0), default=None, help="Relative tolerance (default by dtype: fp32 1e-4).")
@@ -238,17 +242,17 @@ def report(models, jobs, json_path, markdown_path, plot_path, html_path, **optio
 @click.option("--debug", is_flag=True, help="Show tracebacks.")
 @guarded
 def verify_command(original, optimized, dims, int_ranges, inputs_path, rtol, atol, seed, json_path):
-    """Run ORIGINAL and OPTIMIZED on the same inputs and compare every output."""
+    """Run ORIGINAL and OPTIMIZED on the same inputs and compare every output. Exit 0 only when
+    they match: 1 when they differ, the optimized model fails, an output is all NaN/inf
+    (inconclusive) or the original cannot run (unverifiable)."""
     from fuse_cli.report.render import render_verify_json, render_verify_rich
-    from fuse_cli.verify import load_inputs, pinned_dims, verify_models
+    from fuse_cli.verify import load_inputs, verify_models
 
     # the same one-line errors as every command, before onnxruntime sees the files
-    loaded = [load_model(path) for path in (original, optimized)]
+    header = [load_model(path) for path in (original, optimized)][0].model
     feeds = load_inputs(inputs_path) if inputs_path else None
-    pinned = pinned_dims(loaded[0].model, parse_dims(dims))
-    del loaded
-    result = verify_models(original, optimized, dims=pinned, seed=seed, rtol=rtol, atol=atol, feeds=feeds,
-                           int_ranges=parse_int_ranges(int_ranges))
+    result = verify_models(original, optimized, dims=parse_dims(dims), seed=seed, rtol=rtol, atol=atol, feeds=feeds,
+                           int_ranges=parse_int_ranges(int_ranges), header=header)
     render_verify_rich(result, _console(stderr=json_path == "-"))
     if json_path == "-":
         click.echo(render_verify_json(result), nl=False)

@@ -40,6 +40,7 @@ class FuseConfig:
     rtol: float | None = None  # None: per-dtype defaults (fuse_cli.verify.DEFAULT_TOLERANCES)
     atol: float | None = None
     allow_mismatch: bool = False  # exit 0 even when a pass had to be rolled back
+    require_verified: bool = False  # exit 1 unless verification confirmed the output (CI)
     # CI gates: each makes the run exit 1 when its condition holds
     fail_on_fusable: bool = False  # any pass still fires: the model was not optimized
     max_peak_bytes: int | None = None  # estimated peak activation memory (after fusion) above this
@@ -60,6 +61,7 @@ _FILE_KEYS = {
     "dims": "dims",
     "freeze-inputs": bool,
     "fold-limit": "megabytes",
+    "require-verified": bool,
 }
 
 

@@ -24,9 +24,15 @@ def test_the_onnx_package_still_ships_them():
 @pytest.mark.parametrize("path", MODELS, ids=[p.parent.name for p in MODELS])
 def test_fuse_keeps_the_outputs_or_says_why_it_could_not_check(tmp_path, path):
     report = api.optimize(path, FuseConfig(target="ort-cpu"), tmp_path / "out.onnx").report
-    if report.verification is None:
-        # onnxruntime cannot run the original itself: opsets it dropped, string inputs, ...
-        assert any(note.startswith("not verified: ") for note in report.notes)
-        return
-    assert report.verification.passed and not report.rolled_back
+    result = report.verification
     assert (tmp_path / "out.onnx").is_file()
+    assert not report.rolled_back, "a pass broke a model"
+    if result.status == "unverifiable":
+        # onnxruntime cannot run the original itself: opsets it dropped, string inputs, ...; never
+        # a model whose optimized form failed where the original ran (that is a mismatch)
+        assert result.reason.startswith("the original model cannot run")
+        assert report.exit_code == 0
+        required = api.optimize(path, FuseConfig(target="ort-cpu", require_verified=True), tmp_path / "req.onnx")
+        assert required.report.exit_code == 1 and "--require-verified" in required.report.failures[0]
+        return
+    assert result.status == "match", (result.status, result.reason)

@@ -14,7 +14,8 @@ from fuse_cli.config import FuseConfig
 from fuse_cli.graph.edit import Replacement
 from fuse_cli.passes import REGISTRY
 from fuse_cli.passes.conv_bn import FoldBatchNormIntoConv
-from fuse_cli.verify import load_inputs, make_session, pinned_dims, random_inputs, verify_models
+from fuse_cli.input_domain import shape_settings
+from fuse_cli.verify import load_inputs, make_session, random_inputs, verify_models
 from tests.graphs import GraphBuilder, op_counts
 
 
@@ -163,8 +164,10 @@ def two_input_model() -> onnx.ModelProto:
     return b.build(b.op("Add", x, y), output_names=["z"])
 
 
-def test_pinned_dims_give_every_symbolic_input_dim_a_value():
-    assert pinned_dims(two_input_model(), {"width": 5}) == {"batch": 2, "width": 5}
+def test_distinct_symbols_get_distinct_sizes_at_two_settings_and_bound_ones_stay():
+    (first, second), *_ = shape_settings(two_input_model(), {"width": 5})
+    assert first["width"] == second["width"] == 5
+    assert first["batch"] not in (1, 2, 5) and second["batch"] not in (1, 2, 5, first["batch"])
 
 
 def test_sessions_are_built_with_the_pinned_dims(monkeypatch):
@@ -182,8 +185,11 @@ def test_sessions_are_built_with_the_pinned_dims(monkeypatch):
         return session
 
     monkeypatch.setattr(verify, "make_session", spy)
-    assert verify_models(model, model, dims=pinned_dims(model, {"batch": 3})).passed
-    assert seen == [[[3, 2], [3, 1]]] * 2
+    result = verify_models(model, model, dims={"batch": 3})
+    assert result.passed
+    widths = [dict(s)["width"] for s in result.settings]
+    assert seen == [[[3, w], [3, 1]] for _ in ("original", "optimized") for w in widths]
+    assert len(set(widths)) == 2
     seen.clear()
     feeds = {"x": np.ones((4, 6), np.float32), "y": np.ones((4, 1), np.float32)}
     assert verify_models(model, model, dims={"batch": 3}, feeds=feeds).passed, "given inputs keep their own shapes"

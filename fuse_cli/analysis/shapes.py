@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -175,18 +176,36 @@ def infer_shapes(
 
 
 def with_runtime_dims(model: onnx.ModelProto, table: ShapeTable,
-                      input_shapes: Mapping[str, Sequence[int]] = _NO_BINDINGS) -> ShapeTable:
+                      input_shapes: Mapping[str, Sequence[int]] = _NO_BINDINGS, *, proofs: bool = False) -> ShapeTable:
     """`table` (an infer_shapes result for `model`) with the dims onnx left unknown taken from
-    onnxruntime's symbolic inference (see infer_shapes), without running onnx's inference again."""
+    onnxruntime's symbolic inference (see infer_shapes), without running onnx's inference again.
+
+    proofs=True: the table fusion checks reason with, where an equal name must mean an equal
+    size. onnxruntime's inference merges two symbols that meet in a broadcast ([N, 4] + [M, 4]
+    names the sum's dim N or M, by hash seed) or in an op that needs them equal; a valid model
+    only needs them equal or one of them 1. So a dim whose name was merged, or a number a symbol
+    was merged into, proves nothing and stays unknown; names it carried through unmerged stand."""
     if not any(info.shape is None or None in info.shape for info in table.tensors.values()):
         return table
-    runtime = _runtime_symbolic_inference(model, table.bound_dims, input_shapes)
-    if runtime is None:
+    inferred = _runtime_symbolic_inference(model, table.bound_dims, input_shapes)
+    if inferred is None:
         return table
+    runtime, merged, merged_into_number = inferred
     declared = _declared_symbols(model.graph) | _all_symbols(runtime.graph)
     more = _collect(model.graph, runtime.graph, table.bound_dims, declared)
+    if proofs and (merged or merged_into_number):
+        more = {name: _without_merged(info, merged, merged_into_number) for name, info in more.items()}
     tensors = {name: _fill_unknown(info, more.get(name)) for name, info in table.tensors.items()}
     return dataclasses.replace(table, tensors=MappingProxyType(tensors), unknown_dims=_all_unknown_dims(tensors))
+
+
+def _without_merged(info: TensorInfo, merged: set[str], merged_into_number: bool) -> TensorInfo:
+    if info.shape is None:
+        return info
+    pattern = re.compile("|".join(rf"(?<![\w.]){re.escape(name)}(?![\w.])" for name in merged)) if merged else None
+    return TensorInfo(info.name, info.elem_type, tuple(
+        None if (isinstance(d, int) and merged_into_number) or (isinstance(d, str) and pattern and pattern.search(d))
+        else d for d in info.shape))
 
 
 def _all_unknown_dims(tensors: Mapping[str, TensorInfo]) -> tuple[UnknownDim, ...]:
@@ -199,11 +218,10 @@ _SYMBOLIC_VALUE_LIMIT = 4096
 
 
 def _runtime_symbolic_inference(model: onnx.ModelProto, bindings: Mapping[str, int],
-                                input_shapes: Mapping[str, Sequence[int]]) -> onnx.ModelProto | None:
-    """onnxruntime's SymbolicShapeInference on a weightless, bound copy, or None when it cannot run."""
-    # sympy is a dependency of fuse for this import: onnxruntime uses it but does not declare it
-    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-
+                                input_shapes: Mapping[str, Sequence[int]]
+                                ) -> tuple[onnx.ModelProto, set[str], bool] | None:
+    """onnxruntime's SymbolicShapeInference on a weightless, bound copy: the inferred model, the
+    symbols it merged and whether it merged any into a number; None when it cannot run."""
     graph = onnx.GraphProto(name=model.graph.name)
     graph.input.extend(model.graph.input)
     graph.output.extend(model.graph.output)
@@ -225,12 +243,53 @@ def _runtime_symbolic_inference(model: onnx.ModelProto, bindings: Mapping[str, i
     with tempfile.TemporaryDirectory(prefix="fuse-shapes-") as scratch:
         os.chdir(scratch)
         try:
+            inference = _merge_tracking_inference()
             # auto_merge: without it, any dim the exporter computed stops inference ("Incomplete").
-            return SymbolicShapeInference.infer_shapes(copy, auto_merge=True, guess_output_rank=False)
+            inferred = _onnxruntime_symbolic_infer(inference, copy)
         except Exception:  # noqa: BLE001 - it raises bare Exceptions, asserts, KeyErrors; onnx's path stands
             return None
         finally:
             os.chdir(cwd)
+    return (inferred, inference.merged, inference.merged_into_number) if inferred is not None else None
+
+
+def _merge_tracking_inference():
+    """onnxruntime's SymbolicShapeInference (auto_merge on) that records what it merges: both of
+    its merge paths, the suggested merges it applies model-wide and the silent pick of one dim
+    among unequal ones."""
+    # sympy is a dependency of fuse for this import: onnxruntime uses it but does not declare it
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference, is_literal
+
+    class MergeTracking(SymbolicShapeInference):
+        def __init__(self):
+            super().__init__(2**31 - 1, True, False, 0)
+            self.merged: set[str] = set()
+            self.merged_into_number = False
+
+        def _record(self, dims) -> None:
+            if len({str(d) for d in dims}) > 1:
+                self.merged.update(str(d) for d in dims if not is_literal(d))
+                self.merged_into_number |= any(is_literal(d) for d in dims)
+
+        def _add_suggested_merge(self, symbols, apply=False):
+            self._record(symbols)
+            return super()._add_suggested_merge(symbols, apply)
+
+        def _merge_symbols(self, dims):
+            self._record(dims)
+            return super()._merge_symbols(dims)
+
+    return MergeTracking()
+
+
+def _onnxruntime_symbolic_infer(inference, model: onnx.ModelProto) -> onnx.ModelProto | None:
+    """SymbolicShapeInference.infer_shapes' loop on our own instance; None when incomplete."""
+    inference._preprocess(model)
+    complete = False
+    while inference.run_:
+        complete = inference._infer_impl()
+    inference._update_output_from_vi()
+    return inference.out_mp_ if complete else None
 
 
 def _fill_unknown(info: TensorInfo, other: TensorInfo | None) -> TensorInfo:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from fuse_cli.analysis.measure import Measurement
 from fuse_cli.analysis.memory import MemoryProfile
 from fuse_cli.errors import EXIT_CHECK_FAILED, EXIT_OK
-from fuse_cli.verify import VerifyResult
+from fuse_cli.verify import MISMATCH, VerifyResult
 
 SCHEMA_VERSION = 1
 
@@ -74,11 +74,20 @@ class MemoryAudit:
 
 @dataclass(frozen=True)
 class RolledBack:
-    """A pass whose rewrites changed the outputs beyond tolerance and were left out."""
+    """A pass whose rewrites changed the outputs beyond tolerance, or made the model fail where
+    the original runs (`reason`; then no output was compared), and were left out."""
 
     pass_name: str
-    output: str
-    max_abs_diff: float
+    output: str | None
+    max_abs_diff: float | None
+    reason: str | None = None
+
+    def describe(self) -> str:
+        if self.output is None:
+            return f"pass {self.pass_name} broke the model ({self.reason})"
+        if self.reason:
+            return f"pass {self.pass_name} changed output {self.output!r}: {self.reason}"
+        return f"pass {self.pass_name} changed output {self.output!r} by up to {self.max_abs_diff:.3g}"
 
 
 @dataclass(frozen=True)
@@ -96,6 +105,7 @@ class Gates:
     fail_on_fusable: bool = False
     max_peak_bytes: int | None = None
     fail_on_near_miss: tuple[str, ...] = ()
+    require_verified: bool = False  # anything but "outputs match" (unverifiable, inconclusive, --no-verify)
 
 
 @dataclass(frozen=True)
@@ -158,11 +168,11 @@ class Report:
         allowed mismatches: the written model is then correct but not what was asked for."""
         problems = []
         if not self.allow_mismatch:
-            problems += [f"pass {r.pass_name} changed output {r.output!r} (max abs diff {r.max_abs_diff:.3g}); "
-                         "its rewrites were rolled back" for r in self.rolled_back]
-        if self.verification is not None and not self.verification.passed:
+            problems += [f"{r.describe()}; its rewrites were rolled back" for r in self.rolled_back]
+        result = self.verification
+        if result is not None and result.status == MISMATCH:
             problems += [f"output {o.name!r} differs from the original (max abs diff {o.max_abs_diff:.3g})"
-                         for o in self.verification.failing()]
+                         for o in result.failing()] or [f"{result.reason}"]
         return tuple(problems + self._gate_failures())
 
     def _gate_failures(self) -> list[str]:
@@ -176,6 +186,10 @@ class Report:
             if peak > gates.max_peak_bytes:
                 problems.append(f"--max-peak: estimated peak activation memory {peak / 2**20:.1f} MB exceeds "
                                 f"the budget of {gates.max_peak_bytes / 2**20:.1f} MB")
+        if gates.require_verified and not self.dry_run and (self.verification is None or not self.verification.passed):
+            why = "verification was off" if self.verification is None else \
+                f"verification was {self.verification.status}: {self.verification.reason}"
+            problems.append(f"--require-verified: the output was written but not confirmed ({why})")
         for name in gates.fail_on_near_miss:
             misses = [m for m in self.near_misses if m.pass_name == name]
             if misses:

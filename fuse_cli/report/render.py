@@ -14,7 +14,8 @@ from rich.console import Console
 from rich.table import Table
 
 from fuse_cli.report.model import SCHEMA_VERSION, Report
-from fuse_cli.verify import VerifyResult
+from fuse_cli.input_domain import describe_setting
+from fuse_cli.verify import INCONCLUSIVE, MATCH, MISMATCH, UNVERIFIABLE, VerifyResult
 
 # "Tensors removed" are intermediate activations; "Memory saved" is their bytes at the bound shapes
 # (the traffic that no longer happens); "Peak change" is what removing them alone does to the peak.
@@ -66,17 +67,29 @@ def _percent(before: int, after: int) -> str:
 
 def verification_lines(report: Report) -> list[str]:
     outcome = "its rewrites are left out of the result" if report.dry_run else "the model was written without its rewrites"
-    lines = [f"Rolled back: pass {r.pass_name} changed output {r.output!r} by up to {r.max_abs_diff:.3g}; {outcome}"
-             for r in report.rolled_back]
+    lines = [f"Rolled back: {r.describe()}; {outcome}" for r in report.rolled_back]
     result = report.verification
     if result is not None:
-        worst_abs = max((o.max_abs_diff for o in result.outputs), default=0.0)
-        worst_rel = max((o.max_rel_diff for o in result.outputs), default=0.0)
-        cosine = min((o.cosine_similarity for o in result.outputs), default=1.0)
-        verdict = "outputs match" if result.passed else "OUTPUTS DIFFER"
-        lines.append(f"Verified in onnxruntime (CPU, seeded random inputs): {verdict}; {len(result.outputs)} outputs, "
-                     f"max abs diff {worst_abs:.3g}, max rel diff {worst_rel:.3g}, min cosine {cosine:.6f}")
+        lines.append(verdict_line(result))
     return lines
+
+
+def verdict_line(result: VerifyResult) -> str:
+    """One line a person and a CI log can read: the status first, then the evidence."""
+    where = "; ".join(describe_setting(dict(s)) for s in result.settings)
+    at = f" at {len(result.settings)} shape setting{'s' if len(result.settings) != 1 else ''} ({where})" if where else ""
+    if result.status == UNVERIFIABLE:
+        return (f"UNVERIFIABLE: {result.reason}; the output was not checked "
+                "(bind symbolic dims with --dim, integer ranges with --int-range, or pass --require-verified to fail)")
+    if result.status == MISMATCH and not result.outputs:
+        return f"Verified in onnxruntime (CPU, seeded random inputs{at}): MISMATCH: {result.reason}"
+    worst_abs = max((o.max_abs_diff for o in result.outputs), default=0.0)
+    worst_rel = max((o.max_rel_diff for o in result.outputs), default=0.0)
+    cosine = min((o.cosine_similarity for o in result.outputs), default=1.0)
+    verdict = {MATCH: "outputs match", MISMATCH: "OUTPUTS DIFFER",
+               INCONCLUSIVE: f"INCONCLUSIVE ({result.reason})"}[result.status]
+    return (f"Verified in onnxruntime (CPU, seeded random inputs{at}): {verdict}; {len(result.outputs)} outputs, "
+            f"max abs diff {worst_abs:.3g}, max rel diff {worst_rel:.3g}, min cosine {cosine:.6f}")
 
 
 def memory_lines(report: Report) -> list[str]:
@@ -240,16 +253,18 @@ def to_json_dict(report: Report) -> dict[str, Any]:
             "method": report.measured.before.method,
             "reason": report.measured.before.reason or report.measured.after.reason,
         },
-        "verification": None if report.verification is None else {
-            "passed": report.verification.passed,
-            "outputs": [asdict(o) for o in report.verification.outputs],
-        },
+        "verification": None if report.verification is None else _verification_json(report.verification),
         "rolled_back": [asdict(r) for r in report.rolled_back],
         "runtime_target_would_add": [{"pattern": p, "count": c} for p, c in report.runtime_target_would_add],
         "failures": list(report.failures),
         "exit_code": report.exit_code,
         "memory": _memory_json(report),
     }
+
+
+def _verification_json(result: VerifyResult) -> dict[str, Any]:
+    return {"status": result.status, "passed": result.passed, "reason": result.reason,
+            "settings": [dict(s) for s in result.settings], "outputs": [asdict(o) for o in result.outputs]}
 
 
 def _memory_json(report: Report) -> dict[str, Any] | None:
@@ -308,19 +323,21 @@ def _md_escape(text: str) -> str:
 
 
 def render_verify_rich(result: VerifyResult, console: Console) -> None:
-    table = Table(title=f"fuse verify: {'outputs match' if result.passed else 'OUTPUTS DIFFER'}", title_justify="left")
+    title = {MATCH: "outputs match", MISMATCH: "OUTPUTS DIFFER", INCONCLUSIVE: "INCONCLUSIVE",
+             UNVERIFIABLE: "UNVERIFIABLE"}[result.status]
+    table = Table(title=f"fuse verify: {title}", title_justify="left")
     for header in ("Output", "Dtype", "Shape", "Max abs diff", "Max rel diff", "Cosine", "rtol / atol", "Result"):
         table.add_column(header, justify="left" if header in ("Output", "Dtype", "Shape", "Result") else "right")
     for o in result.outputs:
+        verdict = "ok" if o.passed and not o.all_nonfinite else "all NaN/inf" if o.passed else "[bold red]FAIL[/bold red]"
         table.add_row(o.name, o.dtype, "x".join(map(str, o.shape)) or "scalar", f"{o.max_abs_diff:.3g}",
-                      f"{o.max_rel_diff:.3g}", f"{o.cosine_similarity:.6f}", f"{o.rtol:g} / {o.atol:g}",
-                      "ok" if o.passed else "[bold red]FAIL[/bold red]")
+                      f"{o.max_rel_diff:.3g}", f"{o.cosine_similarity:.6f}", f"{o.rtol:g} / {o.atol:g}", verdict)
     console.print(table)
+    console.print(verdict_line(result), highlight=False, markup=False)
 
 
 def render_verify_json(result: VerifyResult) -> str:
-    return json.dumps({"schema_version": SCHEMA_VERSION, "passed": result.passed,
-                       "outputs": [asdict(o) for o in result.outputs]}, indent=2) + "\n"
+    return json.dumps({"schema_version": SCHEMA_VERSION, **_verification_json(result)}, indent=2) + "\n"
 
 
 def render_batch_rich(items, console: Console) -> None:
@@ -334,9 +351,11 @@ def render_batch_rich(items, console: Console) -> None:
             table.add_row(item.model, "[bold red]error[/bold red]", "", "", "", item.error or "")
             continue
         peak = r["memory"]["peak_bytes"] if r.get("memory") else None
+        status = (r.get("verification") or {}).get("status")
+        unconfirmed = f" [bold yellow]({status})[/bold yellow]" if status in (UNVERIFIABLE, INCONCLUSIVE) else ""
         table.add_row(
             item.model,
-            "ok" if item.ok else "[bold yellow]check failed[/bold yellow]",
+            ("ok" if item.ok else "[bold yellow]check failed[/bold yellow]") + unconfirmed,
             f"{r['nodes']['before']} -> {r['nodes']['after']}",
             human_bytes(sum(f["removed_bytes"] for f in r["fusions"])),
             f"{human_bytes(peak['before'])} -> {human_bytes(peak['after'])}" if peak else "-",

@@ -1,0 +1,248 @@
+"""What random inputs a model accepts, read from the graph itself: sizes for its symbolic dims
+and value ranges for its integer inputs.
+
+Sizes. Verification that binds every symbolic dim to the same number cannot tell two symbols
+apart: a rewrite that confuses `N` with `M` passes at N = M = 2. So each free symbol gets its own
+prime (never 1 or 2, and none of the model's static input dims, so that `batch` is not mistaken for
+3 channels either), and verification runs at two such settings with different primes, so that a
+size baked into the output by one setting shows at the other. Dims the exporter wrote as
+arithmetic of symbols (`past + sequence`, dynamo's `s0 + s1`) are evaluated, never given a value
+of their own: they are not free. Symbols the user bound (`--dim`) keep their value in both.
+
+Integer values. An index into an embedding table must be below the table's row count, or
+onnxruntime refuses to run the original (BERT's 2-row `token_type_ids` table under random values
+0..9). An integer input is followed through value-preserving ops (Cast, Unsqueeze, Reshape, ...)
+and Add/Sub of constants to every Gather that uses it as indices; the tightest table bounds it.
+Masks take 0/1 (exporters compute (1 - mask) * finfo.min, which overflows for other values);
+position ids take [0, sequence).
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+from collections.abc import Iterator, Mapping
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+DEFAULT_INT_RANGE = (0, 10)
+MASK_RANGE = (0, 2)
+
+
+# ---------------------------------------------------------------------------------------- sizes
+
+def shape_settings(model: onnx.ModelProto, bound: Mapping[str, int] | None = None) -> list[list[dict[str, int]]]:
+    """Candidate dims for verification, best first: each candidate is the list of settings to
+    run (one when every symbol is bound, else two in which distinct free symbols have distinct
+    sizes). Keys are the dim_param strings of the graph inputs, as onnxruntime's free-dimension
+    overrides and random inputs look them up.
+
+    The later candidates set one free symbol to 1: a model may broadcast one input against
+    another ([N, 4] + [M, 4]) and so accept only N == M or a 1 on one side; distinct sizes for
+    the others keep them apart."""
+    bound = dict(bound or {})
+    params = _input_dim_params(model)
+    expressions = {p: _parse(p) for p in params}
+    symbols: list[str] = []
+    for param, expr in expressions.items():
+        for name in (_names(expr) if expr is not None else [param]):
+            if name not in symbols and name not in bound:
+                symbols.append(name)
+    if not symbols:
+        return [[_evaluate_all(expressions, bound)]]
+    avoid = set(bound.values()) | _static_input_dims(model)
+    primes = (p for p in _primes() if p not in avoid)
+    first = dict(zip(symbols, primes))
+    second = dict(zip(symbols, primes))
+    variants = [{}] + [{name: 1} for name in symbols[:_MAX_ONES]]
+    return [[_evaluate_all(expressions, {**bound, **values, **ones}) for values in (first, second)]
+            for ones in variants]
+
+
+_MAX_ONES = 3  # candidates with a symbol at 1: each costs a load of the original when the one before fails
+
+
+def describe_setting(setting: Mapping[str, int]) -> str:
+    return ", ".join(f"{name}={value}" for name, value in setting.items()) or "static shapes"
+
+
+def _input_dim_params(model: onnx.ModelProto) -> list[str]:
+    initializers = {t.name for t in model.graph.initializer}
+    params: list[str] = []
+    for value in model.graph.input:
+        if value.name in initializers or not value.type.HasField("tensor_type"):
+            continue
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param and not dim.HasField("dim_value") and dim.dim_param not in params:
+                params.append(dim.dim_param)
+    return params
+
+
+def _static_input_dims(model: onnx.ModelProto) -> set[int]:
+    return {d.dim_value for v in model.graph.input if v.type.HasField("tensor_type")
+            for d in v.type.tensor_type.shape.dim if d.HasField("dim_value")}
+
+
+def _primes() -> Iterator[int]:
+    for n in itertools.count(3):
+        if all(n % p for p in range(2, int(n ** 0.5) + 1)):
+            yield n
+
+
+# A dim_param is arithmetic of symbols when it parses as such: names, integers, + - * // % and
+# Max/Min (sympy's spelling, which exporters print). Parsed with `ast`, never evaluated as code.
+_OPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+        ast.FloorDiv: lambda a, b: a // b, ast.Mod: lambda a, b: a % b}
+_CALLS = {"Max": max, "Min": min, "max": max, "min": min}
+
+
+def _parse(param: str) -> ast.expr | None:
+    """The expression when `param` is arithmetic of at least one operation, else None (a name)."""
+    try:
+        expr = ast.parse(param.strip(), mode="eval").body
+    except (SyntaxError, ValueError):
+        return None
+    if isinstance(expr, ast.Name) or not _allowed(expr):
+        return None
+    return expr
+
+
+def _allowed(node: ast.expr) -> bool:
+    if isinstance(node, ast.Name):
+        return True
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, int) and not isinstance(node.value, bool)
+    if isinstance(node, ast.BinOp):
+        return type(node.op) in _OPS and _allowed(node.left) and _allowed(node.right)
+    if isinstance(node, ast.UnaryOp):
+        return isinstance(node.op, ast.USub) and _allowed(node.operand)
+    if isinstance(node, ast.Call):
+        return (isinstance(node.func, ast.Name) and node.func.id in _CALLS and not node.keywords
+                and all(_allowed(a) for a in node.args))
+    return False
+
+
+def _names(expr: ast.expr) -> list[str]:
+    return [n.id for n in ast.walk(expr) if isinstance(n, ast.Name) and n.id not in _CALLS]
+
+
+def _value(node: ast.expr, values: Mapping[str, int]) -> int:
+    if isinstance(node, ast.Name):
+        return values[node.id]
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.BinOp):
+        return _OPS[type(node.op)](_value(node.left, values), _value(node.right, values))
+    if isinstance(node, ast.UnaryOp):
+        return -_value(node.operand, values)
+    return _CALLS[node.func.id](*(_value(a, values) for a in node.args))
+
+
+def _evaluate_all(expressions: Mapping[str, ast.expr | None], values: Mapping[str, int]) -> dict[str, int]:
+    setting = dict(values)
+    for param, expr in expressions.items():
+        if expr is not None and all(name in values for name in _names(expr)):
+            try:
+                setting[param] = max(1, int(_value(expr, values)))
+            except ZeroDivisionError:
+                continue
+    return setting
+
+
+# ------------------------------------------------------------------------------ integer values
+
+# Ops whose output holds the input's values (some of them, rearranged), so an index stays an index.
+_VALUE_PRESERVING = frozenset({"Cast", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity", "Expand",
+                               "Transpose", "Slice", "Gather", "Concat", "Tile"})
+
+
+def integer_ranges(model: onnx.ModelProto) -> dict[str, tuple[int, int] | None]:
+    """Per integer graph input: its valid [low, high) range where the graph says it (Gather
+    indices, masks), None for position ids (their range is the input's own last dim)."""
+    graph = model.graph
+    initializers = {t.name for t in graph.initializer}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in set(node.input):
+            consumers.setdefault(name, []).append(node)
+    tensors = _constant_tensors(graph)
+    # the offsets Add/Sub may apply: scalars, decoded; the tables Gather reads: their dims only
+    constants = {name: numpy_helper.to_array(t) for name, t in tensors.items()
+                 if int(np.prod(t.dims)) == 1 and t.data_location != onnx.TensorProto.EXTERNAL}
+    tables = {name: list(t.dims) for name, t in tensors.items()}
+    ranges: dict[str, tuple[int, int] | None] = {}
+    for value in graph.input:
+        if value.name in initializers or not _is_integer(value):
+            continue
+        bound = _gather_bound(value.name, consumers, constants, tables)
+        lowered = value.name.lower()
+        if bound is not None:
+            ranges[value.name] = bound
+        elif "mask" in lowered:
+            ranges[value.name] = MASK_RANGE
+        elif "position" in lowered:
+            ranges[value.name] = None
+    return ranges
+
+
+def _is_integer(value: onnx.ValueInfoProto) -> bool:
+    if not value.type.HasField("tensor_type"):
+        return False
+    elem = value.type.tensor_type.elem_type
+    return elem != onnx.TensorProto.BOOL and np.issubdtype(onnx.helper.tensor_dtype_to_np_dtype(elem), np.integer)
+
+
+def _constant_tensors(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
+    """Initializers and Constant nodes' values, as TensorProtos (nothing is decoded here)."""
+    tensors = {t.name: t for t in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            for attr in node.attribute:
+                if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
+                    tensors[node.output[0]] = attr.t
+    return tensors
+
+
+def _gather_bound(start: str, consumers, constants, tables) -> tuple[int, int] | None:
+    """The tightest [low, high) over every Gather reached from `start` as its indices, through
+    value-preserving ops and Add/Sub of a constant scalar (which shift the valid range)."""
+    low, high, found = 0, None, False
+    todo, seen = [(start, 0)], set()
+    while todo:
+        name, offset = todo.pop()
+        if (name, offset) in seen:
+            continue
+        seen.add((name, offset))
+        for node in consumers.get(name, ()):
+            if node.domain not in ("", "ai.onnx"):
+                continue
+            if node.op_type == "Gather" and len(node.input) > 1 and node.input[1] == name:
+                rows = _rows(node, tables)
+                if rows is not None:
+                    # value + offset in [0, rows)  <=>  value in [-offset, rows - offset)
+                    low, high = max(low, -offset), min(high if high is not None else rows - offset, rows - offset)
+                    found = True
+                continue
+            if node.op_type in _VALUE_PRESERVING and name in (node.input if node.op_type == "Concat" else node.input[:1]):
+                todo.append((node.output[0], offset))
+            elif node.op_type in ("Add", "Sub") and len(node.input) == 2:
+                if node.op_type == "Sub" and node.input[1] == name:
+                    continue  # c - x: the range flips; not an index pattern
+                shift = constants.get(node.input[1] if node.input[0] == name else node.input[0])
+                if shift is not None and shift.size == 1 and np.issubdtype(shift.dtype, np.integer):
+                    step = int(shift.reshape(-1)[0])
+                    todo.append((node.output[0], offset + (step if node.op_type == "Add" else -step)))
+    if not found or high is None or high <= low:
+        return None
+    return low, high
+
+
+def _rows(node: onnx.NodeProto, tables: Mapping[str, list[int]]) -> int | None:
+    dims = tables.get(node.input[0])
+    if not dims:
+        return None
+    axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+    axis += len(dims) if axis < 0 else 0
+    return dims[axis] if 0 <= axis < len(dims) and dims[axis] > 0 else None
