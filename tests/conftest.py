@@ -37,3 +37,15 @@ def assert_equivalent(original: onnx.ModelProto, optimized: onnx.ModelProto, *, 
 def _quiet_onnxruntime():
     os.environ.setdefault("ORT_LOGGING_LEVEL", "3")
     yield
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The mutation suite's catch rate (tests/test_mutations.py), over every worker's reports."""
+    caught = [value for report in terminalreporter.stats.get("passed", [])
+              for key, value in report.user_properties if key == "mutation"]
+    failed = [report for report in terminalreporter.stats.get("failed", [])
+              if "test_verification_catches_the_mutation" in report.nodeid]
+    if caught or failed:
+        total = len(caught) + len(failed)
+        terminalreporter.write_line(f"mutation suite: verification caught {len(caught)} of {total} wrong rewrites "
+                                    f"({100 * len(caught) / total:.0f}%; {len(failed)} mutations not caught)")

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from tests.conftest import assert_equivalent, optimize_model
-from tests.graphs import GraphBuilder, op_counts, signature
+from tests.graphs import GraphBuilder, assert_declined, op_counts, signature
 
 PASSES = ("eliminate-flatten",)
 
@@ -59,3 +60,22 @@ def test_kept(tmp_path, build, reason):
     assert signature(result.model) == signature(model)
     (miss,) = [m.reason for m in result.report.near_misses if m.pass_name == "eliminate-flatten"]
     assert reason in miss
+
+
+def _flattened(shape, axis):
+    axis += len(shape) if axis < 0 else 0
+    return [int(np.prod(shape[:axis])), int(np.prod(shape[axis:]))]
+
+
+@pytest.mark.parametrize("shape", [(1, 5), (5, 1), (3, 4)], ids=["1x5", "5x1", "3x4"])
+@pytest.mark.parametrize("axis", [-2, -1, 0, 1, 2])
+def test_every_axis_removes_the_flatten_exactly_when_it_keeps_the_shape(tmp_path, shape, axis):
+    """Flatten(axis) of a rank-2 tensor is [prod(dims[:axis]), prod(dims[axis:])]: a no-op only
+    where that is the tensor's own shape (axis 1 always; axis 0 for [1, C]; axis 2 for [N, 1])."""
+    model = flatten_gemm(shape, k=_flattened(shape, axis)[1], axis=axis)
+    result = optimize_model(model, tmp_path, passes=PASSES)
+    no_op = _flattened(shape, axis) == list(shape)
+    assert ("Flatten" not in op_counts(result.model)) == no_op
+    if not no_op:
+        assert_declined(model, result, "eliminate-flatten", "changes the shape")
+    assert_equivalent(model, result.model, rtol=0.0, atol=0.0)

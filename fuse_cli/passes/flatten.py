@@ -36,8 +36,10 @@ class EliminateFlattenBeforeGemm(PatternPass):
         flatten = m.node("flatten")
         dims = g.shape(m.tensor("x"))
         axis = flatten.attrs.get("axis", 1)
+        axis += dims.rank if axis < 0 else 0
         # [N, C] -> [1, N*C] at axis 0 and [N*C, 1] at axis 2: no-ops only when N (or C) is 1
-        if axis % 2 != 1 and dims.static(axis % 2) != 1:
+        must_be_one = {0: 0, 2: 1}.get(axis)
+        if must_be_one is not None and dims.static(must_be_one) != 1:
             return f"{flatten.name} with axis={axis} changes the shape {list(dims.dims)}"
         return None
 
