@@ -163,8 +163,8 @@ def profile_memory(model: onnx.ModelProto, shapes: ShapeTable, *, extra_weights:
     Raises ValueError when the graph has a cycle.
     """
     graph = model.graph
-    execution_order(graph)  # the one place that reports a cycle
     consumed = [consumed_names(node) for node in graph.node]
+    execution_order(graph, consumed)  # the one place that reports a cycle
     order = _runtime_order(graph.node, consumed)
     nodes = [graph.node[i] for i in order]
     labels = [node_label(node, index) for node, index in zip(nodes, order)]
@@ -187,7 +187,8 @@ def profile_memory(model: onnx.ModelProto, shapes: ShapeTable, *, extra_weights:
 
     opset = _default_opset(model)
     reads = [_reads(graph.node[i], consumed[i]) for i in order]
-    plan = _Planner(graph, nodes, reads, set(producer), absent, symbolic, opset).run()
+    planner_shapes = _planner_shapes(nodes, symbolic)
+    plan = _Planner(graph, nodes, reads, set(producer), absent, planner_shapes, opset).run()
     workspace = [_workspace_bytes(node, shapes, opset) for node in nodes]
     timeline = _timeline(len(nodes), plan.buffers, known, workspace)
     if timeline:
@@ -296,11 +297,19 @@ class _Planner:
     reads: Sequence[list[str]]
     activations: set[str]
     absent: set[str]
-    symbolic: ShapeTable
+    symbolic: Mapping[str, TensorInfo]
     opset: int
     buffer_of: dict[str, _Buffer] = field(default_factory=dict)
     count: dict[str, int] = field(default_factory=dict)
     free: dict[tuple, list[_Buffer]] = field(default_factory=dict)
+    keys: dict[str, tuple | None] = field(default_factory=dict)
+
+    def _key(self, name: str) -> tuple | None:
+        try:
+            return self.keys[name]
+        except KeyError:
+            key = self.keys[name] = _planner_key(self.symbolic.get(name))
+            return key
 
     def run(self) -> _Plan:
         reads = self.reads
@@ -375,8 +384,10 @@ class _Planner:
         if buffer is None:
             return
         buffer.uses -= 1
-        key = _planner_key(self.symbolic.get(buffer.tenants[0]))
-        if buffer.uses == 0 and key is not None and key[1]:  # scalars are never reused
+        if buffer.uses:
+            return
+        key = self._key(buffer.tenants[0])
+        if key is not None and key[1]:  # scalars are never reused
             self.free.setdefault(key, []).append(buffer)
 
     def _is_alias(self, node: onnx.NodeProto, index: int) -> bool:
@@ -395,13 +406,99 @@ class _Planner:
         info = self.symbolic.get(node.input[source])
         if types is not None and (info is None or info.elem_type not in types):
             return None
-        key = _planner_key(info)
-        return buffer if key is not None and key == _planner_key(self.symbolic.get(name)) else None
+        key = self._key(node.input[source])
+        return buffer if key is not None and key == self._key(name) else None
 
     def _reusable(self, name: str) -> _Buffer | None:
-        key = _planner_key(self.symbolic.get(name))
+        key = self._key(name)
         stack = self.free.get(key) if key is not None else None
         return stack.pop() if stack else None
+
+
+# Operators whose inference broadcasts its inputs' dims (onnx's multidirectional broadcasting).
+_BROADCAST_OPS = frozenset({
+    "Add", "Sub", "Mul", "Div", "Pow", "Mod", "And", "Or", "Xor", "Equal", "Greater",
+    "GreaterOrEqual", "Less", "LessOrEqual", "Where", "Max", "Min", "Sum", "Mean", "PRelu",
+    "BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor",
+})
+
+
+def planner_shapes(model: onnx.ModelProto, symbolic: ShapeTable | None = None) -> dict[str, TensorInfo]:
+    """Every top-level tensor's shape as onnxruntime's allocation planner compares it (see the
+    module docstring); `symbolic`: infer_shapes(model) when the caller has it."""
+    graph = model.graph
+    nodes = [graph.node[i] for i in execution_order(graph)]
+    return _planner_shapes(nodes, symbolic if symbolic is not None else infer_shapes(model))
+
+
+def _planner_shapes(nodes: Sequence[onnx.NodeProto], symbolic: ShapeTable) -> dict[str, TensorInfo]:
+    """Shapes as onnxruntime's own graph inference leaves them (see "onnx's placeholders" in the
+    module docstring): `symbolic`, except for the dims onnx could not infer and named itself."""
+    shapes = dict(symbolic.tensors)
+    raw = symbolic.placeholders
+    if not raw:
+        return shapes
+    for node in nodes:
+        for name in node.output:
+            if name not in raw or shapes.get(name) is None or shapes[name].shape is None:
+                continue
+            info = shapes[name]
+            dims = None if raw[name] is None else _runtime_dims(node, raw[name], info.shape, shapes, raw)
+            shapes[name] = TensorInfo(name, info.elem_type, dims)
+    return shapes
+
+
+def _runtime_dims(node: onnx.NodeProto, raw: tuple, known: tuple, shapes: Mapping[str, TensorInfo],
+                  raw_of: Mapping[str, tuple]) -> tuple:
+    """One output's dims as onnxruntime infers them: where onnx wrote a placeholder, what the
+    operator's inference makes of its inputs' dims when the unknown ones carry no name."""
+    inputs = [(shapes.get(i), raw_of.get(i)) for i in node.input if i]
+    rank = len(known)
+    dims = list(known)
+    op = node.op_type if _domain(node) == "" else ""
+    for index, (dim, placeholder) in enumerate(zip(known, raw)):
+        if placeholder is None:
+            continue
+        if op in _BROADCAST_OPS or op == "MatMul" and index < rank - 2:
+            aligned = [info.shape[len(info.shape) - rank + index] for info, _ in inputs
+                       if info is not None and info.shape is not None and len(info.shape) >= rank - index
+                       and (op != "MatMul" or len(info.shape) - rank + index < len(info.shape) - 2)]
+            dims[index] = _broadcast_dim(aligned)
+        elif op == "Concat":
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 0) % max(rank, 1)
+            ranked = [info.shape for info, _ in inputs if info is not None and info.shape is not None
+                      and len(info.shape) == rank]
+            dims[index] = None if index == axis else _first_known(shape[index] for shape in ranked)
+        else:  # a dim passed through: the input dim onnx copied it from
+            dims[index] = next((
+                info.shape[k] for info, source in inputs if info is not None and source is not None
+                and info.shape is not None and len(info.shape) == len(source)
+                for k, d in enumerate(source) if d == placeholder), None)
+    return tuple(dims)
+
+
+def _broadcast_dim(dims: Sequence) -> int | str | None:
+    """onnx's multidirectional broadcasting of one axis, with None for a dim nothing names."""
+    value, names = 1, set()
+    for d in dims:
+        if isinstance(d, int):
+            value = d if d != 1 else value
+        else:
+            names.add(d)
+    if value != 1 or not names:
+        return value
+    return names.pop() if len(names) == 1 else None
+
+
+def _first_known(dims: Iterable) -> int | str | None:
+    """onnx's mergeInDimensionInfo over several inputs: a value wins, else the first name."""
+    name = None
+    for d in dims:
+        if isinstance(d, int):
+            return d
+        if name is None and d is not None:
+            name = d
+    return name
 
 
 def _planner_key(info: TensorInfo | None) -> tuple | None:
