@@ -313,20 +313,25 @@ def main(argv: list[str] | None = None) -> int:
     wanted = [s for s in args.settings.split(",") if s]
     started = time.perf_counter()
     cases: list[Case] = []
+    args.out.mkdir(parents=True, exist_ok=True)
     for model in discover():
         if only and model.path.stem not in only and model.group not in only:
             continue
         cases += run_model(model, targets, wanted)
-    seconds = time.perf_counter() - started
+        write(args.out, cases, time.perf_counter() - started)  # after each model: a long run keeps what it did
+    print(write(args.out, cases, time.perf_counter() - started))
+    return 0
+
+
+def write(folder: Path, cases: list[Case], seconds: float) -> str:
     result = summary(cases)
-    args.out.mkdir(parents=True, exist_ok=True)
     document = {"schema_version": 1, "seconds": round(seconds, 1), "onnx": onnx.__version__,
                 "onnxruntime": _ort_version(), "summary": result,
                 "cases": [{**asdict(c), "ratios": c.ratios()} for c in cases]}
-    (args.out / "memory_truth.json").write_text(json.dumps(document, indent=1) + "\n")
-    (args.out / "memory_truth.md").write_text(markdown(cases, result, seconds))
-    print(markdown(cases, result, seconds))
-    return 0
+    (folder / "memory_truth.json").write_text(json.dumps(document, indent=1) + "\n")
+    text = markdown(cases, result, seconds)
+    (folder / "memory_truth.md").write_text(text)
+    return text
 
 
 if __name__ == "__main__":

@@ -153,7 +153,15 @@ def bias_gelu():
                  [value("x", x)], [value("y", x)], [floats("bias", [256])], extra_opsets=[MS])
 
 
+def activation(op, opset):
+    x = [16, 256, 256]
+    return model([node(op, ["x"], ["y"])], [value("x", x)], [value("y", x)], opset=opset)
+
+
 @pytest.mark.parametrize(("build", "mib"), [
+    # HardSwish and Mish run as their function bodies: x, y 4 MiB each + one intermediate of 4 MiB
+    (lambda: activation("HardSwish", 14), 12),
+    (lambda: activation("Mish", 18), 12),
     # flash: q, k, v, y 2 MiB each + their three [32, 4, 256, 16] copies = 14 MiB
     (lambda: attention(32, 256, 256), 14),
     # q, y 0.5 MiB, k, v 2 MiB + copies of q, k, v = 9.5 MiB

@@ -31,6 +31,27 @@ The planner compares shapes before any dim is bound: the model's own shapes (`sy
 where `batch` equals `batch` but a dim that shape inference could not name (Reshape's -1 of a
 symbolic input) equals nothing, so such tensors never share.
 
+Shapes. The shapes the planner compares are onnxruntime's own graph inference, which differs
+from onnx's (`infer_shapes`) in two ways that decide whether buffers are shared (`planner_shapes`):
+- onnx names each dim it cannot infer with a placeholder of its own (unk__N) and then carries that
+  placeholder where onnxruntime, which makes none, takes another input's name: Concat's merge of
+  an unknown dim with `batch` is `batch` in onnxruntime, unk__N in onnx, and so is everything
+  downstream. fuse redoes Concat's and broadcasting's merges on the placeholder dims and passes
+  the result through (`ShapeTable.placeholders` says which unknown dim onnx copied from which);
+- onnx's data propagation names the output of a Reshape (Expand, Tile, Slice, ConstantOfShape,
+  Range, Resize) whose shape vector is computed at run time from symbolic dims; onnxruntime's
+  inference leaves a runtime Reshape's dims all unknown and the symbolic dims of the others,
+  and a name then survives downstream only where an input still carries it.
+Evidence (onnxruntime 1.31.1 CPU, DISABLE_ALL): each node output made a graph output without a
+declared shape and read back from the session: equal to `planner_shapes` for every tensor whose
+planner key is known on timm deit-tiny opset 13 fused for onnx and ort-cpu (503 tensors) and on
+gpt2-small opset 14 fused for ort-cpu. deit-tiny's fused form at batch 1 measured 4.8 MiB, which
+the old table put at 2.45 (it found no buffer to share) and this one at 4.92.
+Operators onnx cannot infer (com.microsoft FusedMatMul, FusedConv, FusedGemm, Gelu and its
+kin, SkipLayerNormalization, MultiHeadAttention, GroupQueryAttention, RotaryEmbedding;
+onnxruntime's internal SimplifiedLayerNormalization and LayerNormalization before opset 17) are
+inferred through standard stand-ins (shapes.py), as onnxruntime's own schemas infer them.
+
 Lifetimes. A graph input belongs to the caller and is live for the whole run (kPreExisting, and
 the caller holds it). A buffer is released after the last node that reads any tensor it held
 (GenerateDeallocationPlan); one holding a graph output or a tensor nobody reads is held to the end
@@ -61,11 +82,13 @@ Workspace. Kernel scratch, live while its node runs:
   with a key padding mask, no [B, S, T] mask buffer stayed resident. Measured on onnxruntime
   1.31 for batch, sequence, key length, heads and head size: within 0.2 MiB of the formula.
 
+- HardSwish and Mish have no CPU kernel: onnxruntime runs their function bodies (HardSigmoid,
+  Mul; Softplus, Tanh, Mul), which hold one intermediate of the output's size: measured on
+  onnxruntime 1.31.1, [16, 256, 256] float: input + output + 4 MiB (tests/test_analysis_measure.py).
+
 Not modelled, being small next to activations: allocator rounding (under a page per buffer),
 blocks glibc serves from its own heap, kernels' per-row scratch, thread stacks; with T intra-op
-threads the Conv tile is T tiles. Not modelled though not small: hidden intermediates of ops the
-CPU provider runs as several nodes (HardSwish and Mish each measured one more buffer of their
-output's size).
+threads the Conv tile is T tiles.
 
 Weights (initializers, Constant node outputs) are always resident and reported apart: counting
 them would drown the activation peak that fusion changes. Tensors whose size is unknown are
@@ -74,6 +97,7 @@ excluded from every sum and listed, never counted as 0 silently.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -114,6 +138,11 @@ _INPLACE_OPS: Mapping[tuple[str, str], tuple[int, frozenset[int] | None]] = {
     ("", "LogSoftmax"): (0, _FLOAT_ONLY),
     (_MS_DOMAIN, "FusedConv"): (3, _FLOAT_ONLY),  # the residual Z, summed into the output
 }
+
+# Standard operators the CPU provider has no kernel for and runs as their ONNX function body:
+# HardSwish as HardSigmoid then Mul, Mish as Softplus, Tanh, Mul. Measured: one intermediate
+# of the output's size besides the input and output (the body's in-place steps share it).
+_FUNCTION_EXPANDED_OPS = frozenset({"HardSwish", "Mish"})
 
 # MLAS_SGEMM_STRIDEN * MLAS_SGEMM_STRIDEK floats: the im2col tile of one thread.
 _MLAS_CONV_TILE_BYTES = 128 * 128 * 4
@@ -163,10 +192,12 @@ def profile_memory(model: onnx.ModelProto, shapes: ShapeTable, *, extra_weights:
     Raises ValueError when the graph has a cycle.
     """
     graph = model.graph
-    consumed = [consumed_names(node) for node in graph.node]
+    # A list: indexing a protobuf repeated field builds a wrapper per access (35 us at 12k nodes).
+    stored = list(graph.node)
+    consumed = [consumed_names(node) for node in stored]
     execution_order(graph, consumed)  # the one place that reports a cycle
-    order = _runtime_order(graph.node, consumed)
-    nodes = [graph.node[i] for i in order]
+    order = _runtime_order(stored, consumed)
+    nodes = [stored[i] for i in order]
     labels = [node_label(node, index) for node, index in zip(nodes, order)]
     symbolic = symbolic_shapes if symbolic_shapes is not None else infer_shapes(model)
     weights = _weight_names(graph) | set(extra_weights)
@@ -186,7 +217,7 @@ def profile_memory(model: onnx.ModelProto, shapes: ShapeTable, *, extra_weights:
     unknown = tuple(name for name, size in sizes.items() if size is None)
 
     opset = _default_opset(model)
-    reads = [_reads(graph.node[i], consumed[i]) for i in order]
+    reads = [_reads(stored[i], consumed[i]) for i in order]
     planner_shapes = _planner_shapes(nodes, symbolic)
     plan = _Planner(graph, nodes, reads, set(producer), absent, planner_shapes, opset).run()
     workspace = [_workspace_bytes(node, shapes, opset) for node in nodes]
@@ -226,7 +257,9 @@ def profile_memory(model: onnx.ModelProto, shapes: ShapeTable, *, extra_weights:
         timeline=tuple(timeline),
         intermediate_bytes=sum(written.values()),
         by_op_type=MappingProxyType(dict(sorted(written.items(), key=lambda kv: -kv[1]))),
-        largest=by_size(LiveTensor(n, known[n], producer[n]) for n in producer if n in known)[:_LARGEST_COUNT],
+        # nlargest is sorted(reverse=True)[:n]: ties keep birth order, as in by_size.
+        largest=tuple(LiveTensor(n, known[n], producer[n])
+                      for n in heapq.nlargest(_LARGEST_COUNT, (n for n in producer if n in known), key=known.__getitem__)),
         unknown_tensors=unknown,
         weight_bytes=_weight_bytes(graph, shapes),
     )
@@ -427,38 +460,77 @@ def planner_shapes(model: onnx.ModelProto, symbolic: ShapeTable | None = None) -
     """Every top-level tensor's shape as onnxruntime's allocation planner compares it (see the
     module docstring); `symbolic`: infer_shapes(model) when the caller has it."""
     graph = model.graph
-    nodes = [graph.node[i] for i in execution_order(graph)]
+    stored = list(graph.node)
+    nodes = [stored[i] for i in execution_order(graph)]
     return _planner_shapes(nodes, symbolic if symbolic is not None else infer_shapes(model))
 
 
 def _planner_shapes(nodes: Sequence[onnx.NodeProto], symbolic: ShapeTable) -> dict[str, TensorInfo]:
-    """Shapes as onnxruntime's own graph inference leaves them (see "onnx's placeholders" in the
-    module docstring): `symbolic`, except for the dims onnx could not infer and named itself."""
+    """Shapes as onnxruntime's own graph inference leaves them (see "Shapes" in the module
+    docstring): `symbolic`, less what onnx's placeholders and data propagation added, and
+    redone downstream of every tensor that changed."""
     shapes = dict(symbolic.tensors)
     raw = symbolic.placeholders
-    if not raw:
-        return shapes
+    computed = _computed_names(nodes)
+    changed: set[str] = set()
     for node in nodes:
+        value_input = _SHAPE_VALUE_INPUT.get(node.op_type) if _domain(node) == "" else None
+        if value_input is not None and len(node.input) > value_input and node.input[value_input] in computed:
+            for name in node.output[:1]:
+                info = shapes.get(name)
+                if info is not None and info.shape is not None and any(isinstance(d, str) for d in info.shape):
+                    changed.add(name)
+                    shapes[name] = TensorInfo(name, info.elem_type, tuple(
+                        None if isinstance(d, str) or node.op_type == "Reshape" else d for d in info.shape))
+            continue
+        touched = bool(changed) and any(name in changed for name in node.input)
         for name in node.output:
-            if name not in raw or shapes.get(name) is None or shapes[name].shape is None:
+            info = shapes.get(name)
+            if info is None or info.shape is None or (name not in raw and not touched):
                 continue
-            info = shapes[name]
-            dims = None if raw[name] is None else _runtime_dims(node, raw[name], info.shape, shapes, raw)
-            shapes[name] = TensorInfo(name, info.elem_type, dims)
+            if name in raw and raw[name] is None:
+                dims = None
+            else:
+                placeholders = raw.get(name) or (None,) * len(info.shape)
+                dims = _runtime_dims(node, placeholders, info.shape, shapes, raw, touched)
+            if dims != info.shape:
+                changed.add(name)
+                shapes[name] = TensorInfo(name, info.elem_type, dims)
     return shapes
 
 
+# Operators whose output shape is read from the values of an input (its index): where that
+# input is computed at run time from symbolic dims, onnx's data propagation names the output's
+# dims and onnxruntime's inference does not.
+_SHAPE_VALUE_INPUT: Mapping[str, int] = MappingProxyType({
+    "Reshape": 1, "Expand": 1, "Tile": 1, "ConstantOfShape": 0, "Slice": 2, "Range": 1, "Resize": 3,
+})
+
+
+def _computed_names(nodes: Sequence[onnx.NodeProto]) -> set[str]:
+    """Outputs of nodes other than Constant: values known only at run time."""
+    return {name for node in nodes if not (node.op_type == "Constant" and _domain(node) == "")
+            for name in node.output}
+
+
 def _runtime_dims(node: onnx.NodeProto, raw: tuple, known: tuple, shapes: Mapping[str, TensorInfo],
-                  raw_of: Mapping[str, tuple]) -> tuple:
-    """One output's dims as onnxruntime infers them: where onnx wrote a placeholder, what the
-    operator's inference makes of its inputs' dims when the unknown ones carry no name."""
+                  raw_of: Mapping[str, tuple], touched: bool) -> tuple:
+    """One output's dims as onnxruntime infers them: where onnx wrote a placeholder (or, when an
+    input changed, a name), what the operator's inference makes of its inputs' dims as
+    onnxruntime sees them."""
     inputs = [(shapes.get(i), raw_of.get(i)) for i in node.input if i]
     rank = len(known)
     dims = list(known)
     op = node.op_type if _domain(node) == "" else ""
     for index, (dim, placeholder) in enumerate(zip(known, raw)):
         if placeholder is None:
-            continue
+            if not touched or not isinstance(dim, str):
+                continue
+            if op not in _BROADCAST_OPS and op != "Concat" and not (op == "MatMul" and index < rank - 2):
+                # A name survives only where an input still carries it.
+                carried = any(info is not None and info.shape is not None and dim in info.shape for info, _ in inputs)
+                dims[index] = dim if carried else None
+                continue
         if op in _BROADCAST_OPS or op == "MatMul" and index < rank - 2:
             aligned = [info.shape[len(info.shape) - rank + index] for info, _ in inputs
                        if info is not None and info.shape is not None and len(info.shape) >= rank - index
@@ -550,6 +622,8 @@ def _workspace_bytes(node: onnx.NodeProto, shapes: ShapeTable, opset: int) -> in
         return _conv_workspace(node, shapes)
     if domain == _MS_DOMAIN and (node.op_type == "BiasGelu"
                                  or node.op_type == "FastGelu" and len(node.input) > 1 and node.input[1]):
+        return shapes.nbytes(node.output[0]) or 0
+    if domain == "" and node.op_type in _FUNCTION_EXPANDED_OPS:
         return shapes.nbytes(node.output[0]) or 0
     if domain == _MS_DOMAIN and node.op_type == "MultiHeadAttention":
         return _attention_workspace(node, shapes)

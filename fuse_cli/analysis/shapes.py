@@ -237,7 +237,8 @@ def _runtime_symbolic_inference(model: onnx.ModelProto, bindings: Mapping[str, i
             graph.initializer.append(tensor)
         elif tensor.name not in listed:
             graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims)))
-    graph.node.extend(model.graph.node[i] for i in _inference_order(model.graph))
+    stored = list(model.graph.node)
+    graph.node.extend(stored[i] for i in _inference_order(model.graph))
     copy = onnx.helper.make_model(graph, opset_imports=model.opset_import, ir_version=max(model.ir_version, 4))
     copy.functions.extend(model.functions)
     _add_missing_opset_imports(copy)
@@ -380,8 +381,9 @@ def _light_graph(graph: onnx.GraphProto, opset: int) -> onnx.GraphProto:
     light.value_info.extend(graph.value_info)
     light.sparse_initializer.extend(graph.sparse_initializer)
     light.initializer.extend(_light_tensor(t) for t in graph.initializer)
+    stored = list(graph.node)
     for i in _inference_order(graph):
-        light.node.extend(_stand_ins(graph.node[i], opset) or [_light_node(graph.node[i], opset)])
+        light.node.extend(_stand_ins(stored[i], opset) or [_light_node(stored[i], opset)])
     return light
 
 
