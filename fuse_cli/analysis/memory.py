@@ -32,21 +32,22 @@ where `batch` equals `batch` but a dim that shape inference could not name (Resh
 symbolic input) equals nothing, so such tensors never share.
 
 Shapes. The shapes the planner compares are onnxruntime's own graph inference, which differs
-from onnx's (`infer_shapes`) in two ways that decide whether buffers are shared (`planner_shapes`):
+from onnx's (`infer_shapes`) in ways that decide whether buffers are shared (`planner_shapes`):
 - onnx names each dim it cannot infer with a placeholder of its own (unk__N) and then carries that
   placeholder where onnxruntime, which makes none, takes another input's name: Concat's merge of
   an unknown dim with `batch` is `batch` in onnxruntime, unk__N in onnx, and so is everything
   downstream. fuse redoes Concat's and broadcasting's merges on the placeholder dims and passes
   the result through (`ShapeTable.placeholders` says which unknown dim onnx copied from which);
-- onnx's data propagation names the output of a Reshape (Expand, Tile, Slice, ConstantOfShape,
-  Range, Resize) whose shape vector is computed at run time from symbolic dims; onnxruntime's
-  inference leaves a runtime Reshape's dims all unknown and the symbolic dims of the others,
-  and a name then survives downstream only where an input still carries it.
+- not modelled: onnx's data propagation names the dims of a Reshape whose shape vector is
+  computed at run time; onnxruntime 1.31 left them unknown in gpt2-small's opset-14 export (fused
+  for ort-cpu: estimate 1.29x measured) but not in bert-small's dynamo export (treating them as
+  unknown there made it 0.39x): which shape chains onnxruntime propagates is still open.
 Evidence (onnxruntime 1.31.1 CPU, DISABLE_ALL): each node output made a graph output without a
 declared shape and read back from the session: equal to `planner_shapes` for every tensor whose
-planner key is known on timm deit-tiny opset 13 fused for onnx and ort-cpu (503 tensors) and on
-gpt2-small opset 14 fused for ort-cpu. deit-tiny's fused form at batch 1 measured 4.8 MiB, which
+planner key is known on timm deit-tiny opset 13 fused for onnx and ort-cpu (503 tensors).
+deit-tiny's fused form at batch 1 measured 4.8 MiB, which
 the old table put at 2.45 (it found no buffer to share) and this one at 4.92.
+
 Operators onnx cannot infer (com.microsoft FusedMatMul, FusedConv, FusedGemm, Gelu and its
 kin, SkipLayerNormalization, MultiHeadAttention, GroupQueryAttention, RotaryEmbedding;
 onnxruntime's internal SimplifiedLayerNormalization and LayerNormalization before opset 17) are
@@ -467,22 +468,12 @@ def planner_shapes(model: onnx.ModelProto, symbolic: ShapeTable | None = None) -
 
 def _planner_shapes(nodes: Sequence[onnx.NodeProto], symbolic: ShapeTable) -> dict[str, TensorInfo]:
     """Shapes as onnxruntime's own graph inference leaves them (see "Shapes" in the module
-    docstring): `symbolic`, less what onnx's placeholders and data propagation added, and
-    redone downstream of every tensor that changed."""
+    docstring): `symbolic`, less what onnx's placeholders added, redone downstream of every
+    tensor that changed."""
     shapes = dict(symbolic.tensors)
     raw = symbolic.placeholders
-    computed = _computed_names(nodes)
     changed: set[str] = set()
     for node in nodes:
-        value_input = _SHAPE_VALUE_INPUT.get(node.op_type) if _domain(node) == "" else None
-        if value_input is not None and len(node.input) > value_input and node.input[value_input] in computed:
-            for name in node.output[:1]:
-                info = shapes.get(name)
-                if info is not None and info.shape is not None and any(isinstance(d, str) for d in info.shape):
-                    changed.add(name)
-                    shapes[name] = TensorInfo(name, info.elem_type, tuple(
-                        None if isinstance(d, str) or node.op_type == "Reshape" else d for d in info.shape))
-            continue
         touched = bool(changed) and any(name in changed for name in node.input)
         for name in node.output:
             info = shapes.get(name)
@@ -497,20 +488,6 @@ def _planner_shapes(nodes: Sequence[onnx.NodeProto], symbolic: ShapeTable) -> di
                 changed.add(name)
                 shapes[name] = TensorInfo(name, info.elem_type, dims)
     return shapes
-
-
-# Operators whose output shape is read from the values of an input (its index): where that
-# input is computed at run time from symbolic dims, onnx's data propagation names the output's
-# dims and onnxruntime's inference does not.
-_SHAPE_VALUE_INPUT: Mapping[str, int] = MappingProxyType({
-    "Reshape": 1, "Expand": 1, "Tile": 1, "ConstantOfShape": 0, "Slice": 2, "Range": 1, "Resize": 3,
-})
-
-
-def _computed_names(nodes: Sequence[onnx.NodeProto]) -> set[str]:
-    """Outputs of nodes other than Constant: values known only at run time."""
-    return {name for node in nodes if not (node.op_type == "Constant" and _domain(node) == "")
-            for name in node.output}
 
 
 def _runtime_dims(node: onnx.NodeProto, raw: tuple, known: tuple, shapes: Mapping[str, TensorInfo],
