@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from fuse_cli import api
 from fuse_cli.analysis.measure import Measurement, concrete_input_shapes, measure_here, measure_peak
-from fuse_cli.analysis.memory import WORKSPACE, profile_memory, runtime_order
+from fuse_cli.analysis.memory import WORKSPACE, planner_shapes, profile_memory, runtime_order
 from fuse_cli.analysis.shapes import infer_shapes
 from fuse_cli.config import FuseConfig
 from tests.conftest import SAMPLES
@@ -153,7 +153,15 @@ def bias_gelu():
                  [value("x", x)], [value("y", x)], [floats("bias", [256])], extra_opsets=[MS])
 
 
+def activation(op, opset):
+    x = [16, 256, 256]
+    return model([node(op, ["x"], ["y"])], [value("x", x)], [value("y", x)], opset=opset)
+
+
 @pytest.mark.parametrize(("build", "mib"), [
+    # HardSwish and Mish run as their function bodies: x, y 4 MiB each + one intermediate of 4 MiB
+    (lambda: activation("HardSwish", 14), 12),
+    (lambda: activation("Mish", 18), 12),
     # flash: q, k, v, y 2 MiB each + their three [32, 4, 256, 16] copies = 14 MiB
     (lambda: attention(32, 256, 256), 14),
     # q, y 0.5 MiB, k, v 2 MiB + copies of q, k, v = 9.5 MiB
@@ -371,3 +379,75 @@ def test_absent_tensors_take_no_buffer():
     m = model(nodes, [value("x", [4, 8])], [value("y")])
     p = profile_memory(m, infer_shapes(m), absent={"a"})
     assert p.timeline == (S, 2 * S, 3 * S)
+
+
+# --- the shapes onnxruntime's planner compares ------------------------------------------------
+
+
+def onnxruntime_shapes(m) -> dict:
+    """onnxruntime's own inferred shape of every node output (what its planner's SameSize reads):
+    each made a graph output with no declared shape and read back from the session."""
+    import onnxruntime as ort
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(m)
+    types = infer_shapes(m)
+    listed = {o.name for o in probe.graph.output}
+    for n in probe.graph.node:
+        for name in n.output:
+            if name not in listed:
+                elem_type = types.get(name).elem_type if types.get(name) else FLOAT
+                probe.graph.output.append(value(name, None, elem_type or FLOAT))
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return {o.name: tuple(None if isinstance(d, str) and not d else d for d in o.shape) for o in session.get_outputs()}
+
+
+def expand_then_concat():
+    # e = Expand(w, n) with n read at run time: onnx names both of e's dims itself (unk__0,
+    # unk__1). c = Concat(e, x) on axis 1: onnx keeps e's placeholder for dim 0, onnxruntime
+    # (whose inference makes no placeholders) merges in x's `batch`, and so do all of c's readers.
+    nodes = [node("Expand", ["w", "n"], ["e"]), node("Concat", ["e", "x"], ["c"], axis=1),
+             node("ReduceSum", ["c", "axes"], ["r"], keepdims=1), node("Exp", ["r"], ["a"]),
+             node("Mul", ["a", "a"], ["b"]), node("Transpose", ["b"], ["t"]),
+             node("ReduceSum", ["t"], ["y"], keepdims=0)]
+    return model(nodes, [value("x", ["batch", 8]), value("n", [2], TensorProto.INT64)], [value("y")],
+                 [floats("w", [1, 8]), ints("axes", [1])])
+
+
+def test_planner_shapes_are_onnxruntimes_own():
+    m = expand_then_concat()
+    shapes = {name: info.shape for name, info in planner_shapes(m).items()}
+    assert shapes["e"] == (None, 8)
+    assert shapes["c"] == ("batch", 16)
+    assert shapes["r"] == shapes["a"] == shapes["b"] == ("batch", 1)
+    assert shapes["t"] == (1, "batch")
+    runtime = onnxruntime_shapes(m)
+    assert {name: shapes[name] for name in runtime if name != "y"} == {k: v for k, v in runtime.items() if k != "y"}
+
+
+def test_runtime_names_let_the_planner_reuse_a_buffer():
+    # With batch merged in, a = Exp(r) and the later tensors compare equal to r: at batch 4, r, a
+    # and b are [4, 1] (16 bytes). b = Mul(a, a) takes r's dead buffer (freed after Exp).
+    m = expand_then_concat()
+    p = profile_memory(m, infer_shapes(m, {"batch": 4}, {"n": [2]}))
+    assert [t.name for t in p.live_at_peak if t.name in ("r", "a", "b")] == ["r"]  # r's buffer held at the peak (Concat)
+    assert p.timeline[4] == 128 + 16 + 16 + 16  # at b: x, n, a, b (in r's buffer)
+
+
+def test_contrib_nodes_keep_the_shapes_downstream():
+    # onnx cannot infer com.microsoft operators; fuse infers through standard stand-ins
+    # (FusedMatMul as MatMul over a transposing Einsum, Gelu as Identity), so the Add after them is known.
+    nodes = [
+        helper.make_node("FusedMatMul", ["x", "w"], ["m"], domain="com.microsoft", transB=1, alpha=0.5),
+        helper.make_node("Gelu", ["m"], ["g"], domain="com.microsoft"),
+        node("Add", ["g", "x2"], ["y"]),
+    ]
+    m = model(nodes, [value("x", ["batch", 4, 8]), value("x2", ["batch", 4, 16])], [value("y")],
+              [floats("w", [16, 8])], extra_opsets=[MS])
+    table = infer_shapes(m)
+    assert table.get("m").shape == ("batch", 4, 16)
+    assert table.get("y").shape == ("batch", 4, 16)
+    assert {name: info.shape for name, info in planner_shapes(m, table).items() if name in "mgy"} == {
+        name: shape for name, shape in onnxruntime_shapes(m).items() if name in "mgy"}

@@ -69,9 +69,10 @@ def method_sentence(repeats: int) -> str:
 
 def measure_peak(model: onnx.ModelProto | str | Path, *, dims: Mapping[str, int] = _NO_BINDINGS,
                  input_shapes: Mapping[str, Sequence[int]] = _NO_BINDINGS, seed: int = 0,
-                 repeats: int = 3) -> Measurement:
+                 repeats: int = 3, int_ranges: Mapping[str, tuple[int, int]] = _NO_BINDINGS) -> Measurement:
     """Run `model` in a child process and measure its peak activation memory (see the module
-    docstring). A ModelProto is written to a temporary file, so it must hold its weights (no
+    docstring). Integer inputs take values from `int_ranges[name]` (low inclusive, high
+    exclusive) where given, else verify.random_inputs' default range. A ModelProto is written to a temporary file, so it must hold its weights (no
     external data); a path is loaded by the child as it is. Raises ValueError when an input dim
     is neither fixed nor bound by `dims` or `input_shapes`, and FuseError when onnxruntime
     cannot load or run the model."""
@@ -79,7 +80,8 @@ def measure_peak(model: onnx.ModelProto | str | Path, *, dims: Mapping[str, int]
         raise ValueError(f"repeats must be at least 1, got {repeats}")
     proto = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model), load_external_data=False)
     shapes = concrete_input_shapes(proto, dims, input_shapes)
-    request = {"shapes": shapes, "seed": seed, "repeats": repeats}
+    request = {"shapes": shapes, "seed": seed, "repeats": repeats,
+               "int_ranges": {name: list(bounds) for name, bounds in int_ranges.items()}}
     with tempfile.TemporaryDirectory(prefix="fuse-measure-") as tmp:
         if isinstance(model, onnx.ModelProto):
             path = Path(tmp) / "model.onnx"
@@ -163,7 +165,7 @@ def measure_here(request: Mapping, clear_refs: str = CLEAR_REFS, status: str = S
 
     try:
         session = _session(request["model"])
-        feeds = _feeds(session, request["shapes"], request["seed"])
+        feeds = _feeds(session, request["shapes"], request["seed"], request.get("int_ranges", {}))
         session.run(None, feeds)
     except Exception as exc:  # onnxruntime raises its own exception types
         return {"error": f"onnxruntime cannot run the model: {str(exc).strip().splitlines()[0][:300]}"}
@@ -201,7 +203,8 @@ def _session(path: str):
     return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
 
 
-def _feeds(session, shapes: Mapping[str, Sequence[int]], seed: int) -> dict:
+def _feeds(session, shapes: Mapping[str, Sequence[int]], seed: int,
+           int_ranges: Mapping[str, Sequence[int]] = _NO_BINDINGS) -> dict:
     """verify.random_inputs' data, at exactly the shapes asked for."""
     from fuse_cli.verify import random_inputs
 
@@ -210,13 +213,14 @@ def _feeds(session, shapes: Mapping[str, Sequence[int]], seed: int) -> dict:
         for declared, value in zip(inp.shape, shapes.get(inp.name, ())):
             if isinstance(declared, str):
                 dims[declared] = value
-    feeds = random_inputs(session, dims=dims, seed=seed)
+    ranges = {name: (int(low), int(high)) for name, (low, high) in int_ranges.items()}
+    feeds = random_inputs(session, dims=dims, seed=seed, int_ranges=ranges)
     for name, shape in shapes.items():
         if name in feeds and list(feeds[name].shape) != list(shape):
             # An anonymous dim, which random_inputs cannot bind by name.
             source = next(i for i in session.get_inputs() if i.name == name)
             one = SimpleNamespace(name=name, shape=list(shape), type=source.type)
-            feeds[name] = random_inputs(SimpleNamespace(get_inputs=lambda: [one]), seed=seed)[name]
+            feeds[name] = random_inputs(SimpleNamespace(get_inputs=lambda: [one]), seed=seed, int_ranges=ranges)[name]
     return feeds
 
 

@@ -31,6 +31,28 @@ The planner compares shapes before any dim is bound: the model's own shapes (`sy
 where `batch` equals `batch` but a dim that shape inference could not name (Reshape's -1 of a
 symbolic input) equals nothing, so such tensors never share.
 
+Shapes. The shapes the planner compares are onnxruntime's own graph inference, which differs
+from onnx's (`infer_shapes`) in ways that decide whether buffers are shared (`planner_shapes`):
+- onnx names each dim it cannot infer with a placeholder of its own (unk__N) and then carries that
+  placeholder where onnxruntime, which makes none, takes another input's name: Concat's merge of
+  an unknown dim with `batch` is `batch` in onnxruntime, unk__N in onnx, and so is everything
+  downstream. fuse redoes Concat's and broadcasting's merges on the placeholder dims and passes
+  the result through (`ShapeTable.placeholders` says which unknown dim onnx copied from which);
+- not modelled: onnx's data propagation names the dims of a Reshape whose shape vector is
+  computed at run time; onnxruntime 1.31 left them unknown in gpt2-small's opset-14 export (fused
+  for ort-cpu: estimate 1.29x measured) but not in bert-small's dynamo export (treating them as
+  unknown there made it 0.39x): which shape chains onnxruntime propagates is still open.
+Evidence (onnxruntime 1.31.1 CPU, DISABLE_ALL): each node output made a graph output without a
+declared shape and read back from the session: equal to `planner_shapes` for every tensor whose
+planner key is known on timm deit-tiny opset 13 fused for onnx and ort-cpu (503 tensors).
+deit-tiny's fused form at batch 1 measured 4.8 MiB, which
+the old table put at 2.45 (it found no buffer to share) and this one at 4.92.
+
+Operators onnx cannot infer (com.microsoft FusedMatMul, FusedConv, FusedGemm, Gelu and its
+kin, SkipLayerNormalization, MultiHeadAttention, GroupQueryAttention, RotaryEmbedding;
+onnxruntime's internal SimplifiedLayerNormalization and LayerNormalization before opset 17) are
+inferred through standard stand-ins (shapes.py), as onnxruntime's own schemas infer them.
+
 Lifetimes. A graph input belongs to the caller and is live for the whole run (kPreExisting, and
 the caller holds it). A buffer is released after the last node that reads any tensor it held
 (GenerateDeallocationPlan); one holding a graph output or a tensor nobody reads is held to the end
@@ -61,11 +83,13 @@ Workspace. Kernel scratch, live while its node runs:
   with a key padding mask, no [B, S, T] mask buffer stayed resident. Measured on onnxruntime
   1.31 for batch, sequence, key length, heads and head size: within 0.2 MiB of the formula.
 
+- HardSwish and Mish have no CPU kernel: onnxruntime runs their function bodies (HardSigmoid,
+  Mul; Softplus, Tanh, Mul), which hold one intermediate of the output's size: measured on
+  onnxruntime 1.31.1, [16, 256, 256] float: input + output + 4 MiB (tests/test_analysis_measure.py).
+
 Not modelled, being small next to activations: allocator rounding (under a page per buffer),
 blocks glibc serves from its own heap, kernels' per-row scratch, thread stacks; with T intra-op
-threads the Conv tile is T tiles. Not modelled though not small: hidden intermediates of ops the
-CPU provider runs as several nodes (HardSwish and Mish each measured one more buffer of their
-output's size).
+threads the Conv tile is T tiles.
 
 Weights (initializers, Constant node outputs) are always resident and reported apart: counting
 them would drown the activation peak that fusion changes. Tensors whose size is unknown are
@@ -74,6 +98,7 @@ excluded from every sum and listed, never counted as 0 silently.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -114,6 +139,11 @@ _INPLACE_OPS: Mapping[tuple[str, str], tuple[int, frozenset[int] | None]] = {
     ("", "LogSoftmax"): (0, _FLOAT_ONLY),
     (_MS_DOMAIN, "FusedConv"): (3, _FLOAT_ONLY),  # the residual Z, summed into the output
 }
+
+# Standard operators the CPU provider has no kernel for and runs as their ONNX function body:
+# HardSwish as HardSigmoid then Mul, Mish as Softplus, Tanh, Mul. Measured: one intermediate
+# of the output's size besides the input and output (the body's in-place steps share it).
+_FUNCTION_EXPANDED_OPS = frozenset({"HardSwish", "Mish"})
 
 # MLAS_SGEMM_STRIDEN * MLAS_SGEMM_STRIDEK floats: the im2col tile of one thread.
 _MLAS_CONV_TILE_BYTES = 128 * 128 * 4
@@ -163,10 +193,12 @@ def profile_memory(model: onnx.ModelProto, shapes: ShapeTable, *, extra_weights:
     Raises ValueError when the graph has a cycle.
     """
     graph = model.graph
-    execution_order(graph)  # the one place that reports a cycle
-    consumed = [consumed_names(node) for node in graph.node]
-    order = _runtime_order(graph.node, consumed)
-    nodes = [graph.node[i] for i in order]
+    # A list: indexing a protobuf repeated field builds a wrapper per access (35 us at 12k nodes).
+    stored = list(graph.node)
+    consumed = [consumed_names(node) for node in stored]
+    execution_order(graph, consumed)  # the one place that reports a cycle
+    order = _runtime_order(stored, consumed)
+    nodes = [stored[i] for i in order]
     labels = [node_label(node, index) for node, index in zip(nodes, order)]
     symbolic = symbolic_shapes if symbolic_shapes is not None else infer_shapes(model)
     weights = _weight_names(graph) | set(extra_weights)
@@ -186,8 +218,9 @@ def profile_memory(model: onnx.ModelProto, shapes: ShapeTable, *, extra_weights:
     unknown = tuple(name for name, size in sizes.items() if size is None)
 
     opset = _default_opset(model)
-    reads = [_reads(graph.node[i], consumed[i]) for i in order]
-    plan = _Planner(graph, nodes, reads, set(producer), absent, symbolic, opset).run()
+    reads = [_reads(stored[i], consumed[i]) for i in order]
+    planner_shapes = _planner_shapes(nodes, symbolic)
+    plan = _Planner(graph, nodes, reads, set(producer), absent, planner_shapes, opset).run()
     workspace = [_workspace_bytes(node, shapes, opset) for node in nodes]
     timeline = _timeline(len(nodes), plan.buffers, known, workspace)
     if timeline:
@@ -225,7 +258,9 @@ def profile_memory(model: onnx.ModelProto, shapes: ShapeTable, *, extra_weights:
         timeline=tuple(timeline),
         intermediate_bytes=sum(written.values()),
         by_op_type=MappingProxyType(dict(sorted(written.items(), key=lambda kv: -kv[1]))),
-        largest=by_size(LiveTensor(n, known[n], producer[n]) for n in producer if n in known)[:_LARGEST_COUNT],
+        # nlargest is sorted(reverse=True)[:n]: ties keep birth order, as in by_size.
+        largest=tuple(LiveTensor(n, known[n], producer[n])
+                      for n in heapq.nlargest(_LARGEST_COUNT, (n for n in producer if n in known), key=known.__getitem__)),
         unknown_tensors=unknown,
         weight_bytes=_weight_bytes(graph, shapes),
     )
@@ -296,11 +331,19 @@ class _Planner:
     reads: Sequence[list[str]]
     activations: set[str]
     absent: set[str]
-    symbolic: ShapeTable
+    symbolic: Mapping[str, TensorInfo]
     opset: int
     buffer_of: dict[str, _Buffer] = field(default_factory=dict)
     count: dict[str, int] = field(default_factory=dict)
     free: dict[tuple, list[_Buffer]] = field(default_factory=dict)
+    keys: dict[str, tuple | None] = field(default_factory=dict)
+
+    def _key(self, name: str) -> tuple | None:
+        try:
+            return self.keys[name]
+        except KeyError:
+            key = self.keys[name] = _planner_key(self.symbolic.get(name))
+            return key
 
     def run(self) -> _Plan:
         reads = self.reads
@@ -375,8 +418,10 @@ class _Planner:
         if buffer is None:
             return
         buffer.uses -= 1
-        key = _planner_key(self.symbolic.get(buffer.tenants[0]))
-        if buffer.uses == 0 and key is not None and key[1]:  # scalars are never reused
+        if buffer.uses:
+            return
+        key = self._key(buffer.tenants[0])
+        if key is not None and key[1]:  # scalars are never reused
             self.free.setdefault(key, []).append(buffer)
 
     def _is_alias(self, node: onnx.NodeProto, index: int) -> bool:
@@ -395,13 +440,114 @@ class _Planner:
         info = self.symbolic.get(node.input[source])
         if types is not None and (info is None or info.elem_type not in types):
             return None
-        key = _planner_key(info)
-        return buffer if key is not None and key == _planner_key(self.symbolic.get(name)) else None
+        key = self._key(node.input[source])
+        return buffer if key is not None and key == self._key(name) else None
 
     def _reusable(self, name: str) -> _Buffer | None:
-        key = _planner_key(self.symbolic.get(name))
+        key = self._key(name)
         stack = self.free.get(key) if key is not None else None
         return stack.pop() if stack else None
+
+
+# Operators whose inference broadcasts its inputs' dims (onnx's multidirectional broadcasting).
+_BROADCAST_OPS = frozenset({
+    "Add", "Sub", "Mul", "Div", "Pow", "Mod", "And", "Or", "Xor", "Equal", "Greater",
+    "GreaterOrEqual", "Less", "LessOrEqual", "Where", "Max", "Min", "Sum", "Mean", "PRelu",
+    "BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor",
+})
+
+
+def planner_shapes(model: onnx.ModelProto, symbolic: ShapeTable | None = None) -> dict[str, TensorInfo]:
+    """Every top-level tensor's shape as onnxruntime's allocation planner compares it (see the
+    module docstring); `symbolic`: infer_shapes(model) when the caller has it."""
+    graph = model.graph
+    stored = list(graph.node)
+    nodes = [stored[i] for i in execution_order(graph)]
+    return _planner_shapes(nodes, symbolic if symbolic is not None else infer_shapes(model))
+
+
+def _planner_shapes(nodes: Sequence[onnx.NodeProto], symbolic: ShapeTable) -> dict[str, TensorInfo]:
+    """Shapes as onnxruntime's own graph inference leaves them (see "Shapes" in the module
+    docstring): `symbolic`, less what onnx's placeholders added, redone downstream of every
+    tensor that changed."""
+    shapes = dict(symbolic.tensors)
+    raw = symbolic.placeholders
+    changed: set[str] = set()
+    for node in nodes:
+        touched = bool(changed) and any(name in changed for name in node.input)
+        for name in node.output:
+            info = shapes.get(name)
+            if info is None or info.shape is None or (name not in raw and not touched):
+                continue
+            if name in raw and raw[name] is None:
+                dims = None
+            else:
+                placeholders = raw.get(name) or (None,) * len(info.shape)
+                dims = _runtime_dims(node, placeholders, info.shape, shapes, raw, touched)
+            if dims != info.shape:
+                changed.add(name)
+                shapes[name] = TensorInfo(name, info.elem_type, dims)
+    return shapes
+
+
+def _runtime_dims(node: onnx.NodeProto, raw: tuple, known: tuple, shapes: Mapping[str, TensorInfo],
+                  raw_of: Mapping[str, tuple], touched: bool) -> tuple:
+    """One output's dims as onnxruntime infers them: where onnx wrote a placeholder (or, when an
+    input changed, a name), what the operator's inference makes of its inputs' dims as
+    onnxruntime sees them."""
+    inputs = [(shapes.get(i), raw_of.get(i)) for i in node.input if i]
+    rank = len(known)
+    dims = list(known)
+    op = node.op_type if _domain(node) == "" else ""
+    for index, (dim, placeholder) in enumerate(zip(known, raw)):
+        if placeholder is None:
+            if not touched or not isinstance(dim, str):
+                continue
+            if op not in _BROADCAST_OPS and op != "Concat" and not (op == "MatMul" and index < rank - 2):
+                # A name survives only where an input still carries it.
+                carried = any(info is not None and info.shape is not None and dim in info.shape for info, _ in inputs)
+                dims[index] = dim if carried else None
+                continue
+        if op in _BROADCAST_OPS or op == "MatMul" and index < rank - 2:
+            aligned = [info.shape[len(info.shape) - rank + index] for info, _ in inputs
+                       if info is not None and info.shape is not None and len(info.shape) >= rank - index
+                       and (op != "MatMul" or len(info.shape) - rank + index < len(info.shape) - 2)]
+            dims[index] = _broadcast_dim(aligned)
+        elif op == "Concat":
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 0) % max(rank, 1)
+            ranked = [info.shape for info, _ in inputs if info is not None and info.shape is not None
+                      and len(info.shape) == rank]
+            dims[index] = None if index == axis else _first_known(shape[index] for shape in ranked)
+        else:  # a dim passed through: the input dim onnx copied it from
+            dims[index] = next((
+                info.shape[k] for info, source in inputs if info is not None and source is not None
+                and info.shape is not None and len(info.shape) == len(source)
+                for k, d in enumerate(source) if d == placeholder), None)
+    return tuple(dims)
+
+
+def _broadcast_dim(dims: Sequence) -> int | str | None:
+    """onnx's multidirectional broadcasting of one axis, with None for a dim nothing names."""
+    value, names = 1, set()
+    for d in dims:
+        if isinstance(d, int):
+            value = d if d != 1 else value
+        else:
+            names.add(d)
+    if value != 1 or not names:
+        return value
+    return names.pop() if len(names) == 1 else None
+
+
+def _first_known(dims: Iterable) -> int | str | None:
+    """onnx's mergeInDimensionInfo over several inputs: a value wins, else the first name."""
+    name = None
+    for d in dims:
+        if isinstance(d, int):
+            return d
+        if name is None and d is not None:
+            name = d
+    return name
 
 
 def _planner_key(info: TensorInfo | None) -> tuple | None:
@@ -453,6 +599,8 @@ def _workspace_bytes(node: onnx.NodeProto, shapes: ShapeTable, opset: int) -> in
         return _conv_workspace(node, shapes)
     if domain == _MS_DOMAIN and (node.op_type == "BiasGelu"
                                  or node.op_type == "FastGelu" and len(node.input) > 1 and node.input[1]):
+        return shapes.nbytes(node.output[0]) or 0
+    if domain == "" and node.op_type in _FUNCTION_EXPANDED_OPS:
         return shapes.nbytes(node.output[0]) or 0
     if domain == _MS_DOMAIN and node.op_type == "MultiHeadAttention":
         return _attention_workspace(node, shapes)

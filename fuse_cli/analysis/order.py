@@ -17,16 +17,17 @@ def node_label(node: onnx.NodeProto, index: int) -> str:
     return node.name or f"{node.op_type}#{index}"
 
 
-def execution_order(graph: onnx.GraphProto) -> list[int]:
+def execution_order(graph: onnx.GraphProto, consumed: Sequence[set[str]] | None = None) -> list[int]:
     """Indices into `graph.node` in an order that respects data dependencies.
 
     The stored order when it is already topological (the ONNX requirement, and the order a
     runtime follows); otherwise Kahn's algorithm, iterative because graphs reach 10k+ nodes,
     taking the lowest stored index among ready nodes so the result stays close to the file.
-    Raises ValueError on a cycle.
+    Raises ValueError on a cycle. `consumed`: each node's consumed_names, when the caller has them.
     """
     nodes = graph.node
-    consumed = [consumed_names(node) for node in nodes]
+    if consumed is None:
+        consumed = [consumed_names(node) for node in nodes]
     producer = {name: i for i, node in enumerate(nodes) for name in node.output if name}
     if all(producer.get(name, -1) < i for i, names in enumerate(consumed) for name in names):
         return list(range(len(nodes)))
@@ -56,9 +57,11 @@ def execution_order(graph: onnx.GraphProto) -> list[int]:
 def consumed_names(node: onnx.NodeProto) -> set[str]:
     """Names a node reads: its inputs plus what its subgraphs read from the enclosing scope
     (an If branch that uses `x` keeps `x` alive until the If runs)."""
-    names = {name for name in node.input if name}
-    for graph in _subgraphs(node):
-        names |= _outer_references(graph)
+    names = set(node.input)
+    names.discard("")
+    if node.attribute:
+        for graph in _subgraphs(node):
+            names |= _outer_references(graph)
     return names
 
 

@@ -15,6 +15,7 @@ onnx's shape inference does the work. Around it this module
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import re
@@ -55,6 +56,7 @@ _EXPLICIT_BITS: dict[int, int] = {
 }
 
 
+@functools.lru_cache(maxsize=None)
 def element_size_bits(elem_type: int) -> int | None:
     """Bits one element of `elem_type` takes in a packed tensor; None for strings and unknowns."""
     if elem_type in _EXPLICIT_BITS:
@@ -123,6 +125,12 @@ class ShapeTable:
     bound_dims: Mapping[str, int] = field(default_factory=dict)
     unused_dims: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+    # Tensors where onnx's inference wrote a placeholder symbol of its own (unk__N) for a dim it
+    # could not infer, or where onnxruntime's symbolic inference named a dim onnx left unknown:
+    # per dim that placeholder (None for the dims onnx knew). Equal placeholders say which
+    # unknown dim onnx copied from which (the memory model needs that, see memory.py).
+    # None: onnx could not even infer the rank (onnxruntime's symbolic inference filled it in).
+    placeholders: Mapping[str, tuple[Dim, ...] | None] = field(default_factory=dict)
 
     def get(self, name: str) -> TensorInfo | None:
         return self.tensors.get(name)
@@ -164,13 +172,15 @@ def infer_shapes(
     _bind(copy.graph, bindings, input_shapes)
     inferred, warnings = _run_inference(copy)
 
-    tensors = _collect(model.graph, inferred.graph, bindings, declared)
+    placeholders: dict[str, tuple[Dim, ...]] = {}
+    tensors = _collect(model.graph, inferred.graph, bindings, declared, placeholders)
     table = ShapeTable(
         tensors=MappingProxyType(tensors),
         unknown_dims=_all_unknown_dims(tensors),
         bound_dims=MappingProxyType(dict(bindings)),
         unused_dims=unused,
         warnings=warnings,
+        placeholders=MappingProxyType(placeholders),
     )
     return with_runtime_dims(model, table, input_shapes) if symbolic else table
 
@@ -196,7 +206,21 @@ def with_runtime_dims(model: onnx.ModelProto, table: ShapeTable,
     if proofs and (merged or merged_into_number):
         more = {name: _without_merged(info, merged, merged_into_number) for name, info in more.items()}
     tensors = {name: _fill_unknown(info, more.get(name)) for name, info in table.tensors.items()}
-    return dataclasses.replace(table, tensors=MappingProxyType(tensors), unknown_dims=_all_unknown_dims(tensors))
+    # What onnxruntime's symbolic inference named, onnxruntime's own graph inference (what its
+    # memory planner compares) does not: mark the filled dims as onnx's unknowns.
+    placeholders = dict(table.placeholders)
+    for name, info in table.tensors.items():
+        filled = tensors[name]
+        if filled is info or filled.shape == info.shape:
+            continue
+        if info.shape is None:
+            placeholders[name] = None
+        else:
+            raw = placeholders.get(name) or (None,) * len(info.shape)
+            placeholders[name] = tuple(r if r is not None or d is not None else f"?{name}:{k}"
+                                       for k, (d, r) in enumerate(zip(info.shape, raw)))
+    return dataclasses.replace(table, tensors=MappingProxyType(tensors), unknown_dims=_all_unknown_dims(tensors),
+                               placeholders=MappingProxyType(placeholders))
 
 
 def _without_merged(info: TensorInfo, merged: set[str], merged_into_number: bool) -> TensorInfo:
@@ -231,7 +255,8 @@ def _runtime_symbolic_inference(model: onnx.ModelProto, bindings: Mapping[str, i
             graph.initializer.append(tensor)
         elif tensor.name not in listed:
             graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims)))
-    graph.node.extend(model.graph.node[i] for i in _inference_order(model.graph))
+    stored = list(model.graph.node)
+    graph.node.extend(stored[i] for i in _inference_order(model.graph))
     copy = onnx.helper.make_model(graph, opset_imports=model.opset_import, ir_version=max(model.ir_version, 4))
     copy.functions.extend(model.functions)
     _add_missing_opset_imports(copy)
@@ -400,12 +425,13 @@ def _inference_copy(model: onnx.ModelProto) -> onnx.ModelProto:
     copy = onnx.ModelProto(ir_version=max(model.ir_version, 4))
     copy.opset_import.extend(model.opset_import)
     copy.functions.extend(model.functions)
-    copy.graph.CopyFrom(_light_graph(model.graph))
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    copy.graph.CopyFrom(_light_graph(model.graph, opset))
     _add_missing_opset_imports(copy)
     return copy
 
 
-def _light_graph(graph: onnx.GraphProto) -> onnx.GraphProto:
+def _light_graph(graph: onnx.GraphProto, opset: int) -> onnx.GraphProto:
     # Recursion here follows subgraph nesting (If inside Loop...), a handful of levels, never
     # the node count.
     light = onnx.GraphProto(name=graph.name)
@@ -414,8 +440,63 @@ def _light_graph(graph: onnx.GraphProto) -> onnx.GraphProto:
     light.value_info.extend(graph.value_info)
     light.sparse_initializer.extend(graph.sparse_initializer)
     light.initializer.extend(_light_tensor(t) for t in graph.initializer)
-    light.node.extend(_light_node(graph.node[i]) for i in _inference_order(graph))
+    stored = list(graph.node)
+    for i in _inference_order(graph):
+        light.node.extend(_stand_ins(stored[i], opset) or [_light_node(stored[i], opset)])
     return light
+
+
+# Operators onnx has no inference for (onnxruntime's com.microsoft kernels, and its internal
+# default-domain ones) but whose output 0 has the shape standard operators compute: inferred
+# through those stand-ins, so everything downstream of a fused node keeps its shape. Each
+# mirrors the operator's schema inference in onnxruntime (contrib_ops/*_defs.cc).
+_MS = "com.microsoft"
+_SAME_AS_INPUT_0 = frozenset({
+    (_MS, "Gelu"), (_MS, "FastGelu"), (_MS, "BiasGelu"), (_MS, "QuickGelu"), (_MS, "RotaryEmbedding"),
+    (_MS, "SkipLayerNormalization"), (_MS, "SkipSimplifiedLayerNormalization"),
+    (_MS, "GroupQueryAttention"), ("", "SimplifiedLayerNormalization"),
+})
+_CONV_ATTRIBUTES = frozenset({"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"})
+
+
+def _stand_ins(node: onnx.NodeProto, opset: int) -> list[onnx.NodeProto]:
+    """Standard nodes writing `node`'s first output with its shape and type; [] when none."""
+    domain = "" if node.domain in ("", "ai.onnx") else node.domain
+    key = (domain, node.op_type)
+    inputs = list(node.input)
+    if not node.output or not node.output[0] or not inputs or not inputs[0]:
+        return []
+    out = node.output[0]
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if key in _SAME_AS_INPUT_0 or key == ("", "LayerNormalization") and opset < 17:
+        return [helper.make_node("Identity", inputs[:1], [out])]
+    if key == (_MS, "FusedConv"):
+        kept = {k: v for k, v in attrs.items() if k in _CONV_ATTRIBUTES}
+        return [helper.make_node("Conv", inputs[:3], [out], **kept)]
+    if key == (_MS, "FusedGemm"):
+        return [helper.make_node("Gemm", inputs[:3], [out], transA=attrs.get("transA", 0), transB=attrs.get("transB", 0))]
+    if key == (_MS, "FusedMatMul") and len(inputs) >= 2:
+        if attrs.get("transBatchA") or attrs.get("transBatchB"):
+            return []
+        # A transposed operand as a one-input Einsum, which needs no rank; MatMul broadcasts.
+        nodes, operands = [], []
+        for side, name in (("A", inputs[0]), ("B", inputs[1])):
+            if attrs.get(f"trans{side}"):
+                if opset < 12:
+                    return []
+                operands.append(f"{out}::fuse-{side}-t")
+                nodes.append(helper.make_node("Einsum", [name], operands[-1:], equation="...ij->...ji"))
+            else:
+                operands.append(name)
+        return [*nodes, helper.make_node("MatMul", operands, [out])]
+    if key == (_MS, "MultiHeadAttention") and len(inputs) >= 3 and inputs[1] and inputs[2]:
+        # [B, S, D] x [B, L, D]^T x [B, L, Dv] -> [B, S, Dv]; key/value as [B, N, L, H] fail the
+        # rank-3 transpose and stay unknown.
+        key_t, scores = f"{out}::fuse-key-t", f"{out}::fuse-scores"
+        return [helper.make_node("Transpose", [inputs[1]], [key_t], perm=[0, 2, 1]),
+                helper.make_node("MatMul", [inputs[0], key_t], [scores]),
+                helper.make_node("MatMul", [scores, inputs[2]], [out])]
+    return []
 
 
 def _inference_order(graph: onnx.GraphProto) -> Sequence[int]:
@@ -435,7 +516,7 @@ _HEAVY_ATTRIBUTES = (
 )
 
 
-def _light_node(node: onnx.NodeProto) -> onnx.NodeProto:
+def _light_node(node: onnx.NodeProto, opset: int) -> onnx.NodeProto:
     if not any(a.type in _HEAVY_ATTRIBUTES for a in node.attribute):
         return node
     light = onnx.NodeProto(name=node.name, op_type=node.op_type, domain=node.domain)
@@ -445,10 +526,10 @@ def _light_node(node: onnx.NodeProto) -> onnx.NodeProto:
         if attr.type == onnx.AttributeProto.TENSOR:
             light.attribute.add(name=attr.name, type=attr.type).t.CopyFrom(_light_tensor(attr.t))
         elif attr.type == onnx.AttributeProto.GRAPH:
-            light.attribute.add(name=attr.name, type=attr.type).g.CopyFrom(_light_graph(attr.g))
+            light.attribute.add(name=attr.name, type=attr.type).g.CopyFrom(_light_graph(attr.g, opset))
         elif attr.type == onnx.AttributeProto.GRAPHS:
             new = light.attribute.add(name=attr.name, type=attr.type)
-            new.graphs.extend(_light_graph(g) for g in attr.graphs)
+            new.graphs.extend(_light_graph(g, opset) for g in attr.graphs)
         else:
             light.attribute.append(attr)
     return light
@@ -542,8 +623,10 @@ def _collect(
     inferred: onnx.GraphProto,
     bindings: Mapping[str, int],
     declared: set[str],
+    placeholders: dict[str, tuple[Dim, ...]] | None = None,
 ) -> dict[str, TensorInfo]:
     """TensorInfo per top-level name, in graph order: inputs, initializers, node outputs, outputs.
+    `placeholders`, when given, receives the raw dims of tensors with onnx-made symbols.
 
     Subgraph-internal tensors are left out on purpose: the memory audit looks at the top level.
     """
@@ -561,6 +644,11 @@ def _collect(
                 tensors[name] = (
                     _info(vi, bindings, declared) if vi else TensorInfo(name, 0, None)
                 )
+                if placeholders is not None and vi is not None and None in (tensors[name].shape or ()):
+                    raw = _declared_dims(vi)
+                    if raw is not None and any(isinstance(d, str) and d not in declared for d in raw):
+                        placeholders[name] = tuple(d if isinstance(d, str) and d not in declared else None
+                                                   for d in raw)
     for vi in original.output:
         if vi.name not in tensors:
             tensors[vi.name] = _info(by_name.get(vi.name, vi), bindings, declared)

@@ -1,0 +1,338 @@
+"""How close fuse's peak-memory estimate is to onnxruntime's measured peak, on every model at hand.
+
+    .venv/bin/python benchmarks/memory_truth.py [--only NAME,...] [--targets onnx,ort-cpu]
+                                                [--settings small,large] [--out benchmarks/results]
+
+Models: sample_models/*.onnx, the nine light zoo models inside the onnx package, and the corpora
+in /work/corpus-models/base and /work/corpus-models/heldout (or $FUSE_CORPUS_DIRS, colon-separated),
+whatever exists when it runs. A folder's manifest.json, where present, gives each file's symbolic
+dims, its `small` and `large` settings and the valid ranges of its integer inputs.
+
+Per model, target (`--target onnx`, `--target ort-cpu`) and setting: fuse's estimate before and
+after fusion (`fuse_cli.api.optimize`, dry run, no verification) and the peak measured in
+onnxruntime (`fuse_cli.analysis.measure.measure_peak`, a child process per run, arena and memory
+pattern off). The measurement is called directly rather than through `FuseConfig(measure=True)`
+because api.optimize's measurement does not forward the integer ranges (input ids must stay below
+the vocabulary size). The original is measured once per setting and shared by both targets.
+
+Settings: `small` is batch 1 (sequence-like dims 128) unless the manifest says otherwise; `large`
+doubles the batch-like dims until the estimated peak before fusion reaches 16 MiB (at most 65536),
+again unless the manifest gives it. A model without symbolic dims has one setting.
+
+Writes memory_truth.json and memory_truth.md: estimate / measured per case, measured after /
+before (the "never worse" figure) and a summary: worst ratio, cases within 15% among those whose
+measured peak is at least 1 MiB, outliers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import onnx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from fuse_cli import api  # noqa: E402
+from fuse_cli.analysis.measure import measure_peak  # noqa: E402
+from fuse_cli.analysis.memory import profile_memory  # noqa: E402
+from fuse_cli.analysis.shapes import infer_shapes  # noqa: E402
+from fuse_cli.config import FuseConfig  # noqa: E402
+
+MIB = 1 << 20
+LARGE_PEAK = 16 * MIB
+MAX_BATCH = 1 << 16
+TOLERANCE = 0.15
+MIN_MEASURED = MIB
+CORPUS_DIRS = [Path(p) for p in os.environ.get(
+    "FUSE_CORPUS_DIRS", "/work/corpus-models/base:/work/corpus-models/heldout").split(":") if p]
+SEQUENCE_WORDS = ("seq", "length", "len", "token", "time")
+
+
+@dataclass
+class Case:
+    model: str
+    group: str
+    target: str
+    setting: str
+    dims: dict
+    estimate_before: int | None = None
+    estimate_after: int | None = None
+    measured_before: int | None = None
+    measured_after: int | None = None
+    nodes_before: int | None = None
+    nodes_after: int | None = None
+    peak_node_before: str = ""
+    peak_node_after: str = ""
+    error: str = ""
+    seconds: float = 0.0
+
+    def ratios(self) -> dict:
+        def ratio(a, b):
+            return round(a / b, 3) if a is not None and b else None
+        return {"before": ratio(self.estimate_before, self.measured_before),
+                "after": ratio(self.estimate_after, self.measured_after),
+                "measured_after_over_before": ratio(self.measured_after, self.measured_before)}
+
+
+@dataclass
+class Model:
+    path: Path
+    group: str
+    symbols: list[str]
+    settings: dict = field(default_factory=dict)  # name -> dims
+    int_ranges: dict = field(default_factory=dict)
+
+
+def light_models_dir() -> Path:
+    return Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+
+
+def discover() -> list[Model]:
+    models = [Model(p, "samples", []) for p in sorted((REPO / "sample_models").glob("*.onnx"))]
+    models += [Model(p, "light-zoo", []) for p in sorted(light_models_dir().glob("light_*.onnx"))]
+    for folder in CORPUS_DIRS:
+        manifest = _read_manifest(folder / "manifest.json")
+        for path in sorted(folder.glob("*.onnx")):
+            model = Model(path, folder.name, [])
+            _apply_manifest(model, manifest)
+            models.append(model)
+    for model in models:
+        model.symbols = _input_symbols(model.path)
+    return models
+
+
+def _read_manifest(path: Path) -> dict:
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    entries = data.get("files", data.get("models", data)) if isinstance(data, dict) else data
+    if isinstance(entries, list):
+        entries = {str(e.get("file") or e.get("name")): e for e in entries if isinstance(e, dict)}
+    return entries if isinstance(entries, dict) else {}
+
+
+def _apply_manifest(model: Model, manifest: dict) -> None:
+    """Tolerant of the manifest's layout: an entry per file name (or stem) holding `small` and
+    `large` dims (directly, under `settings` or `shapes`, or as {"dims": ...}; non-integer values
+    such as `activation_peak_mib` are ignored) and integer ranges (`inputs`: [{"name", "range"}],
+    or `int_ranges` / `ranges`: name -> [low, high))."""
+    entry = manifest.get(model.path.name) or manifest.get(model.path.stem)
+    if not isinstance(entry, dict):
+        return
+    holder = entry.get("settings") or entry.get("shapes") or entry
+    for name in ("small", "large"):
+        value = holder.get(name) if isinstance(holder, dict) else None
+        if isinstance(value, dict):
+            dims = value.get("dims", value)
+            model.settings[name] = {k: int(v) for k, v in dims.items() if isinstance(v, int)}
+    ranges = entry.get("int_ranges") or entry.get("ranges") or {}
+    inputs = entry.get("inputs")
+    if isinstance(inputs, list):  # [{"name", "range": [low, high)}]
+        ranges = {i["name"]: i["range"] for i in inputs if isinstance(i, dict) and i.get("range") and "name" in i}
+    if isinstance(ranges, dict):
+        model.int_ranges = {k: (int(v[0]), int(v[1])) for k, v in ranges.items()
+                            if isinstance(v, (list, tuple)) and len(v) == 2
+                            and all(isinstance(x, (int, float)) for x in v)}
+
+
+def _input_symbols(path: Path) -> list[str]:
+    m = onnx.load(str(path), load_external_data=False)
+    initializers = {t.name for t in m.graph.initializer}
+    return sorted({d.dim_param for vi in m.graph.input if vi.name not in initializers
+                   for d in vi.type.tensor_type.shape.dim if d.dim_param})
+
+
+def _is_sequence(symbol: str) -> bool:
+    return any(word in symbol.lower() for word in SEQUENCE_WORDS)
+
+
+def settings_for(model: Model) -> dict[str, dict]:
+    if model.settings.get("small") and model.settings.get("large"):
+        return model.settings
+    if not model.symbols:
+        return {"small": {}}
+    small = model.settings.get("small") or {s: 128 if _is_sequence(s) else 1 for s in model.symbols}
+    if model.settings.get("large"):
+        return {"small": small, "large": model.settings["large"]}
+    m = onnx.load(str(model.path), load_external_data=False)
+    large = dict(small)
+    batch_like = [s for s in model.symbols if not _is_sequence(s)] or model.symbols
+    while True:
+        peak = profile_memory(m, infer_shapes(m, large), symbolic_shapes=infer_shapes(m)).peak_bytes
+        if peak >= LARGE_PEAK or max(large[s] for s in batch_like) * 2 > MAX_BATCH:
+            break
+        for s in batch_like:
+            large[s] *= 2
+    return {"small": small, "large": large}
+
+
+def measure(model, dims: dict, int_ranges: dict) -> int | None:
+    result = measure_peak(model, dims=dims, int_ranges=int_ranges)
+    return result.peak_bytes
+
+
+def run_model(model: Model, targets: list[str], wanted_settings: list[str]) -> list[Case]:
+    cases = []
+    for setting, dims in settings_for(model).items():
+        if setting not in wanted_settings:
+            continue
+        try:
+            measured_before = measure(model.path, dims, model.int_ranges)
+        except Exception as exc:  # noqa: BLE001 - one model's failure is a row, not the end of the run
+            cases += [Case(model.path.stem, model.group, t, setting, dims, error=f"measure before: {exc}")
+                      for t in targets]
+            continue
+        for target in targets:
+            case = Case(model.path.stem, model.group, target, setting, dims, measured_before=measured_before)
+            t0 = time.perf_counter()
+            try:
+                config = FuseConfig(target=target, dims=dims, verify=False, int_ranges=model.int_ranges)
+                result = api.optimize(model.path, config, dry_run=True)
+                memory = result.report.memory
+                case.estimate_before, case.estimate_after = memory.before.peak_bytes, memory.after.peak_bytes
+                case.peak_node_before, case.peak_node_after = memory.before.peak_node, memory.after.peak_node
+                case.nodes_before, case.nodes_after = result.report.nodes_before, result.report.nodes_after
+                case.measured_after = measure(result.model, dims, model.int_ranges)
+            except Exception as exc:  # noqa: BLE001
+                case.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+            case.seconds = round(time.perf_counter() - t0, 1)
+            cases.append(case)
+            print(_line(case), file=sys.stderr, flush=True)
+    return cases
+
+
+def _mib(value: int | None) -> str:
+    return "-" if value is None else f"{value / MIB:.2f}"
+
+
+def _line(case: Case) -> str:
+    r = case.ratios()
+    return (f"{case.model} {case.target} {case.setting}: est/meas before {_mib(case.estimate_before)}/"
+            f"{_mib(case.measured_before)} ({r['before']}), after {_mib(case.estimate_after)}/"
+            f"{_mib(case.measured_after)} ({r['after']}) {case.error}")
+
+
+def summary(cases: list[Case]) -> dict:
+    """Each (case, before|after) is one comparison; counted where the measured peak >= 1 MiB."""
+    rows = []
+    for case in cases:
+        for side in ("before", "after"):
+            estimate, measured = getattr(case, f"estimate_{side}"), getattr(case, f"measured_{side}")
+            if estimate is None or not measured:
+                continue
+            rows.append({"model": case.model, "target": case.target, "setting": case.setting, "side": side,
+                         "estimate": estimate, "measured": measured, "ratio": estimate / measured})
+    # "before" is the same model for both targets: count it once.
+    seen, unique = set(), []
+    for row in rows:
+        key = (row["model"], row["setting"], row["side"], row["target"] if row["side"] == "after" else "")
+        if key not in seen:
+            seen.add(key)
+            unique.append(row)
+    big = [r for r in unique if r["measured"] >= MIN_MEASURED]
+    within = [r for r in big if abs(r["ratio"] - 1) <= TOLERANCE]
+    outliers = sorted((r for r in big if abs(r["ratio"] - 1) > TOLERANCE), key=lambda r: -abs(r["ratio"] - 1))
+    worst = max(big, key=lambda r: abs(r["ratio"] - 1), default=None)
+    never_worse = sorted(
+        ({"model": c.model, "target": c.target, "setting": c.setting,
+          "measured_after_over_before": round(c.measured_after / c.measured_before, 3)}
+         for c in cases if c.measured_after and c.measured_before and c.measured_before >= MIN_MEASURED
+         and c.measured_after / c.measured_before > 1.02),
+        key=lambda r: -r["measured_after_over_before"])
+    return {
+        "comparisons_at_least_1_mib": len(big),
+        "within_15_percent": len(within),
+        "worst": None if worst is None else {**worst, "ratio": round(worst["ratio"], 3)},
+        "outliers": [{**r, "ratio": round(r["ratio"], 3)} for r in outliers],
+        "measured_after_over_before_above_1_02": never_worse,
+        "errors": [{"model": c.model, "target": c.target, "setting": c.setting, "error": c.error}
+                   for c in cases if c.error],
+    }
+
+
+def markdown(cases: list[Case], result: dict, seconds: float) -> str:
+    lines = [
+        "# fuse's peak-memory estimate against onnxruntime's measured peak",
+        "",
+        f"`benchmarks/memory_truth.py`, {seconds:.0f} s. onnx {onnx.__version__}, onnxruntime "
+        f"{_ort_version()}, CPU, graph optimizations, arena and memory pattern off, one thread.",
+        "Ratio = estimate / measured; the summary counts each distinct model once per side "
+        "(before fusion is the same model for both targets) where the measured peak is >= 1 MiB.",
+        "",
+        f"**{result['within_15_percent']} of {result['comparisons_at_least_1_mib']} within 15%**; worst: "
+        + (f"{result['worst']['model']} {result['worst']['target']} {result['worst']['setting']} "
+           f"{result['worst']['side']} {result['worst']['ratio']}" if result["worst"] else "none"),
+        "",
+        "| model | group | target | setting | dims | est before | meas before | ratio | est after | meas after "
+        "| ratio | meas after/before |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in cases:
+        r = c.ratios()
+        dims = " ".join(f"{k}={v}" for k, v in c.dims.items())
+        lines.append(f"| {c.model} | {c.group} | {c.target} | {c.setting} | {dims} | {_mib(c.estimate_before)} "
+                     f"| {_mib(c.measured_before)} | {r['before'] or '-'} | {_mib(c.estimate_after)} "
+                     f"| {_mib(c.measured_after)} | {r['after'] or '-'} | {r['measured_after_over_before'] or '-'} |"
+                     + (f" {c.error}" if c.error else ""))
+    lines += ["", "Sizes in MiB.", "", "## Outliers (measured >= 1 MiB, off by more than 15%)", ""]
+    lines += [f"- {o['model']} {o['target']} {o['setting']} {o['side']}: {o['ratio']} "
+              f"({_mib(o['estimate'])} / {_mib(o['measured'])} MiB)" for o in result["outliers"]] or ["- none"]
+    lines += ["", "## Measured after / before above 1.02 (fusion made the real peak worse)", ""]
+    lines += [f"- {o['model']} {o['target']} {o['setting']}: {o['measured_after_over_before']}"
+              for o in result["measured_after_over_before_above_1_02"]] or ["- none"]
+    if result["errors"]:
+        lines += ["", "## Errors", ""] + [f"- {e['model']} {e['target']} {e['setting']}: {e['error']}"
+                                          for e in result["errors"]]
+    return "\n".join(lines) + "\n"
+
+
+def _ort_version() -> str:
+    import onnxruntime
+    return onnxruntime.__version__
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", default="", help="comma-separated model names (file stems) or groups")
+    parser.add_argument("--targets", default="onnx,ort-cpu")
+    parser.add_argument("--settings", default="small,large")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+    args = parser.parse_args(argv)
+    only = {n for n in args.only.split(",") if n}
+    targets = [t for t in args.targets.split(",") if t]
+    wanted = [s for s in args.settings.split(",") if s]
+    started = time.perf_counter()
+    cases: list[Case] = []
+    args.out.mkdir(parents=True, exist_ok=True)
+    for model in discover():
+        if only and model.path.stem not in only and model.group not in only:
+            continue
+        cases += run_model(model, targets, wanted)
+        write(args.out, cases, time.perf_counter() - started)  # after each model: a long run keeps what it did
+    print(write(args.out, cases, time.perf_counter() - started))
+    return 0
+
+
+def write(folder: Path, cases: list[Case], seconds: float) -> str:
+    result = summary(cases)
+    document = {"schema_version": 1, "seconds": round(seconds, 1), "onnx": onnx.__version__,
+                "onnxruntime": _ort_version(), "summary": result,
+                "cases": [{**asdict(c), "ratios": c.ratios()} for c in cases]}
+    (folder / "memory_truth.json").write_text(json.dumps(document, indent=1) + "\n")
+    text = markdown(cases, result, seconds)
+    (folder / "memory_truth.md").write_text(text)
+    return text
+
+
+if __name__ == "__main__":
+    sys.exit(main())
