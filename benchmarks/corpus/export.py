@@ -194,7 +194,7 @@ SPECS: list[Spec] = [
 
 # ----------------------------------------------------------------------------- making weights non-trivial
 
-def perturb(model, spec: Spec, gen) -> dict:
+def perturb(model, spec: Spec, gen, image: int = IMAGE) -> dict:
     """Random init leaves LayerNorm/BatchNorm/RMSNorm weights at exactly 1, biases at 0 and BN
     running statistics at 0/1, so folding them wrongly would not change a single output. Scale
     every constant parameter by 1 + 0.1*noise (or add 0.02*noise to zeros), then run training-mode
@@ -222,7 +222,7 @@ def perturb(model, spec: Spec, gen) -> dict:
         model.train()
         with torch.no_grad():
             for _ in range(4):
-                x = 0.5 + torch.randn(8, 3, IMAGE, IMAGE, generator=gen)
+                x = 0.5 + torch.randn(8, 3, image, image, generator=gen)
                 model(x)
         for m, momentum in zip(bns, momenta):
             m.momentum = momentum
@@ -232,31 +232,44 @@ def perturb(model, spec: Spec, gen) -> dict:
 
 # ----------------------------------------------------------------------------- export and check
 
-def export_form(model, spec: Spec, form: str, args: tuple, path: Path) -> dict:
+def export_torchscript(model, spec: Spec, args: tuple, path: Path, opset: int, dynamic: bool = True) -> dict:
+    """The legacy TorchScript exporter, keeping BatchNormalization nodes (see the module docstring)."""
     torch = _torch()
     names = list(spec.inputs(1, 1, torch.Generator()).keys())
-    axes = {k: v for k, v in spec.dynamic_axes.items() if k in names or k == spec.output}
-    if form in ("opset17", "opset14"):
-        torch.onnx.export(model, args, str(path), dynamo=False, opset_version=17 if form == "opset17" else 14,
-                          training=torch.onnx.TrainingMode.PRESERVE, do_constant_folding=False,
-                          input_names=names, output_names=[spec.output], dynamic_axes=axes)
-        return {"exporter": "torch.onnx.export(dynamo=False)", "training": "PRESERVE", "do_constant_folding": False}
+    axes = {k: v for k, v in spec.dynamic_axes.items() if k in names or k == spec.output} if dynamic else None
+    torch.onnx.export(model, args, str(path), dynamo=False, opset_version=opset,
+                      training=torch.onnx.TrainingMode.PRESERVE, do_constant_folding=False,
+                      input_names=names, output_names=[spec.output], dynamic_axes=axes)
+    return {"exporter": "torch.onnx.export(dynamo=False)", "training": "PRESERVE", "do_constant_folding": False}
+
+
+def export_dynamo(model, spec: Spec, args: tuple, path: Path, opset: int | None = None) -> dict:
+    """The dynamo exporter with its default optimization; `opset` None takes the exporter's default."""
+    torch = _torch()
     from torch.export import Dim
+    names = list(spec.inputs(1, 1, torch.Generator()).keys())
     dims = {"batch": Dim("batch", min=1, max=4096), "sequence": Dim("sequence", min=2, max=512)}
     # Positional, in the order of `args` (torchvision's forward names its input x).
-    shapes = tuple({axis: dims[d] for axis, d in spec.dynamic_axes[n].items()} for n in names)
+    shapes = tuple({axis: dims[d] for axis, d in spec.dynamic_axes.get(n, {}).items()} for n in names)
+    extra = {} if opset is None else {"opset_version": opset}
     program = torch.onnx.export(model, args, None, dynamo=True, input_names=names, output_names=[spec.output],
-                                dynamic_shapes=shapes)
+                                dynamic_shapes=shapes, **extra)
     program.save(str(path), external_data=False)
     return {"exporter": "torch.onnx.export(dynamo=True)", "optimize": True}
 
 
-def check(path: Path, model, spec: Spec, gen) -> dict:
+def export_form(model, spec: Spec, form: str, args: tuple, path: Path) -> dict:
+    if form in ("opset17", "opset14"):
+        return export_torchscript(model, spec, args, path, 17 if form == "opset17" else 14)
+    return export_dynamo(model, spec, args, path)
+
+
+def check(path: Path, model, spec: Spec, gen, batch: int = CHECK_BATCH, seq: int = CHECK_SEQ) -> dict:
     """Run the export in onnxruntime at other dims than the trace's and compare with PyTorch."""
     import numpy as np
     import onnxruntime as ort
     torch = _torch()
-    feeds = spec.inputs(CHECK_BATCH, CHECK_SEQ, gen)
+    feeds = spec.inputs(batch, seq, gen)
     with torch.no_grad():
         ref = model(*feeds.values()).numpy()
     options = ort.SessionOptions()
@@ -286,7 +299,11 @@ def describe(path: Path) -> dict:
             "opset": opsets.get("ai.onnx"), "ir_version": model.ir_version, "inputs": inputs, "op_types": dict(ops)}
 
 
-def export_model(spec: Spec, forms: list[str], out: Path, force: bool, log) -> list[dict]:
+def export_model(spec: Spec, forms: list[str], out: Path, force: bool, log,
+                 export: Callable[..., dict] = export_form, image: int = IMAGE) -> list[dict]:
+    """Export `spec` in each form with `export(model, spec, form, args, path)`: the "dynamo*" forms get
+    the library's default attention, the others eager; a "*-static" form is traced and checked at
+    batch 1 (its batch is not symbolic). `image` is the side of perturb's BatchNorm warm-up images."""
     torch = _torch()
     results = []
     todo = [f for f in forms if force or not (out / f"{spec.name}-{f}.onnx").exists()]
@@ -298,7 +315,7 @@ def export_model(spec: Spec, forms: list[str], out: Path, force: bool, log) -> l
     built: dict[str, Any] = {}
     for form in todo:
         file = out / f"{spec.name}-{form}.onnx"
-        attn = "sdpa" if form == "dynamo" else "eager"
+        attn = "sdpa" if form.startswith("dynamo") else "eager"
         seed = zlib.crc32(spec.name.encode())
         entry: dict[str, Any] = {"model": spec.name, "form": form, "file": file.name, "library": spec.library,
                                  "note": spec.note, "seed": seed}
@@ -312,16 +329,17 @@ def export_model(spec: Spec, forms: list[str], out: Path, force: bool, log) -> l
                 torch.manual_seed(seed)
                 gen = torch.Generator().manual_seed(seed)
                 model = spec.build(attn).eval()
-                built[key] = (model, perturb(model, spec, gen))
+                built[key] = (model, perturb(model, spec, gen, image))
             model, perturbed = built[key]
             entry.update(perturbed)
-            args = tuple(spec.inputs(TRACE_BATCH, TRACE_SEQ, torch.Generator().manual_seed(1)).values())
+            trace_batch, check_batch = (1, 1) if form.endswith("-static") else (TRACE_BATCH, CHECK_BATCH)
+            args = tuple(spec.inputs(trace_batch, TRACE_SEQ, torch.Generator().manual_seed(1)).values())
             captured = io.StringIO()
             with warnings.catch_warnings(), contextlib.redirect_stdout(captured):
                 warnings.simplefilter("ignore")
-                entry.update(export_form(model, spec, form, args, tmp))
+                entry.update(export(model, spec, form, args, tmp))
             entry["export_seconds"] = round(time.perf_counter() - start, 1)
-            entry.update(check(tmp, model, spec, torch.Generator().manual_seed(2)))
+            entry.update(check(tmp, model, spec, torch.Generator().manual_seed(2), check_batch))
             os.replace(tmp, file)
             entry.update(describe(file))
             entry["status"] = "exported" if entry["check_ok"] else "check-failed"
