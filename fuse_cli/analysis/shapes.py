@@ -285,6 +285,10 @@ def _merge_tracking_inference():
     # sympy is a dependency of fuse for this import: onnxruntime uses it but does not declare it
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference, is_literal
 
+    # Its "Unable to determine if ... treat as equal" warnings go to stderr through logging's
+    # last-resort handler: noise for a user, and what they say is what `merged` records.
+    logging.getLogger("onnxruntime.tools.symbolic_shape_infer").setLevel(logging.ERROR)
+
     class MergeTracking(SymbolicShapeInference):
         def __init__(self):
             super().__init__(2**31 - 1, True, False, 0)
