@@ -15,9 +15,8 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from fuse_cli import __version__
-from fuse_cli.analysis.measure import measure_peak
-from fuse_cli.analysis.memory import profile_memory
 from fuse_cli.analysis.shapes import ShapeTable, element_size_bits, infer_shapes, with_runtime_dims
+from fuse_cli.audit import PeakEstimate, measure, memory_audit
 from fuse_cli.config import FuseConfig
 from fuse_cli.errors import FuseError, UsageError
 from fuse_cli.graph.edit import GraphEditor, toposort
@@ -27,7 +26,9 @@ from fuse_cli.graph.opset import default_opset, ensure_domain_imports, upgrade_o
 from fuse_cli.passes import resolve
 from fuse_cli.passes.engine import run_pipeline
 from fuse_cli.passes.base import Pass
-from fuse_cli.report.model import FusionRecord, Gates, MeasuredPeaks, MemoryAudit, NearMiss, Report, RolledBack
+from fuse_cli.report.model import FusionRecord, Gates, NearMiss, PeakDecline, Report, RolledBack
+from fuse_cli.report.render import human_bytes
+from fuse_cli.rollback import drop_breaking_passes
 from fuse_cli.verify import MISMATCH, VerifyResult, compare_with_reference, reference_for
 
 
@@ -65,13 +66,11 @@ def optimize(model_path: str | os.PathLike, config: FuseConfig, output_path: str
     def fuse(selected: list[Pass]) -> _Fused:
         return _fuse(loaded, selected, checkable, bound, config)
 
-    fused = fuse(passes)
-    verification: VerifyResult | None = None
-    rolled_back: tuple[RolledBack, ...] = ()
+    estimate = PeakEstimate(loaded, bound, symbolic, config)
     writer = _Writer(loaded, None if dry_run else target_path, config.external_data)
     try:
-        if config.verify:
-            fused, verification, rolled_back = _verify_and_roll_back(source, loaded, passes, fused, fuse, config, writer)
+        fused, verification, rolled_back, declined = _keep_promises(source, loaded, passes, fuse, estimate, config,
+                                                                    writer)
         optimized, fusions, near_misses = fused.model, fused.fusions, fused.near_misses
         # The audit (a dry run) says what portability costs; `optimize` does not run the pipeline twice.
         runtime_extra = (_what_runtime_target_adds(loaded, checkable, bound, config)
@@ -88,7 +87,7 @@ def optimize(model_path: str | os.PathLike, config: FuseConfig, output_path: str
         target=config.target,
         passes=tuple(p.name for p in passes),
         fusions=tuple(fusions),
-        near_misses=tuple(near_misses),
+        near_misses=tuple(near_misses) + tuple(_declined_near_miss(d) for d in declined),
         nodes_before=len(loaded.model.graph.node),
         nodes_after=len(optimized.graph.node),
         weight_bytes_before=_weight_bytes(loaded.model) + sum(_tensor_bytes(t) for t in loaded.input_defaults.values()),
@@ -102,9 +101,11 @@ def optimize(model_path: str | os.PathLike, config: FuseConfig, output_path: str
         rolled_back=rolled_back,
         runtime_target_would_add=runtime_extra,
         gates=Gates(config.fail_on_fusable, config.max_peak_bytes, config.fail_on_near_miss, config.require_verified),
-        measured=_measure(source, optimized, bound) if config.measure else None,
+        measured=measure(source, optimized, bound, config) if config.measure else None,
         allow_mismatch=config.allow_mismatch,
-        memory=_memory_audit(loaded, bound, symbolic, optimized, config, fusions),
+        memory=memory_audit(estimate, optimized, fusions, bound),
+        peak_guard=declined,
+        peak_settings=() if config.allow_peak_growth else tuple(tuple(sorted(s.dims.items())) for s in estimate.settings),
     )
     return OptimizeResult(report=report, model=optimized)
 
@@ -183,34 +184,38 @@ class _Writer:
             shutil.rmtree(self._scratch, ignore_errors=True)
 
 
-def _verify_and_roll_back(source: Path, loaded: LoadedModel, passes: list[Pass], fused: _Fused, fuse,
-                          config: FuseConfig, writer: _Writer):
-    """Compare with the original in onnxruntime. On a mismatch (an output differs, or the
-    candidate fails where the original runs), bisect the pipeline for the first pass whose
-    rewrites break it, drop it, and try again until nothing is broken. The original runs once per
-    shape setting, whatever the number of candidates."""
-    reference = reference_for(str(source), loaded.model, config.dims, int_ranges=config.int_ranges)
+def _keep_promises(source: Path, loaded: LoadedModel, passes: list[Pass], fuse, estimate: PeakEstimate,
+                   config: FuseConfig, writer: _Writer):
+    """The pipeline less the passes that break fuse's promises: the outputs are the original's
+    (verification; a candidate that fails where the original runs breaks it too) and the
+    estimated peak is not above the original's (the peak guard, unless --allow-peak-growth).
+    Each broken promise drops passes by bisection (rollback.py); a pass dropped for one promise
+    changes the candidate the other judged, so the two alternate until neither drops one."""
+    reference = (reference_for(str(source), loaded.model, config.dims, int_ranges=config.int_ranges)
+                 if config.verify else None)
 
-    def check(candidate: _Fused) -> VerifyResult:
+    def peak_judge(candidate: _Fused):
+        growth = () if config.allow_peak_growth else estimate.growth(candidate.model)
+        return not growth, growth
+
+    def verify_judge(candidate: _Fused):
         # From a file, not the bytes of the model: onnxruntime parses either way, and bytes would
         # be one more copy of every weight (BERT-base: 2.9 -> 2.3 GB peak RSS for fuse optimize).
-        return compare_with_reference(reference, writer.for_verification(candidate.model), config.rtol, config.atol)
+        result = compare_with_reference(reference, writer.for_verification(candidate.model), config.rtol, config.atol)
+        return result.status != MISMATCH, result
 
-    result = check(fused)
-    active = list(passes)
-    rolled_back: list[RolledBack] = []
-    while result.status == MISMATCH and active:
-        good, bad = 0, len(active)  # a prefix of `good` passes is not broken, one of `bad` is
-        while bad - good > 1:
-            middle = (good + bad) // 2
-            if check(fuse(active[:middle])).status != MISMATCH:
-                good = middle
-            else:
-                bad = middle
-        rolled_back.append(_rolled_back(active.pop(bad - 1).name, result))
-        fused = fuse(active)
-        result = check(fused)
-    return fused, result, tuple(rolled_back)
+    active, fused = list(passes), fuse(passes)
+    verification, rolled_back, declined = None, [], []
+    while True:
+        guarded = drop_breaking_passes(active, fused, fuse, peak_judge)
+        declined += [PeakDecline(p.name, getattr(p, "label", p.name), growth) for p, growth in guarded.dropped]
+        if reference is None or (verification is not None and not guarded.dropped):
+            return guarded.candidate, verification, tuple(rolled_back), tuple(declined)
+        checked = drop_breaking_passes(guarded.active, guarded.candidate, fuse, verify_judge)
+        rolled_back += [_rolled_back(p.name, result) for p, result in checked.dropped]
+        active, fused, verification = checked.active, checked.candidate, checked.evidence
+        if not checked.dropped:
+            return fused, verification, tuple(rolled_back), tuple(declined)
 
 
 def _rolled_back(pass_name: str, result: VerifyResult) -> RolledBack:
@@ -218,6 +223,16 @@ def _rolled_back(pass_name: str, result: VerifyResult) -> RolledBack:
         return RolledBack(pass_name, None, None, result.reason)
     worst = max(result.failing(), key=lambda o: o.max_abs_diff)
     return RolledBack(pass_name, worst.name, worst.max_abs_diff, worst.problem)
+
+
+def _declined_near_miss(decline: PeakDecline) -> NearMiss:
+    worst = max(decline.growth, key=lambda g: g.after_bytes - g.before_bytes)
+    dims = ", ".join(f"{k}={v}" for k, v in worst.dims) or "the model's static shapes"
+    alive = ", ".join(repr(name) for name in worst.alive)
+    return NearMiss(decline.pass_name, decline.pattern, (), (
+        f"raises the estimated peak activation memory by {human_bytes(worst.after_bytes - worst.before_bytes)} "
+        f"({human_bytes(worst.before_bytes)} -> {human_bytes(worst.after_bytes)}) at {dims}: the new peak is at "
+        f"{worst.peak_node}, where {alive} are alive; pass --allow-peak-growth to keep it"))
 
 
 RUNTIME_TARGET = "ort"
@@ -289,72 +304,6 @@ def _bound_shapes(model: onnx.ModelProto, config: FuseConfig, assumed: tuple[str
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     return table, assumed
-
-
-def _memory_audit(loaded: LoadedModel, bound: ShapeTable, symbolic: ShapeTable, optimized: onnx.ModelProto,
-                  config: FuseConfig, fusions: list[FusionRecord]) -> MemoryAudit:
-    defaults = tuple(loaded.input_defaults)
-    before = profile_memory(loaded.model, bound, extra_weights=defaults, symbolic_shapes=symbolic)
-    # The bindings in effect are known (bound.bound_dims): one inference, not _bound_shapes' two.
-    try:
-        after_bound = infer_shapes(optimized, bound.bound_dims, config.input_shapes, symbolic=True)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from exc
-    # onnxruntime infers its contrib operators' outputs (MultiHeadAttention, ...) at run time, and its
-    # planner compares those shapes: fill what onnx cannot infer from its symbolic inference. Only
-    # then: on a 12k-node graph that inference takes longer than the whole pipeline.
-    after_symbolic = infer_shapes(optimized, symbolic=_has_contrib_nodes(optimized))
-    # onnx cannot infer contrib operators (FusedConv, ...), but a fused node writes the tensor
-    # its pattern's root wrote, under the same name: the original's shapes still hold for it.
-    after = profile_memory(optimized, _fill_from(after_bound, bound), extra_weights=defaults,
-                           symbolic_shapes=_fill_from(after_symbolic, symbolic))
-    removed_by_pattern: dict[tuple[str, str], set[str]] = {}
-    for record in fusions:
-        removed_by_pattern.setdefault((record.pass_name, record.pattern), set()).update(t.name for t in record.removed)
-    deltas = tuple(
-        (pass_name, pattern,
-         profile_memory(loaded.model, bound, extra_weights=defaults, absent=names,
-                        symbolic_shapes=symbolic).peak_bytes - before.peak_bytes)
-        for (pass_name, pattern), names in removed_by_pattern.items()
-    )
-    unknown = tuple(f"{u.tensor}[{u.dim if u.dim is not None else '?'}]" for u in bound.unknown_dims)
-    return MemoryAudit(before=before, after=after, peak_delta_by_pattern=deltas, unknown_dims=unknown)
-
-
-def _measure(source: Path, optimized: onnx.ModelProto, bound: ShapeTable) -> MeasuredPeaks:
-    """The truth the estimate is checked against: both models run in onnxruntime, each in a
-    child process, at the same bound shapes the estimate used."""
-    try:
-        return MeasuredPeaks(before=measure_peak(source, dims=bound.bound_dims),
-                             after=measure_peak(optimized, dims=bound.bound_dims))
-    except ValueError as exc:
-        raise UsageError(f"--measure: {exc}") from exc
-
-
-def _unknowns(info) -> int:
-    """How much of a tensor's type is unknown: its dtype, its rank, or single dims."""
-    if info.elem_type == 0 or info.shape is None:
-        return 1_000
-    return sum(1 for d in info.shape if d is None)
-
-
-def _has_contrib_nodes(model: onnx.ModelProto) -> bool:
-    return any(node.domain not in ("", "ai.onnx") for node in model.graph.node)
-
-
-def _fill_from(table: ShapeTable, fallback: ShapeTable) -> ShapeTable:
-    """`table` with the tensors it could not size taken from `fallback` (same names)."""
-    missing = {name for name, info in table.tensors.items() if _unknowns(info) > 0}
-    if not missing:
-        return table
-    merged = dict(table.tensors)
-    for name in missing:
-        info = fallback.get(name)
-        if info is not None and _unknowns(info) < _unknowns(merged[name]):
-            merged[name] = info
-    filled = {name for name in missing if name in fallback.tensors}
-    return dataclasses.replace(table, tensors=merged,
-                               unknown_dims=tuple(u for u in table.unknown_dims if u.tensor not in filled))
 
 
 def _opset_note(before: int, model: onnx.ModelProto) -> tuple[str, ...]:

@@ -83,6 +83,9 @@ def fusion_options(func):
                      help="Absolute tolerance for verification (default by dtype)."),
         click.option("--allow-mismatch", is_flag=True, default=None,
                      help="Exit 0 even when a pass had to be rolled back."),
+        click.option("--allow-peak-growth", is_flag=True, default=None,
+                     help="Keep rewrites that raise the estimated peak activation memory above the original's "
+                          "(by default the peak guard leaves them out and says why)."),
         click.option("--require-verified", is_flag=True, default=None,
                      help="CI: exit 1 unless verification confirmed the output (not unverifiable, not inconclusive)."),
         click.option("--fail-on-fusable", is_flag=True, default=None,
@@ -106,7 +109,7 @@ def fusion_options(func):
 
 
 def _config(target, passes, disable, dims, input_shapes, freeze_inputs, fold_limit, upgrade_opset, verify, int_ranges,
-            rtol, atol, allow_mismatch, require_verified, fail_on_fusable, max_peak, fail_on_near_miss, measure):
+            rtol, atol, allow_mismatch, allow_peak_growth, require_verified, fail_on_fusable, max_peak, fail_on_near_miss, measure):
     base = load_config()
     return base.with_overrides(
         target=target,
@@ -122,6 +125,7 @@ def _config(target, passes, disable, dims, input_shapes, freeze_inputs, fold_lim
         rtol=rtol,
         atol=atol,
         allow_mismatch=allow_mismatch,
+        allow_peak_growth=allow_peak_growth,
         require_verified=require_verified,
         fail_on_fusable=fail_on_fusable,
         max_peak_bytes=int(max_peak * 2**20) if max_peak is not None else None,

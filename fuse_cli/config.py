@@ -41,6 +41,7 @@ class FuseConfig:
     atol: float | None = None
     allow_mismatch: bool = False  # exit 0 even when a pass had to be rolled back
     require_verified: bool = False  # exit 1 unless verification confirmed the output (CI)
+    allow_peak_growth: bool = False  # keep rewrites that raise the estimated peak above the original's
     # CI gates: each makes the run exit 1 when its condition holds
     fail_on_fusable: bool = False  # any pass still fires: the model was not optimized
     max_peak_bytes: int | None = None  # estimated peak activation memory (after fusion) above this
@@ -62,6 +63,7 @@ _FILE_KEYS = {
     "freeze-inputs": bool,
     "fold-limit": "megabytes",
     "require-verified": bool,
+    "allow-peak-growth": bool,
 }
 
 

@@ -56,8 +56,9 @@ def test_verification_catches_the_mutation(tmp_path, monkeypatch, record_propert
     for name in mutation.models:
         type(mutant).applied = 0
         out = tmp_path / f"{name}.out.onnx"
-        report = api.optimize(model_path(name, tmp_path), FuseConfig(target=mutation.target, passes=mutation.first + (mutant.name,)),
-                              out).report
+        # the peak guard may leave a mutant out before verification sees it: this suite is about verification
+        config = FuseConfig(target=mutation.target, passes=mutation.first + (mutant.name,), allow_peak_growth=True)
+        report = api.optimize(model_path(name, tmp_path), config, out).report
         if not type(mutant).applied:
             continue
         fired += 1

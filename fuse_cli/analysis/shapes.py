@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import math
 import os
 import re
@@ -267,8 +268,8 @@ def _runtime_symbolic_inference(model: onnx.ModelProto, bindings: Mapping[str, i
     cwd = os.getcwd()
     with tempfile.TemporaryDirectory(prefix="fuse-shapes-") as scratch:
         os.chdir(scratch)
+        inference = _merge_tracking_inference()
         try:
-            inference = _merge_tracking_inference()
             # auto_merge: without it, any dim the exporter computed stops inference ("Incomplete").
             inferred = _onnxruntime_symbolic_infer(inference, copy)
         except Exception:  # noqa: BLE001 - it raises bare Exceptions, asserts, KeyErrors; onnx's path stands

@@ -10,7 +10,7 @@ from fuse_cli.analysis.memory import MemoryProfile
 from fuse_cli.errors import EXIT_CHECK_FAILED, EXIT_OK
 from fuse_cli.verify import MISMATCH, VerifyResult
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -63,13 +63,36 @@ class FusionRow:
 
 @dataclass(frozen=True)
 class MemoryAudit:
-    """Liveness before and after fusion at the bound shapes, and what each fusion kind alone does
-    to the peak (the original's peak with only that kind's removed intermediates taken away)."""
+    """Liveness before and after fusion at the bound shapes, and each fusion kind's part of the
+    peak change: taken in order, what its removed intermediates vanishing too does to the
+    original's peak. `peak_delta_other` is the rest (the new operators' buffers and scratch), so
+    the parts add up to after - before."""
 
     before: MemoryProfile
     after: MemoryProfile
     peak_delta_by_pattern: tuple[tuple[str, str, int], ...]  # (pass, pattern, delta bytes)
     unknown_dims: tuple[str, ...]  # "tensor[dim]" entries whose size stays unknown
+    peak_delta_other: int = 0
+
+
+@dataclass(frozen=True)
+class PeakGrowth:
+    """A candidate's estimated peak above the original's at one shape setting."""
+
+    dims: tuple[tuple[str, int], ...]
+    before_bytes: int
+    after_bytes: int
+    peak_node: str
+    alive: tuple[str, ...]  # the largest tensors alive at the candidate's peak
+
+
+@dataclass(frozen=True)
+class PeakDecline:
+    """A pass the peak guard left out: with it the estimated peak exceeded the original's."""
+
+    pass_name: str
+    pattern: str
+    growth: tuple[PeakGrowth, ...]
 
 
 @dataclass(frozen=True)
@@ -132,6 +155,8 @@ class Report:
     runtime_target_would_add: tuple[tuple[str, int], ...] = ()  # (pattern, count) with --target ort
     gates: Gates = field(default_factory=lambda: Gates())
     measured: MeasuredPeaks | None = None
+    peak_guard: tuple[PeakDecline, ...] = ()  # passes left out because they raised the estimated peak
+    peak_settings: tuple[tuple[tuple[str, int], ...], ...] = ()  # the dims the guard judged (empty: it was off)
 
     def rows(self) -> list[FusionRow]:
         """Fusions grouped by (pass, pattern) in the order they first happened."""

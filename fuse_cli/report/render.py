@@ -36,7 +36,9 @@ def human_bytes(n: int | None) -> str:
 
 
 def savings_rows(report: Report) -> list[tuple[str, ...]]:
-    """The table body plus a total line, as display strings."""
+    """The table body plus a total line, as display strings. The peak column adds up: each kind's
+    part, the new operators' part (their buffers and scratch), and the passes the peak guard left
+    out (what they would have added; not in the total)."""
     rows = []
     for row in report.rows():
         saved = human_bytes(row.removed_bytes)
@@ -44,7 +46,14 @@ def savings_rows(report: Report) -> list[tuple[str, ...]]:
             saved += f" (+{row.unknown_sizes} of unknown size)"
         rows.append((row.pattern, row.pass_name, str(row.count), str(row.nodes_removed),
                      str(row.intermediates_removed), saved, _signed_bytes(row.peak_delta_bytes)))
-    if rows:
+    if rows and report.memory is not None and report.memory.peak_delta_other:
+        rows.append(("New operators' buffers and scratch", "", "", "", "", "",
+                     _signed_bytes(report.memory.peak_delta_other)))
+    for decline in report.peak_guard:
+        worst = max(decline.growth, key=lambda g: g.after_bytes - g.before_bytes)
+        rows.append((f"{decline.pattern} (left out: raises the peak)", decline.pass_name, "0", "0", "0", "-",
+                     f"would be {_signed_bytes(worst.after_bytes - worst.before_bytes)}"))
+    if report.rows():
         all_rows = report.rows()
         total_peak = report.memory.after.peak_bytes - report.memory.before.peak_bytes if report.memory else None
         rows.append(("Total", "", str(sum(r.count for r in all_rows)), str(sum(r.nodes_removed for r in all_rows)),
@@ -255,6 +264,9 @@ def to_json_dict(report: Report) -> dict[str, Any]:
         },
         "verification": None if report.verification is None else _verification_json(report.verification),
         "rolled_back": [asdict(r) for r in report.rolled_back],
+        "peak_guard": [{"pass": d.pass_name, "pattern": d.pattern, "growth": [asdict(g) for g in d.growth]}
+                       for d in report.peak_guard],
+        "peak_guard_settings": [dict(s) for s in report.peak_settings],
         "runtime_target_would_add": [{"pattern": p, "count": c} for p, c in report.runtime_target_would_add],
         "failures": list(report.failures),
         "exit_code": report.exit_code,
@@ -288,6 +300,7 @@ def _memory_json(report: Report) -> dict[str, Any] | None:
         "intermediate_bytes": {"before": audit.before.intermediate_bytes, "after": audit.after.intermediate_bytes},
         "weight_bytes": {"before": audit.before.weight_bytes, "after": audit.after.weight_bytes},
         "unknown_dims": list(audit.unknown_dims),
+        "peak_delta_other": audit.peak_delta_other,
         "assumed_dims": {name: 1 for name in report.unbound_dims},
         "before": side(audit.before),
         "after": side(audit.after),

@@ -1,0 +1,70 @@
+"""The peak guard: fuse never writes a model whose estimated peak activation memory exceeds the
+original's (at the bound dims and at a larger setting), unless --allow-peak-growth; the passes it
+leaves out are named with the reason, and the savings table's peak column adds up."""
+
+from __future__ import annotations
+
+import json
+
+import onnx
+from click.testing import CliRunner
+
+from fuse_cli import api
+from fuse_cli.audit import LARGER, LARGER_AT_LEAST
+from fuse_cli.cli import cli
+from fuse_cli.config import FuseConfig
+from tests.attention_graphs import bert
+from tests.conftest import SAMPLES
+from tests.graphs import op_counts
+
+MHA = "com.microsoft::MultiHeadAttention"
+
+
+def test_a_fusion_that_raises_the_estimated_peak_is_left_out_and_said_why(tmp_path):
+    """A small BERT layer: MultiHeadAttention's head-major Q/K/V copies outweigh what it removes."""
+    path = tmp_path / "bert.onnx"
+    onnx.save(bert(14, False), path)
+    report = api.optimize(path, FuseConfig(target="ort-cpu"), tmp_path / "out.onnx").report
+    (decline,) = report.peak_guard
+    assert decline.pass_name == "attention" and all(g.after_bytes > g.before_bytes for g in decline.growth)
+    (miss,) = [m for m in report.near_misses if m.pass_name == "attention"]
+    assert miss.reason.startswith("raises the estimated peak activation memory by") and "--allow-peak-growth" in miss.reason
+    written = onnx.load(tmp_path / "out.onnx")
+    assert MHA not in op_counts(written)
+    assert report.memory.after.peak_bytes <= report.memory.before.peak_bytes
+    assert report.exit_code == 0 and report.verification.passed
+
+    allowed = api.optimize(path, FuseConfig(target="ort-cpu", allow_peak_growth=True), tmp_path / "allowed.onnx")
+    assert op_counts(allowed.model)[MHA] == 1 and not allowed.report.peak_guard
+    assert allowed.report.memory.after.peak_bytes > allowed.report.memory.before.peak_bytes
+
+
+def test_the_guard_judges_a_larger_setting_too(tmp_path):
+    path = tmp_path / "bert.onnx"
+    onnx.save(bert(14, False), path)
+    report = api.optimize(path, FuseConfig(target="ort-cpu", dims={"batch": 2}), tmp_path / "o.onnx").report
+    bound, larger = (dict(s) for s in report.peak_settings)
+    assert bound["batch"] == 2 and bound["sequence"] == 1  # unbound: 1, as the estimate takes it
+    assert larger == {name: max(value * LARGER, LARGER_AT_LEAST) for name, value in bound.items()}
+    assert not api.optimize(path, FuseConfig(target="ort-cpu", allow_peak_growth=True), tmp_path / "a.onnx"
+                            ).report.peak_settings
+
+
+def test_the_cli_shows_the_guards_decision_in_the_table_and_json(tmp_path):
+    path = tmp_path / "bert.onnx"
+    onnx.save(bert(14, False), path)
+    result = CliRunner().invoke(cli, ["optimize", str(path), "--target", "ort-cpu", "--json", str(tmp_path / "r.json")])
+    assert result.exit_code == 0, result.output
+    assert "(left out: raises the peak)" in result.output
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["peak_guard"][0]["pass"] == "attention"
+
+
+def test_the_peak_column_adds_up_to_the_total(tmp_path):
+    report = api.optimize(SAMPLES / "transformer_block_opset14.onnx",
+                          FuseConfig(target="ort-cpu", dims={"batch": 1, "sequence": 128}, verify=False),
+                          dry_run=True).report
+    audit = report.memory
+    parts = sum(delta for _, _, delta in audit.peak_delta_by_pattern) + audit.peak_delta_other
+    assert parts == audit.after.peak_bytes - audit.before.peak_bytes != 0
+    assert len(audit.peak_delta_by_pattern) == len(report.rows()) >= 3
