@@ -51,6 +51,7 @@ from rich.table import Table
 from fuse_cli import api
 from fuse_cli.analysis.measure import measure_peak
 from fuse_cli.config import FuseConfig
+from fuse_cli.core import sessions
 from fuse_cli.errors import FuseError, ModelLoadError, UsageError
 from fuse_cli.graph.io import save_model
 from fuse_cli.report.render import human_bytes
@@ -258,19 +259,8 @@ def peak_ratio(value: int | None, base: int | None) -> float | None:
 def make_session(model: str | os.PathLike | bytes, provider: str = "CPU", level: str = "disabled"):
     """A one-thread onnxruntime session on `provider` ("CPU" or "CUDA"), refusing a silent fall
     back from CUDA to CPU."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, GRAPH_OPTIMIZATION[level])
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    options.log_severity_level = 3
     wanted = [PROVIDERS[provider]] + ([PROVIDERS["CPU"]] if provider != "CPU" else [])
-    source = model if isinstance(model, bytes) else str(model)
-    try:
-        session = ort.InferenceSession(source, options, providers=wanted)
-    except Exception as exc:  # onnxruntime raises its own exception types
-        raise FuseError(f"onnxruntime cannot load the model: {str(exc).strip().splitlines()[0][:300]}") from exc
+    session = sessions.make_session(model, level=level, providers=wanted, threads=1)
     if session.get_providers()[0] != PROVIDERS[provider]:
         raise FuseError(f"onnxruntime did not give this session the {provider} provider")
     return session

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from fuse_cli.core import sessions
+from fuse_cli.core.sessions import run
 from fuse_cli.errors import FuseError
 from fuse_cli.input_domain import (DEFAULT_INT_RANGE, MASK_RANGE, describe_setting, integer_ranges,
                                    shape_settings)
@@ -70,32 +72,13 @@ class VerifyResult:
 
 
 DEFAULT_DIM = 2  # a symbolic dim's value in random inputs when a caller gives none
-# onnxruntime's log severity for fuse's sessions and runs: fatal only. Its errors come back as
-# exceptions, which fuse turns into one line of its own; printed, they would show twice, in red.
-_QUIET = 4
 
 
 def make_session(model: onnx.ModelProto | str, *, optimize: bool = False, providers=("CPUExecutionProvider",),
                  dims: Mapping[str, int] | None = None):
-    """An onnxruntime session that runs the graph as written (graph optimizations off by default,
-    so a comparison tests our rewrite, not onnxruntime's own fusions). `dims` pins symbolic input
-    dims by name: onnxruntime's session creation is quadratic in the node count while inputs
-    have free dims (a 12k-node stack: 40 s, pinned 0.5 s)."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    for name, value in (dims or {}).items():
-        options.add_free_dimension_override_by_name(name, int(value))
-    options.graph_optimization_level = (
-        ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    )
-    options.log_severity_level = _QUIET
-    ort.set_default_logger_severity(_QUIET)
-    source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else model
-    try:
-        return ort.InferenceSession(source, options, providers=list(providers))
-    except Exception as exc:  # onnxruntime raises its own exception types
-        raise FuseError(f"onnxruntime cannot load it: {_first_line(exc)}") from exc
+    """A session that runs the graph as written (or at onnxruntime's level all with `optimize`),
+    symbolic input dims pinned by `dims` (see core.sessions)."""
+    return sessions.make_session(model, level="all" if optimize else "disabled", providers=providers, dims=dims)
 
 
 def random_inputs(session, *, dims: Mapping[str, int] | None = None, seed: int = 0,
@@ -214,19 +197,6 @@ def _compare_one(name: str, want: np.ndarray, got: np.ndarray, rtol: float, atol
                             special_mismatches, all_nonfinite)
 
 
-def run(session, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    import onnxruntime as ort
-
-    names = [o.name for o in session.get_outputs()]
-    options = ort.RunOptions()
-    options.log_severity_level = _QUIET  # the error reaches the user once, as fuse's own message
-    try:
-        values = session.run(names, dict(feeds), options)
-    except Exception as exc:
-        raise FuseError(f"onnxruntime failed to run it: {_first_line(exc)}") from exc
-    return dict(zip(names, values))
-
-
 @dataclass(frozen=True)
 class Reference:
     """The original's outputs on seeded inputs, per shape setting, computed once: a bisection
@@ -316,10 +286,6 @@ def verify_models(original: onnx.ModelProto | str, optimized: onnx.ModelProto | 
             header = original if isinstance(original, onnx.ModelProto) else onnx.load(original, load_external_data=False)
         reference = reference_for(original, header, dims, seed=seed, int_ranges=int_ranges)
     return compare_with_reference(reference, optimized, rtol, atol)
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
 
 
 def parse_int_ranges(items) -> dict[str, tuple[int, int]]:

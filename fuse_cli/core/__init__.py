@@ -1,0 +1,1 @@
+"""The bottom layer: onnxruntime sessions and onnx tensor facts every other layer may use."""

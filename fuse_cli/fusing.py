@@ -1,0 +1,88 @@
+"""One run of a pipeline on a fresh import of the loaded model: passes, cleanup, export."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import sys
+from dataclasses import dataclass
+
+import onnx
+import onnx_graphsurgeon as gs
+
+from fuse_cli import __version__
+from fuse_cli.analysis.shapes import ShapeTable
+from fuse_cli.config import FuseConfig
+from fuse_cli.graph.edit import GraphEditor, toposort
+from fuse_cli.graph.io import LoadedModel, assemble_model, has_unread_weights, load_graph, unload_unchanged_weights
+from fuse_cli.graph.opset import default_opset, ensure_domain_imports
+from fuse_cli.passes import resolve
+from fuse_cli.passes.base import Pass
+from fuse_cli.passes.engine import run_pipeline
+from fuse_cli.report.model import FusionRecord, NearMiss
+
+
+@dataclass(frozen=True)
+class Fused:
+    model: onnx.ModelProto
+    fusions: list[FusionRecord]
+    near_misses: list[NearMiss]
+
+
+def fuse(loaded: LoadedModel, passes: list[Pass], proofs: ShapeTable, bound: ShapeTable, config: FuseConfig) -> Fused:
+    """One run of the pipeline on a fresh import of the loaded model. proofs: the shapes checks
+    may rely on; bound: the sizes removed intermediates are counted at (shape_tables.py)."""
+    # onnx-graphsurgeon's logger print()s its warnings: keep stdout for results (`--json -`).
+    with contextlib.redirect_stdout(sys.stderr):
+        graph, fusions, near_misses = _run_passes(loaded, passes, proofs, bound, config)
+        graph.cleanup(remove_unused_graph_inputs=False, recurse_subgraphs=False)
+        toposort(graph)
+        if has_unread_weights(loaded.model):
+            unload_unchanged_weights(graph)
+        exported = gs.export_onnx(graph, do_type_check=False)
+    del graph
+    provenance = f"fuse {__version__} --target {config.target} passes: {','.join(p.name for p in passes)}"
+    model = assemble_model(loaded, exported, provenance)
+    ensure_domain_imports(model)
+    return Fused(model, fusions, near_misses)
+
+
+def _run_passes(loaded: LoadedModel, passes: list[Pass], proofs: ShapeTable, bound: ShapeTable,
+                config: FuseConfig) -> tuple[gs.Graph, list[FusionRecord], list[NearMiss]]:
+    graph = load_graph(loaded)
+    # Sorted once up front (iteratively): every replacement then stands where its root stood, so
+    # the order stays topological without re-sorting per match.
+    toposort(graph)
+    editor = GraphEditor(
+        graph,
+        opset=default_opset(loaded.model),
+        shapes={name: info.shape for name, info in proofs.tensors.items()},
+        dtypes={name: info.elem_type for name, info in proofs.tensors.items()},
+        input_defaults=loaded.input_defaults,
+        fold_limit_bytes=config.fold_limit_bytes,
+        target=config.target,
+    )
+    fusions, near_misses = run_pipeline(editor, passes, bound.nbytes)
+    return graph, fusions, near_misses
+
+
+RUNTIME_TARGET = "ort"
+
+
+def what_runtime_target_adds(loaded: LoadedModel, proofs: ShapeTable, bound: ShapeTable,
+                              config: FuseConfig) -> tuple[tuple[str, int], ...]:
+    """The cost of portability: fusions only an onnxruntime target would make, by pattern. Only
+    the fusion records are needed, so the graph is never exported."""
+    portable = set(resolve("onnx", None, config.disable))
+    runtime = resolve(RUNTIME_TARGET, None, config.disable)
+    extra = {p.name for p in runtime if p not in portable}
+    if not extra:
+        return ()
+    with contextlib.redirect_stdout(sys.stderr):
+        _, fusions, _ = _run_passes(loaded, runtime, proofs, bound, dataclasses.replace(config, target=RUNTIME_TARGET))
+    counts: dict[str, int] = {}
+    for record in fusions:
+        if record.pass_name in extra:
+            counts[record.pattern] = counts.get(record.pattern, 0) + 1
+    return tuple(counts.items())
+

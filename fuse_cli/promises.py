@@ -1,0 +1,70 @@
+"""fuse's two promises about what it writes, kept by dropping the passes that break them:
+the outputs are the original's (verification), and the estimated peak activation memory is not
+above the original's (the peak guard). rollback.py finds the pass; this module judges."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fuse_cli.audit import PeakEstimate
+from fuse_cli.config import FuseConfig
+from fuse_cli.fusing import Fused
+from fuse_cli.graph.io import LoadedModel
+from fuse_cli.graph.output import CandidateWriter
+from fuse_cli.passes.base import Pass
+from fuse_cli.report.model import NearMiss, PeakDecline, RolledBack
+from fuse_cli.report.render import human_bytes
+from fuse_cli.rollback import drop_breaking_passes
+from fuse_cli.verify import MISMATCH, VerifyResult, compare_with_reference, reference_for
+
+
+def keep_promises(source: Path, loaded: LoadedModel, passes: list[Pass], fuse, estimate: PeakEstimate,
+                   config: FuseConfig, writer: CandidateWriter):
+    """The pipeline less the passes that break fuse's promises: the outputs are the original's
+    (verification; a candidate that fails where the original runs breaks it too) and the
+    estimated peak is not above the original's (the peak guard, unless --allow-peak-growth).
+    Each broken promise drops passes by bisection (rollback.py); a pass dropped for one promise
+    changes the candidate the other judged, so the two alternate until neither drops one."""
+    reference = (reference_for(str(source), loaded.model, config.dims, int_ranges=config.int_ranges)
+                 if config.verify else None)
+
+    def peak_judge(candidate: Fused):
+        growth = () if config.allow_peak_growth else estimate.growth(candidate.model)
+        return not growth, growth
+
+    def verify_judge(candidate: Fused):
+        # From a file, not the bytes of the model: onnxruntime parses either way, and bytes would
+        # be one more copy of every weight (BERT-base: 2.9 -> 2.3 GB peak RSS for fuse optimize).
+        result = compare_with_reference(reference, writer.for_verification(candidate.model), config.rtol, config.atol)
+        return result.status != MISMATCH, result
+
+    active, fused = list(passes), fuse(passes)
+    verification, rolled_back, declined = None, [], []
+    while True:
+        guarded = drop_breaking_passes(active, fused, fuse, peak_judge)
+        declined += [PeakDecline(p.name, getattr(p, "label", p.name), growth) for p, growth in guarded.dropped]
+        if reference is None or (verification is not None and not guarded.dropped):
+            return guarded.candidate, verification, tuple(rolled_back), tuple(declined)
+        checked = drop_breaking_passes(guarded.active, guarded.candidate, fuse, verify_judge)
+        rolled_back += [_rolled_back(p.name, result) for p, result in checked.dropped]
+        active, fused, verification = checked.active, checked.candidate, checked.evidence
+        if not checked.dropped:
+            return fused, verification, tuple(rolled_back), tuple(declined)
+
+
+def _rolled_back(pass_name: str, result: VerifyResult) -> RolledBack:
+    if not result.failing():  # the candidate did not run: nothing to compare
+        return RolledBack(pass_name, None, None, result.reason)
+    worst = max(result.failing(), key=lambda o: o.max_abs_diff)
+    return RolledBack(pass_name, worst.name, worst.max_abs_diff, worst.problem)
+
+
+def declined_near_miss(decline: PeakDecline) -> NearMiss:
+    worst = max(decline.growth, key=lambda g: g.after_bytes - g.before_bytes)
+    dims = ", ".join(f"{k}={v}" for k, v in worst.dims) or "the model's static shapes"
+    alive = ", ".join(repr(name) for name in worst.alive)
+    return NearMiss(decline.pass_name, decline.pattern, (), (
+        f"raises the estimated peak activation memory by {human_bytes(worst.after_bytes - worst.before_bytes)} "
+        f"({human_bytes(worst.before_bytes)} -> {human_bytes(worst.after_bytes)}) at {dims}: the new peak is at "
+        f"{worst.peak_node}, where {alive} are alive; pass --allow-peak-growth to keep it"))
+

@@ -1,0 +1,60 @@
+"""The shape tables of one run, built in one place, each with one name and one use.
+
+- planner: onnx's inference, no dim bound: shapes as onnxruntime's allocation planner compares
+  them (the memory model's buffer reuse);
+- proofs: the planner's table plus the dims onnxruntime's symbolic inference names without
+  merging symbols: what fusion checks may rely on (a merged name proves nothing, see
+  analysis/shapes.with_runtime_dims);
+- bound: sizes at the user's bindings, symbols nobody bound at 1 (listed in `assumed`): the bytes
+  of the memory estimate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import onnx
+
+from fuse_cli.analysis.shapes import ShapeTable, infer_shapes, with_runtime_dims
+from fuse_cli.config import FuseConfig
+from fuse_cli.errors import UsageError
+
+
+@dataclass(frozen=True)
+class ShapeTables:
+    planner: ShapeTable
+    proofs: ShapeTable
+    bound: ShapeTable
+    assumed: tuple[str, ...]  # symbols nobody bound, taken as 1 in `bound`
+
+
+def build_shape_tables(model: onnx.ModelProto, config: FuseConfig) -> ShapeTables:
+    planner = infer_shapes(model)
+    proofs = with_runtime_dims(model, planner, proofs=True)
+    bound, assumed = _bound_shapes(model, config, unbound_table=planner)
+    return ShapeTables(planner, proofs, bound, assumed)
+
+
+def _bound_shapes(model: onnx.ModelProto, config: FuseConfig, assumed: tuple[str, ...] | None = None, *,
+                  unbound_table: ShapeTable | None = None) -> tuple[ShapeTable, tuple[str, ...]]:
+    """Shapes at the user's bindings. Symbolic dims nobody bound are taken as 1 (and returned, so
+    the report says so); binding happens before inference because data propagation through
+    Shape/Reshape arithmetic only yields sizes for values known up front.
+
+    unbound_table: the model's inference without bindings, when the caller has it; with no dims
+    and no input shapes given it is the first table, and is not computed again. Each inference
+    of a deep model takes longer than loading it."""
+    try:
+        if unbound_table is not None and not config.dims and not config.input_shapes:
+            table = unbound_table
+        else:
+            table = infer_shapes(model, config.dims, config.input_shapes, symbolic=True)
+        if assumed is None:
+            assumed = tuple(sorted({u.symbol for u in table.unknown_dims if u.symbol} - set(table.bound_dims)))
+        if assumed:
+            table = infer_shapes(model, {**{name: 1 for name in assumed}, **table.bound_dims}, config.input_shapes,
+                                 symbolic=True)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    return table, assumed
+
