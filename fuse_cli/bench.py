@@ -39,14 +39,12 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
-from rich.console import Console
-from rich.table import Table
 
 from fuse_cli import api
 from fuse_cli.analysis.measure import measure_peak
@@ -54,7 +52,6 @@ from fuse_cli.config import FuseConfig
 from fuse_cli.core import sessions
 from fuse_cli.errors import FuseError, ModelLoadError, UsageError
 from fuse_cli.graph.io import save_model
-from fuse_cli.report.render import human_bytes
 
 BENCH_SCHEMA_VERSION = 1
 PROVIDERS = {"CPU": "CPUExecutionProvider", "CUDA": "CUDAExecutionProvider"}
@@ -386,88 +383,3 @@ def _probe(ort_name: str) -> str | None:
     detail = next((line for line in errors if "Failed to load library" in line), errors[0] if errors else "")
     detail = detail.split("with error: ", 1)[-1][:200]
     return f"onnxruntime lists {ort_name} but a session falls back to CPU" + (f" ({detail})" if detail else "")
-
-
-# ---- renderers: rich and Markdown share `bench_table_rows` ---------------------------------------
-
-BENCH_HEADERS = ("Provider", "Graph opt", "Model", "Session", "Wall ms median / p90", "CPU ms median / p90",
-                 "Runs", "Peak memory", "Wall ×", "CPU ×", "Peak ×", "Session ×")
-
-
-def bench_table_rows(result: BenchResult) -> list[tuple[str, ...]]:
-    return [(
-        r.provider, r.graph_optimization, r.model, f"{r.session_ms:.1f} ms",
-        f"{_ms(r.wall_median_ms)} / {_ms(r.wall_p90_ms)}", f"{_ms(r.cpu_median_ms)} / {_ms(r.cpu_p90_ms)}",
-        f"{r.samples}x{r.runs_per_sample}", "-" if r.peak_bytes is None else human_bytes(r.peak_bytes),
-        _times(r.wall_ratio), _times(r.cpu_ratio), _times(r.peak_ratio), _times(r.session_ratio),
-    ) for r in result.rows]
-
-
-def bench_summary_lines(result: BenchResult) -> list[str]:
-    shapes = ", ".join(f"{name} {'x'.join(map(str, shape)) or 'scalar'}" for name, shape in result.input_shapes)
-    lines = [
-        f"Fused model: {result.fused_by}; nodes {result.nodes_original} -> {result.nodes_fused}",
-        f"Inputs (seed {result.seed}): {shapes or 'none'}",
-        "Runs: samples x runs per sample, after warm-up, one intra-op thread; CPU = the calling thread's CPU "
-        f"time; onnxruntime {result.onnxruntime_version}. Ratios: fused / original (below 1 is better).",
-    ]
-    if result.peak_not_measured:
-        lines.append(f"Peak memory not measured: {result.peak_not_measured}")
-    elif result.peak_method:
-        lines.append(f"Peak memory (CPU, graph optimizations disabled): {result.peak_method} No ratio "
-                     f"below {human_bytes(PEAK_RATIO_FLOOR_BYTES)}: the measurement's noise is tens of pages.")
-    lines += [f"{provider} not benchmarked: {reason}" for provider, reason in result.skipped_providers]
-    return lines
-
-
-def render_bench_rich(result: BenchResult, console: Console) -> None:
-    table = Table(title=f"fuse bench: {result.original}", title_justify="left")
-    for i, header in enumerate(BENCH_HEADERS):
-        table.add_column(header, justify="left" if i < 3 else "right", no_wrap=i < 3)
-    rows = bench_table_rows(result)
-    for i, row in enumerate(rows):
-        last_of_group = i + 1 == len(rows) or rows[i + 1][:2] != row[:2]
-        table.add_row(*row, end_section=last_of_group)
-    console.print(table)
-    for line in bench_summary_lines(result):
-        console.print(line, highlight=False)
-
-
-def render_bench_markdown(result: BenchResult) -> str:
-    out = [f"### fuse bench: `{result.original}`", "",
-           "| " + " | ".join(BENCH_HEADERS) + " |",
-           "|" + "|".join("---" if i < 3 else "---:" for i in range(len(BENCH_HEADERS))) + "|"]
-    out += ["| " + " | ".join(row) + " |" for row in bench_table_rows(result)]
-    out += [""] + [f"- {line}" for line in bench_summary_lines(result)]
-    return "\n".join(out) + "\n"
-
-
-def bench_to_json_dict(result: BenchResult) -> dict[str, Any]:
-    return {
-        "schema_version": BENCH_SCHEMA_VERSION,
-        "tool": "fuse bench",
-        "original": result.original,
-        "optimized": result.optimized,
-        "fused_by": result.fused_by,
-        "nodes": {"original": result.nodes_original, "fused": result.nodes_fused},
-        "input_shapes": {name: list(shape) for name, shape in result.input_shapes},
-        "seed": result.seed,
-        "onnxruntime_version": result.onnxruntime_version,
-        "threads": {"intra_op": 1, "inter_op": 1},
-        "timing": asdict(result.timing),
-        "rows": [asdict(r) for r in result.rows],
-        "skipped_providers": [{"provider": p, "reason": r} for p, r in result.skipped_providers],
-        "peak_memory": {"method": result.peak_method, "not_measured": result.peak_not_measured},
-    }
-
-
-def render_bench_json(result: BenchResult) -> str:
-    return json.dumps(bench_to_json_dict(result), indent=2) + "\n"
-
-
-def _ms(value: float) -> str:
-    return f"{value:.3f}" if value < 1 else f"{value:.2f}" if value < 100 else f"{value:.0f}"
-
-
-def _times(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}x"

@@ -3,6 +3,7 @@
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1  # the tool worked, but a check (verification, CI gate) said no
 EXIT_USAGE = 2  # bad input, bad options, unreadable or unwritable files
+EXIT_INTERNAL = 3  # a bug in fuse: the CLI says so in one line (--debug shows the traceback)
 
 
 class FuseError(Exception):

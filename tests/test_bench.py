@@ -13,8 +13,8 @@ import sys
 import pytest
 
 from fuse_cli import api
-from fuse_cli.bench import (BENCH_SCHEMA_VERSION, QUICK, BenchRow, Latency, bench, bench_to_json_dict, render_bench_markdown,
-                            render_bench_rich, usable_providers)
+from fuse_cli.bench import BENCH_SCHEMA_VERSION, QUICK, BenchRow, Latency, bench, usable_providers
+from fuse_cli.report.bench import bench_to_json_dict, render_bench_markdown, render_bench_rich
 from fuse_cli.config import FuseConfig
 from fuse_cli.errors import UsageError
 from tests.conftest import REPO, SAMPLES

@@ -305,4 +305,16 @@ def test_markdown_report_is_written_with_a_table(tmp_path, model_file):
 
 def test_markdown_to_an_unwritable_path_is_one_line(tmp_path, model_file):
     result = invoke("report", model_file, "--markdown", tmp_path / "no" / "report.md")
-    assert_one_line_error(result.exit_code, result.stderr, result.stdout, contains="cannot write report")
+    assert_one_line_error(result.exit_code, result.stderr, result.stdout, contains="cannot write")
+
+
+@pytest.mark.parametrize("command", [["verify", "{m}", "{m}", "--json"], ["bench", "{m}", "--quick", "--no-memory", "--json"],
+                                     ["report", "{m}", "{copy}", "--json"]],
+                         ids=["verify", "bench", "batch"])
+def test_every_command_writes_json_through_one_path_with_one_line_errors(tmp_path, model_file, command):
+    """A missing folder is bad input (exit 2, one line), never an internal error."""
+    copy = tmp_path / "copy.onnx"
+    copy.write_bytes(Path(model_file).read_bytes())
+    args = [str(a).format(m=model_file, copy=copy) for a in command] + [tmp_path / "no" / "r.json"]
+    result = invoke(*args)
+    assert_one_line_error(result.exit_code, result.stderr, result.stdout, contains="cannot write")

@@ -210,7 +210,7 @@ def _render_audit(report: Report, console: Console) -> None:
     """The memory audit's detail: where the bytes go, before fusion and after."""
     audit = report.memory
     scale = max(audit.before.peak_bytes, audit.after.peak_bytes, 1)
-    console.print(f"Live activations over execution steps (peak marked by the tallest bar, same scale):", highlight=False)
+    console.print("Live activations over execution steps (peak marked by the tallest bar, same scale):", highlight=False)
     console.print(f"  before |{sparkline(audit.before.timeline, scale=scale)}|", highlight=False)
     console.print(f"  after  |{sparkline(audit.after.timeline, scale=scale)}|", highlight=False)
     for title, tensors in (("Alive at the peak (after fusion)", audit.after.live_at_peak[:10]),
