@@ -19,7 +19,6 @@ import functools
 import logging
 import math
 import os
-import re
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -192,20 +191,23 @@ def with_runtime_dims(model: onnx.ModelProto, table: ShapeTable,
     onnxruntime's symbolic inference (see infer_shapes), without running onnx's inference again.
 
     proofs=True: the table fusion checks reason with, where an equal name must mean an equal
-    size. onnxruntime's inference merges two symbols that meet in a broadcast ([N, 4] + [M, 4]
-    names the sum's dim N or M, by hash seed) or in an op that needs them equal; a valid model
-    only needs them equal or one of them 1. So a dim whose name was merged, or a number a symbol
-    was merged into, proves nothing and stays unknown; names it carried through unmerged stand."""
+    size. onnxruntime's symbolic inference cannot give that: it merges two symbols that meet in
+    a broadcast ([N, 4] + [M, 4] names the sum's dim N or M, by hash seed, and renames every M
+    N), where a valid model only needs N == M or one of them 1. So for proofs no symbol is
+    merged: onnxruntime's inference runs twice with every free input symbol bound to a distinct
+    prime (the two settings verification uses), and a dim onnx left unknown is named by the two
+    sizes it takes: an input symbol's name when they are that symbol's sizes, a number when both
+    are the same number, else a name of its own that only a dim of the same two sizes shares.
+    Where a setting is not a valid input (N and M must then be equal, or 1), nothing is filled."""
     if not any(info.shape is None or None in info.shape for info in table.tensors.values()):
         return table
-    inferred = _runtime_symbolic_inference(model, table.bound_dims, input_shapes)
-    if inferred is None:
+    if proofs:
+        return _with_evaluated_dims(model, table, input_shapes)
+    runtime = _runtime_symbolic_inference(model, table.bound_dims, input_shapes)
+    if runtime is None:
         return table
-    runtime, merged, merged_into_number = inferred
     declared = _declared_symbols(model.graph) | _all_symbols(runtime.graph)
     more = _collect(model.graph, runtime.graph, table.bound_dims, declared)
-    if proofs and (merged or merged_into_number):
-        more = {name: _without_merged(info, merged, merged_into_number) for name, info in more.items()}
     tensors = {name: _fill_unknown(info, more.get(name)) for name, info in table.tensors.items()}
     # What onnxruntime's symbolic inference named, onnxruntime's own graph inference (what its
     # memory planner compares) does not: mark the filled dims as onnx's unknowns.
@@ -224,13 +226,38 @@ def with_runtime_dims(model: onnx.ModelProto, table: ShapeTable,
                                placeholders=MappingProxyType(placeholders))
 
 
-def _without_merged(info: TensorInfo, merged: set[str], merged_into_number: bool) -> TensorInfo:
-    if info.shape is None:
-        return info
-    pattern = re.compile("|".join(rf"(?<![\w.]){re.escape(name)}(?![\w.])" for name in merged)) if merged else None
-    return TensorInfo(info.name, info.elem_type, tuple(
-        None if (isinstance(d, int) and merged_into_number) or (isinstance(d, str) and pattern and pattern.search(d))
-        else d for d in info.shape))
+def _with_evaluated_dims(model: onnx.ModelProto, table: ShapeTable,
+                         input_shapes: Mapping[str, Sequence[int]]) -> ShapeTable:
+    from fuse_cli.input_domain import shape_settings  # the distinct primes verification binds
+
+    settings = shape_settings(model, table.bound_dims)[0]
+    evaluated = []
+    for setting in settings:
+        runtime = _runtime_symbolic_inference(model, setting, input_shapes)
+        if runtime is None:
+            return table
+        evaluated.append(_collect(model.graph, runtime.graph, setting, set()))
+    by_sizes = {tuple(s[name] for s in settings): name for name in settings[0] if name not in table.bound_dims}
+
+    def named(sizes: tuple) -> Dim:
+        if not all(isinstance(size, int) for size in sizes):
+            return None
+        if len(set(sizes)) == 1:
+            return sizes[0]
+        return by_sizes.get(sizes, "dim(" + "|".join(map(str, sizes)) + ")")
+
+    tensors = dict(table.tensors)
+    for name, info in table.tensors.items():
+        found = [e.get(name) for e in evaluated]
+        if any(f is None or f.shape is None for f in found) or len({len(f.shape) for f in found}) != 1:
+            continue
+        dims = tuple(named(sizes) for sizes in zip(*(f.shape for f in found)))
+        if info.shape is None:
+            tensors[name] = TensorInfo(name, info.elem_type or found[0].elem_type, dims)
+        elif len(info.shape) == len(dims):
+            tensors[name] = TensorInfo(name, info.elem_type, tuple(d if d is not None else e
+                                                                   for d, e in zip(info.shape, dims)))
+    return dataclasses.replace(table, tensors=MappingProxyType(tensors), unknown_dims=_all_unknown_dims(tensors))
 
 
 def _all_unknown_dims(tensors: Mapping[str, TensorInfo]) -> tuple[UnknownDim, ...]:
@@ -243,10 +270,8 @@ _SYMBOLIC_VALUE_LIMIT = 4096
 
 
 def _runtime_symbolic_inference(model: onnx.ModelProto, bindings: Mapping[str, int],
-                                input_shapes: Mapping[str, Sequence[int]]
-                                ) -> tuple[onnx.ModelProto, set[str], bool] | None:
-    """onnxruntime's SymbolicShapeInference on a weightless, bound copy: the inferred model, the
-    symbols it merged and whether it merged any into a number; None when it cannot run."""
+                                input_shapes: Mapping[str, Sequence[int]]) -> onnx.ModelProto | None:
+    """onnxruntime's SymbolicShapeInference on a weightless, bound copy, or None when it cannot run."""
     graph = onnx.GraphProto(name=model.graph.name)
     graph.input.extend(model.graph.input)
     graph.output.extend(model.graph.output)
@@ -268,7 +293,7 @@ def _runtime_symbolic_inference(model: onnx.ModelProto, bindings: Mapping[str, i
     cwd = os.getcwd()
     with tempfile.TemporaryDirectory(prefix="fuse-shapes-") as scratch:
         os.chdir(scratch)
-        inference = _merge_tracking_inference()
+        inference = _symbolic_inference()
         try:
             # auto_merge: without it, any dim the exporter computed stops inference ("Incomplete").
             inferred = _onnxruntime_symbolic_infer(inference, copy)
@@ -276,40 +301,19 @@ def _runtime_symbolic_inference(model: onnx.ModelProto, bindings: Mapping[str, i
             return None
         finally:
             os.chdir(cwd)
-    return (inferred, inference.merged, inference.merged_into_number) if inferred is not None else None
+    return inferred
 
 
-def _merge_tracking_inference():
-    """onnxruntime's SymbolicShapeInference (auto_merge on) that records what it merges: both of
-    its merge paths, the suggested merges it applies model-wide and the silent pick of one dim
-    among unequal ones."""
+def _symbolic_inference():
+    """onnxruntime's SymbolicShapeInference, auto_merge on: without it, any dim the exporter
+    computed stops inference ("Incomplete")."""
     # sympy is a dependency of fuse for this import: onnxruntime uses it but does not declare it
-    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference, is_literal
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
     # Its "Unable to determine if ... treat as equal" warnings go to stderr through logging's
-    # last-resort handler: noise for a user, and what they say is what `merged` records.
+    # last-resort handler: noise for a user.
     logging.getLogger("onnxruntime.tools.symbolic_shape_infer").setLevel(logging.ERROR)
-
-    class MergeTracking(SymbolicShapeInference):
-        def __init__(self):
-            super().__init__(2**31 - 1, True, False, 0)
-            self.merged: set[str] = set()
-            self.merged_into_number = False
-
-        def _record(self, dims) -> None:
-            if len({str(d) for d in dims}) > 1:
-                self.merged.update(str(d) for d in dims if not is_literal(d))
-                self.merged_into_number |= any(is_literal(d) for d in dims)
-
-        def _add_suggested_merge(self, symbols, apply=False):
-            self._record(symbols)
-            return super()._add_suggested_merge(symbols, apply)
-
-        def _merge_symbols(self, dims):
-            self._record(dims)
-            return super()._merge_symbols(dims)
-
-    return MergeTracking()
+    return SymbolicShapeInference(2**31 - 1, True, False, 0)
 
 
 def _onnxruntime_symbolic_infer(inference, model: onnx.ModelProto) -> onnx.ModelProto | None:
