@@ -24,8 +24,8 @@ from fuse_cli.graph.io import (LoadedModel, assemble_model, has_unread_weights, 
                                load_model, save_model, unload_unchanged_weights)
 from fuse_cli.graph.opset import default_opset, ensure_domain_imports, upgrade_opset
 from fuse_cli.passes import resolve
-from fuse_cli.passes.engine import run_pipeline
-from fuse_cli.passes.base import Pass
+from fuse_cli.pipeline.engine import run_pipeline
+from fuse_cli.pipeline.base import Pass
 from fuse_cli.report.model import FusionRecord, Gates, NearMiss, PeakDecline, Report, RolledBack
 from fuse_cli.report.render import human_bytes
 from fuse_cli.rollback import drop_breaking_passes

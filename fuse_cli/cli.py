@@ -311,7 +311,7 @@ def list_passes(target, explain):
     """List the passes, in pipeline order for a target."""
     console = _console()
     if explain:
-        from fuse_cli.passes.registry import resolve
+        from fuse_cli.pipeline.registry import resolve
 
         (chosen,) = resolve(target, [explain])
         console.print(f"[bold]{chosen.name}[/bold]: {chosen.description}\n", highlight=False)

@@ -356,6 +356,6 @@ def test_capability_rows(target):
 
 
 def test_targets_match_the_pass_registry():
-    from fuse_cli.passes.registry import TARGETS as registry_targets
+    from fuse_cli.pipeline.registry import TARGETS as registry_targets
 
     assert tuple(registry_targets) == TARGETS

@@ -7,9 +7,9 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement, TensorShape
 from fuse_cli.match import Alt, Const, Match, Op, Var, constant_value
-from fuse_cli.passes.base import PatternPass
-from fuse_cli.passes.registry import register
-from fuse_cli.passes.shape_arith import shape_entries
+from fuse_cli.pipeline.base import PatternPass
+from fuse_cli.pipeline.registry import register
+from fuse_cli.toolkit.shapes import same_dim, shape_entries
 
 HEADS_PERM, KEY_PERM, LAST_TWO_PERM = [0, 2, 1, 3], [0, 2, 3, 1], [0, 1, 3, 2]
 FILL_LIMIT = -1e30  # s + fill rounds to fill in float32 for every |s| < 3e22
@@ -140,7 +140,7 @@ class FuseMultiHeadAttention(PatternPass):
             reason = _flattened_key_reason(m, g, k_shape, h, d)
             if reason:
                 return reason
-        if not _same(q_shape.dims[0], k_shape.dims[0]) or not _same(k_shape.dims[0], v_shape.dims[0]):
+        if not same_dim(q_shape.dims[0], k_shape.dims[0]) or not same_dim(k_shape.dims[0], v_shape.dims[0]):
             return "the query, key and value batch sizes are not provably equal (MatMul would broadcast them)"
         merged = constant_value(m.tensor("merge_shape"))
         merged = None if merged is None else [int(s) for s in merged.reshape(-1)]
@@ -233,7 +233,7 @@ def _merge_by_inferred_shape(g: GraphEditor, heads: gs.Tensor, merged: gs.Tensor
     """[B, S, H, d] -> [B, S, H*d] by the inferred shapes (a shape computed at run time)."""
     src, out = g.shape(heads), g.shape(merged)
     return (src is not None and out is not None and src.rank == 4 and out.rank == 3 and out.static(2) == hidden
-            and _same(src.dims[0], out.dims[0]) and _same(src.dims[1], out.dims[1]))
+            and same_dim(src.dims[0], out.dims[0]) and same_dim(src.dims[1], out.dims[1]))
 
 
 def _split_by_inferred_shape(g: GraphEditor, source: gs.Tensor, split: gs.Tensor) -> tuple[int, int] | None:
@@ -245,8 +245,8 @@ def _split_by_inferred_shape(g: GraphEditor, source: gs.Tensor, split: gs.Tensor
     if src is None or out is None or src.rank != 3 or out.rank != 4:
         return None
     h, d = out.static(2), out.static(3)
-    if h is None or d is None or src.static(2) != h * d or not (_same(src.dims[0], out.dims[0])
-                                                                 and _same(src.dims[1], out.dims[1])):
+    if h is None or d is None or src.static(2) != h * d or not (same_dim(src.dims[0], out.dims[0])
+                                                                 and same_dim(src.dims[1], out.dims[1])):
         return None
     return h, d
 
@@ -257,8 +257,8 @@ def _flattened_by_inferred_shapes(m: Match, g: GraphEditor) -> bool:
     if k4 is None or flat is None or unflat is None or (k4.rank, flat.rank, unflat.rank) != (4, 3, 4):
         return False
     b, h, t, d = k4.dims
-    return (_same(flat.dims[1], t) and _same(flat.dims[2], d)
-            and all(_same(x, y) for x, y in zip(unflat.dims, (b, h, d, t))))
+    return (same_dim(flat.dims[1], t) and same_dim(flat.dims[2], d)
+            and all(same_dim(x, y) for x, y in zip(unflat.dims, (b, h, d, t))))
 
 
 def _flattened_by_read_dims(m: Match, g: GraphEditor) -> bool:
@@ -277,9 +277,9 @@ def _flattened_by_read_dims(m: Match, g: GraphEditor) -> bool:
     b, h, t, d = k4.dims
     flat, unflat = dims("key_flat_shape"), dims("key_unflat_shape")
     return (flat is not None and unflat is not None and len(flat) == 3 and len(unflat) == 4
-            and flat[0] == -1 and _same(flat[1], t) and _same(flat[2], d)
-            and (unflat[0] == -1 or _same(unflat[0], b)) and _same(unflat[1], h)
-            and _same(unflat[2], d) and _same(unflat[3], t))
+            and flat[0] == -1 and same_dim(flat[1], t) and same_dim(flat[2], d)
+            and (unflat[0] == -1 or same_dim(unflat[0], b)) and same_dim(unflat[1], h)
+            and same_dim(unflat[2], d) and same_dim(unflat[3], t))
 
 
 def _flattened_key_reason(m: Match, g: GraphEditor, k_shape: TensorShape, heads: int, size: int) -> str | None:
@@ -302,7 +302,7 @@ def _bias_reason(g: GraphEditor, t: gs.Tensor, heads: int, q: TensorShape) -> st
     if shape is None or shape.rank != 4:
         return f"has shape {shape and list(shape.dims)}; attention_bias needs rank 4 [batch or 1, heads or 1, S, T]"
     d0, d1 = _dim(g, t, 0), _dim(g, t, 1)
-    if not (d0 == 1 or _same(d0, q.dims[0])) or d1 not in (1, heads):
+    if not (d0 == 1 or same_dim(d0, q.dims[0])) or d1 not in (1, heads):
         return f"has shape {[d0, d1, *shape.dims[2:]]}: its first dims are not provably batch or 1, then {heads} or 1"
     return None
 
@@ -336,7 +336,7 @@ def _attention_bias(m: Match, g: GraphEditor, qkv: list[gs.Tensor], nodes: list[
     bias = terms[0] if len(terms) == 1 else _node(g, nodes, "Add", terms, m.node("mask_add").name)
     given = [g.shape(m.tensor(name)).dims for name in ("keep", "drop", "mask") if m.tensor(name) is not None]
     q, k = (g.shape(t).dims[1] for t in qkv[:2])
-    if any(_same(dims[2], q) for dims in given) and any(_same(dims[3], k) for dims in given):
+    if any(same_dim(dims[2], q) for dims in given) and any(same_dim(dims[3], k) for dims in given):
         return bias
     lengths = [_node(g, nodes, "Gather", [_node(g, nodes, "Shape", [t], "attention"),
                                           g.constant("dim1", np.array([1], np.int64))], "attention") for t in qkv[:2]]
@@ -350,6 +350,3 @@ def _node(g: GraphEditor, nodes: list[gs.Node], op: str, inputs: list[gs.Tensor]
     return out
 
 
-def _same(a, b) -> bool:
-    """Provably equal dims: the same static size or the same symbolic name."""
-    return a is not None and a == b

@@ -6,9 +6,9 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Match, Op, Var, constant_value
-from fuse_cli.passes._conv_weights import batchnorm_affine, batchnorm_reason, bn_params_reason
-from fuse_cli.passes.base import PatternPass
-from fuse_cli.passes.registry import register
+from fuse_cli.toolkit.conv_weights import batchnorm_affine, batchnorm_reason, bn_params_reason
+from fuse_cli.pipeline.base import PatternPass
+from fuse_cli.pipeline.registry import register
 
 MEASURED = ("BatchNormalization runs faster than Mul+Add in onnxruntime (measured on CPU, 1 thread, fp32: "
             "Mul+Add takes 1.9-2.7x the time of BatchNormalization, e.g. 35.6 vs 18.8 us on [1,64,56,56]), "

@@ -8,10 +8,9 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement, TensorShape
 from fuse_cli.match import Alt, Const, Match, Op, Var, constant_value
-from fuse_cli.passes.base import PatternPass
-from fuse_cli.passes.gelu import ERF_GATE, HALF, TANH_GATE, X
-from fuse_cli.passes.registry import register
-from fuse_cli.passes.skip_norm import bias_reason, bias_tensor
+from fuse_cli.pipeline.base import PatternPass
+from fuse_cli.pipeline.registry import register
+from fuse_cli.toolkit.activations import ERF_GATE, HALF, TANH_GATE, X, bias_reason, bias_tensor
 from fuse_cli.targets import PROVIDERS_OF
 
 ORT_TARGETS = frozenset({"ort", "ort-cpu", "ort-cuda"})

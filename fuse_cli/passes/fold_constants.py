@@ -11,8 +11,8 @@ from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from fuse_cli.errors import FuseError
 from fuse_cli.graph.edit import GraphEditor
-from fuse_cli.passes.base import GraphPass
-from fuse_cli.passes.registry import register
+from fuse_cli.pipeline.base import GraphPass
+from fuse_cli.pipeline.registry import register
 
 # Their value differs from run to run, so computing it once would change the model's meaning
 # (graphsurgeon folds any node whose inputs are all constant, including input-less RandomUniform).

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import onnx_graphsurgeon as gs
-from onnx import defs, helper
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Alt, Match, Op, Var, constant_value
-from fuse_cli.passes.base import PatternPass
-from fuse_cli.passes.registry import register
+from fuse_cli.pipeline.base import PatternPass
+from fuse_cli.pipeline.registry import register
+from fuse_cli.toolkit.activations import schema_attribute
 from fuse_cli.targets import PROVIDERS_OF
 
 MS = "com.microsoft"
@@ -105,12 +105,3 @@ def _param(m: Match, g: GraphEditor, name: str) -> float:
     return value
 
 
-def schema_attribute(node: gs.Node, name: str, opset: int) -> float | None:
-    """A node's float attribute, else the default its operator's schema declares at `opset`
-    (None when the schema has no such attribute or no default)."""
-    if name in node.attrs:
-        return float(node.attrs[name])
-    attr = defs.get_schema(node.op, opset).attributes.get(name)
-    if attr is None or not attr.default_value.type:
-        return None
-    return float(helper.get_attribute_value(attr.default_value))

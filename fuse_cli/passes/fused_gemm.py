@@ -6,9 +6,9 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Match, Op, Var
-from fuse_cli.passes.base import PatternPass
-from fuse_cli.passes.fused_conv import schema_attribute
-from fuse_cli.passes.registry import register
+from fuse_cli.pipeline.base import PatternPass
+from fuse_cli.pipeline.registry import register
+from fuse_cli.toolkit.activations import schema_attribute
 
 MS = "com.microsoft"
 # activation -> its float attributes. FusedGemm hands every "activation_<name>" attribute to the

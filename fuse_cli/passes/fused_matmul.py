@@ -7,8 +7,8 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Alt, Const, Match, Op, Var, constant_value
-from fuse_cli.passes.base import PatternPass
-from fuse_cli.passes.registry import register
+from fuse_cli.pipeline.base import PatternPass
+from fuse_cli.pipeline.registry import register
 
 MS = "com.microsoft"
 A = Alt(Op("Transpose", Var("a"), name="transpose_a"), Var("a"))

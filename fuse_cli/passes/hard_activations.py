@@ -7,9 +7,9 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Alt, Const, Match, Op, Var, constant_value, scalar_close
-from fuse_cli.passes.base import PatternPass
-from fuse_cli.passes.layer_norm import rank_reason
-from fuse_cli.passes.registry import register
+from fuse_cli.pipeline.base import PatternPass
+from fuse_cli.toolkit.shapes import rank_reason
+from fuse_cli.pipeline.registry import register
 
 X = Var("x")
 SCALAR = Const(lambda v: v.size == 1 and np.issubdtype(v.dtype, np.floating))

@@ -6,20 +6,11 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
-from fuse_cli.match import Alt, Const, Match, Op, Var, constant_value, producer_of, scalar_close
-from fuse_cli.passes.base import PatternPass
-from fuse_cli.passes.layer_norm import (normalized_axis, param_reason, param_tensor, rank_reason,
-                                       read_only_by_constant_op, reduce_mean)
-from fuse_cli.passes.registry import register
-
-SQUARED = Alt(Op("Pow", Var("x"), Const(scalar_close(2.0)), name="square"),
-              Op("Mul", Var("x"), Var("x"), name="square"))
-RMS = Op("Sqrt", Op("Add", reduce_mean(SQUARED, "mean_square"), Var("eps", const=True), name="add_eps"), name="sqrt")
-NORMALIZED = Alt(
-    Op("Div", Var("x"), RMS, name="normalize"),
-    Op("Mul", Var("x"), Alt(Op("Reciprocal", RMS, name="inverse"),
-                            Op("Div", Const(scalar_close(1.0)), RMS, name="inverse")), name="normalize"),
-)
+from fuse_cli.match import Alt, Match, Op, Var, constant_value, producer_of
+from fuse_cli.pipeline.base import PatternPass
+from fuse_cli.toolkit.norms import RMS_NORMALIZED, normalized_axis, param_reason, param_tensor, read_only_by_constant_op
+from fuse_cli.toolkit.shapes import rank_reason
+from fuse_cli.pipeline.registry import register
 
 
 @register
@@ -40,7 +31,7 @@ class FuseRMSNormalization(PatternPass):
     description = "Fuse a decomposed RMSNorm (Pow/ReduceMean/Sqrt/Div/Mul) into RMSNormalization"
     label = "decomposed RMSNorm -> RMSNormalization"
     min_opset = 23
-    pattern = Alt(Op("Mul", NORMALIZED, Var("gamma"), name="scale"), NORMALIZED)  # largest first
+    pattern = Alt(Op("Mul", RMS_NORMALIZED, Var("gamma"), name="scale"), RMS_NORMALIZED)  # largest first
 
     def matches(self, m: Match, g: GraphEditor) -> bool:
         """Without gamma, silent where a constant Mul reads the result: the gamma form reports there."""

@@ -1,27 +1,12 @@
-"""Remove nodes that compute nothing at inference time: Identity, and Dropout in inference mode."""
+"""Remove Dropout in inference mode: it computes nothing at inference time."""
+
 
 from __future__ import annotations
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Match, Op, Var, constant_value
-from fuse_cli.passes.base import PatternPass
-from fuse_cli.passes.registry import register
-
-
-@register
-class EliminateIdentity(PatternPass):
-    """x ── Identity ── y   =>   readers of y read x."""
-
-    name = "eliminate-identity"
-    description = "Remove Identity nodes"
-    label = "Identity"
-    pattern = Op("Identity", Var("x"), name="identity")
-
-    def check(self, m: Match, g: GraphEditor) -> str | None:
-        return g.reroute_reason(m.node("identity").outputs[0], m.tensor("x"))
-
-    def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
-        return Replacement(reroute=[(m.node("identity").outputs[0], m.tensor("x"))])
+from fuse_cli.pipeline.base import PatternPass
+from fuse_cli.pipeline.registry import register
 
 
 @register

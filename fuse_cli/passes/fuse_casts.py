@@ -8,8 +8,8 @@ from onnx import TensorProto as T
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Alt, Match, Op, Var
-from fuse_cli.passes.base import PatternPass
-from fuse_cli.passes.registry import register
+from fuse_cli.pipeline.base import PatternPass
+from fuse_cli.pipeline.registry import register
 
 INTEGERS = {T.INT8, T.UINT8, T.INT16, T.UINT16, T.INT32, T.UINT32, T.INT64, T.UINT64}
 FLOATS = {T.FLOAT16, T.BFLOAT16, T.FLOAT, T.DOUBLE}

@@ -6,8 +6,8 @@ import numpy as np
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Const, Match, Op, Var, constant_value
-from fuse_cli.passes.base import PatternPass
-from fuse_cli.passes.registry import register
+from fuse_cli.pipeline.base import PatternPass
+from fuse_cli.pipeline.registry import register
 
 IDENTITY_ELEMENT = {"Add": 0, "Sub": 0, "Mul": 1, "Div": 1}
 

@@ -7,8 +7,8 @@ from collections.abc import Callable, Sequence
 
 from fuse_cli.graph.edit import GraphEditor
 from fuse_cli.match import match_root, root_op_types
-from fuse_cli.passes.base import GraphPass, Pass, PatternPass
-from fuse_cli.report.model import FusionRecord, NearMiss, RemovedTensor
+from fuse_cli.pipeline.base import GraphPass, Pass, PatternPass
+from fuse_cli.pipeline.records import FusionRecord, NearMiss, RemovedTensor
 
 MAX_ROUNDS = 8
 

@@ -11,7 +11,7 @@ import difflib
 from collections.abc import Iterable
 
 from fuse_cli.errors import UsageError
-from fuse_cli.passes.base import Pass
+from fuse_cli.pipeline.base import Pass
 from fuse_cli.targets import TARGETS
 
 REGISTRY: dict[str, Pass] = {}

@@ -6,8 +6,8 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Match, Op, Var
-from fuse_cli.passes.base import PatternPass
-from fuse_cli.passes.registry import register
+from fuse_cli.pipeline.base import PatternPass
+from fuse_cli.pipeline.registry import register
 
 
 @register

@@ -7,10 +7,9 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Alt, Match, Op, Var, constant_value, producer_of
-from fuse_cli.passes.base import PatternPass
-from fuse_cli.passes.layer_norm import normalized_axis, param_reason, param_tensor
-from fuse_cli.passes.registry import register
-from fuse_cli.passes.rms_norm import NORMALIZED
+from fuse_cli.pipeline.base import PatternPass
+from fuse_cli.toolkit.norms import RMS_NORMALIZED, normalized_axis, param_reason, param_tensor
+from fuse_cli.pipeline.registry import register
 
 ORT_TARGETS = frozenset({"ort", "ort-cpu", "ort-cuda"})
 
@@ -36,7 +35,7 @@ class FuseSimplifiedLayerNormalization(PatternPass):
     description = "Fuse RMSNorm into onnxruntime's SimplifiedLayerNormalization"
     label = "RMSNorm -> SimplifiedLayerNormalization"
     targets = ORT_TARGETS
-    pattern = Alt(Op("Mul", NORMALIZED, Var("gamma"), name="scale"),
+    pattern = Alt(Op("Mul", RMS_NORMALIZED, Var("gamma"), name="scale"),
                   Op("RMSNormalization", Var("x"), Var("gamma"), name="rmsnorm"))
 
     def check(self, m: Match, g: GraphEditor) -> str | None:

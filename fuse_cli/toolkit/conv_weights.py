@@ -1,6 +1,5 @@
 """Weight arithmetic shared by the passes that fold per-channel affine maps into Conv, Gemm and
-MatMul weights. No passes live here (the package auto-imports every module; this one registers
-nothing). Everything computes in float64; callers round once to the weight dtype."""
+MatMul weights. Everything computes in float64; callers round once to the weight dtype."""
 
 from __future__ import annotations
 

@@ -9,10 +9,10 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Const, Match, Op, Var, constant_value
-from fuse_cli.passes._conv_weights import (FOLDABLE_DTYPES, channel_vector, conv_bias_reason, output_channels,
+from fuse_cli.toolkit.conv_weights import (FOLDABLE_DTYPES, channel_vector, conv_bias_reason, output_channels,
                                            refolded_conv, scale_output_channels)
-from fuse_cli.passes.base import PatternPass
-from fuse_cli.passes.registry import register
+from fuse_cli.pipeline.base import PatternPass
+from fuse_cli.pipeline.registry import register
 
 # The operand must be a constant to be this pattern: a Conv + Add of a computed tensor is a
 # residual connection, not a near-miss of a bias fold.
