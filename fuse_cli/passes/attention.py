@@ -30,19 +30,23 @@ def scaled(x, role: str) -> Alt:
     return Alt(Op(("Mul", "Div"), x, Var(f"{role}_scale", const=True), name=f"{role}_scaling"), x)
 
 
-QUERY = scaled(Op("Transpose", split_heads("query"), name="query_transpose"), "query")
+QUERY = scaled(Op("Transpose", split_heads("query"), name="query_transpose", perm=HEADS_PERM), "query")
 # torch's dynamo exporter transposes K through a batch-flattened 3-D view: Reshape [-1, S, d],
 # Transpose [0, 2, 1], Reshape [-1, H, d, S] (check() proves the shapes make it K^T)
-KEY_FLATTENED_T = Op("Reshape", Op("Transpose", Op("Reshape", Op("Transpose", split_heads("key"), name="key_heads"),
-                                                   Var("key_flat_shape"), name="key_flatten"), name="key_transpose"),
+KEY_FLATTENED_T = Op("Reshape", Op("Transpose", Op("Reshape", Op("Transpose", split_heads("key"), name="key_heads",
+                                                                 perm=HEADS_PERM),
+                                                   Var("key_flat_shape"), name="key_flatten"),
+                                   name="key_transpose", perm=[0, 2, 1]),
                      Var("key_unflat_shape"), name="key_unflatten")
-KEY_T = scaled(Alt(Op("Transpose", split_heads("key"), name="key_transpose"),
-                   Op("Transpose", Op("Transpose", split_heads("key"), name="key_heads"), name="key_transpose"),
-                   KEY_FLATTENED_T), "key")
+# K^T as one or two 4-D Transposes; matches() composes their perms (with FusedMatMul's transB)
+KEY_4D = Alt(Op("Transpose", split_heads("key"), name="key_transpose"),
+             Op("Transpose", Op("Transpose", split_heads("key"), name="key_heads"), name="key_transpose"))
 # fused-matmul may have run first (an earlier round, while the head shapes were still computed at
 # run time) and folded the score scale -- and K's last-two-axes swap, as transB -- into FusedMatMul
-SCORES = scaled(Alt(Op("MatMul", QUERY, KEY_T, name="qk"), Op("FusedMatMul", QUERY, KEY_T, domain="com.microsoft",
-                                                              name="qk")), "score")
+NOT_SET = lambda value: not value  # noqa: E731
+SCORES = scaled(Alt(Op("MatMul", QUERY, scaled(Alt(*KEY_4D.options, KEY_FLATTENED_T), "key"), name="qk"),
+                    Op("FusedMatMul", QUERY, scaled(KEY_4D, "key"), domain="com.microsoft", name="qk",
+                       transA=NOT_SET, transBatchA=NOT_SET, transBatchB=NOT_SET)), "score")
 CAUSAL = Alt(Op("Where", Var("keep"), SCORES, Var("fill", const=True), name="causal"),
              Op("Where", Var("drop"), Var("fill", const=True), SCORES, name="causal"), SCORES)
 MASKED = Alt(Op("Add", CAUSAL, Var("mask"), name="mask_add"), CAUSAL)
@@ -52,7 +56,8 @@ SOFTMAX = Op("Softmax", MASKED, name="softmax")
 # guard is the identity; check() requires the IsNaN to read this very softmax.
 PROBS = Alt(Op("Where", Op("IsNaN", Var("guarded"), name="nan_test"), Const(lambda v: v.size == 1 and v.item() == 0),
                SOFTMAX, name="nan_guard"), SOFTMAX)
-CONTEXT = Op("MatMul", PROBS, Op("Transpose", split_heads("value"), name="value_transpose"), name="context")
+CONTEXT = Op("MatMul", PROBS, Op("Transpose", split_heads("value"), name="value_transpose", perm=HEADS_PERM),
+             name="context")
 
 
 @register
@@ -94,30 +99,15 @@ class FuseMultiHeadAttention(PatternPass):
     label = "multi-head attention -> MultiHeadAttention"
     targets = frozenset({"ort", "ort-cpu", "ort-cuda"})
     min_opset = 8  # Expand shapes the attention_bias (a Where is emitted only where the graph has one)
-    pattern = Op("Reshape", Op("Transpose", CONTEXT, name="merge_transpose"), Var("merge_shape"), name="merge")
+    pattern = Op("Reshape", Op("Transpose", CONTEXT, name="merge_transpose", perm=HEADS_PERM), Var("merge_shape"),
+                 name="merge")
 
     def matches(self, m: Match, g: GraphEditor) -> bool:
-        """Other transposes are other computations, not near-misses."""
-        def perm(name: str) -> list[int]:
-            return list(m.node(name).attrs.get("perm", []))
-
+        """Other transposes are other computations, not near-misses (the pattern fixes Q's, V's and
+        the merge's perms; the 3-D route's [0, 2, 1] on [B*H, S, d] is K^T once check() proves the shapes)."""
         if "nan_guard" in m.nodes and m.tensor("guarded") is not m.node("softmax").outputs[0]:
             return False
-        if "key_flatten" in m.nodes:  # the 3-D route: [0, 2, 1] on [B*H, S, d] is K^T once check() proves the shapes
-            return (perm("key_heads") == HEADS_PERM and perm("key_transpose") == [0, 2, 1]
-                    and m.node("qk").op == "MatMul"
-                    and all(perm(n) == HEADS_PERM for n in ("query_transpose", "value_transpose", "merge_transpose")))
-        key = list(range(4))  # K^T's axes: the Transposes composed, then FusedMatMul's transB
-        for name in ("key_heads", "key_transpose"):
-            if name in m.nodes:
-                key = [key[axis] for axis in perm(name)] if len(perm(name)) == 4 else []
-        qk = m.node("qk").attrs
-        if m.node("qk").op == "FusedMatMul":
-            if any(qk.get(a, 0) for a in ("transA", "transBatchA", "transBatchB")):
-                return False
-            key = [key[axis] for axis in LAST_TWO_PERM] if qk.get("transB", 0) and key else key
-        return (all(perm(n) == HEADS_PERM for n in ("query_transpose", "value_transpose", "merge_transpose"))
-                and key == KEY_PERM)
+        return "key_flatten" in m.nodes or _key_axes(m) == KEY_PERM
 
     def check(self, m: Match, g: GraphEditor) -> str | None:
         q = m.tensor("query_in")
@@ -194,6 +184,18 @@ class FuseMultiHeadAttention(PatternPass):
         nodes.append(gs.Node(op="MultiHeadAttention", domain="com.microsoft", attrs=attrs, inputs=inputs,
                              name=g.unique_name(f"{m.node('softmax').name}_mha"), outputs=[m.root.outputs[0]]))
         return Replacement(nodes=nodes)
+
+
+def _key_axes(m: Match) -> list[int]:
+    """K's axes after its Transposes and FusedMatMul's transB, composed: [0, 2, 3, 1] is K^T."""
+    key = list(range(4))
+    for name in ("key_heads", "key_transpose"):
+        if name in m.nodes:
+            perm = list(m.node(name).attrs.get("perm", []))
+            key = [key[axis] for axis in perm] if len(perm) == 4 else []
+    if m.node("qk").attrs.get("transB", 0) and key:
+        key = [key[axis] for axis in LAST_TWO_PERM]
+    return key
 
 
 def _heads(m: Match, g: GraphEditor, role: str) -> tuple[int, int] | str:
