@@ -97,7 +97,7 @@ class FuseMultiHeadAttention(PatternPass):
     name = "attention"
     description = "Fuse multi-head attention (Reshape/Transpose/MatMul/Softmax) into MultiHeadAttention"
     label = "multi-head attention -> MultiHeadAttention"
-    targets = frozenset({"ort", "ort-cpu", "ort-cuda"})
+    emits = ("com.microsoft::MultiHeadAttention",)
     min_opset = 8  # Expand shapes the attention_bias (a Where is emitted only where the graph has one)
     pattern = Op("Reshape", Op("Transpose", CONTEXT, name="merge_transpose", perm=HEADS_PERM), Var("merge_shape"),
                  name="merge")
@@ -109,11 +109,10 @@ class FuseMultiHeadAttention(PatternPass):
             return False
         return "key_flatten" in m.nodes or _key_axes(m) == KEY_PERM
 
+    def emitted_at(self, m: Match, g: GraphEditor) -> tuple[np.dtype | None, None]:
+        return g.dtype(m.tensor("query_in")), None
+
     def check(self, m: Match, g: GraphEditor) -> str | None:
-        q = m.tensor("query_in")
-        reason = g.target_reason("MultiHeadAttention", g.dtype(q))
-        if reason:
-            return reason
         softmax = m.node("softmax")
         axis = softmax.attrs.get("axis", -1 if g.opset >= 13 else 1)
         if axis not in (-1, 3):

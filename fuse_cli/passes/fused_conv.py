@@ -10,18 +10,11 @@ from fuse_cli.match import Alt, Match, Op, Var, constant_value
 from fuse_cli.pipeline.base import PatternPass
 from fuse_cli.pipeline.registry import register
 from fuse_cli.toolkit.activations import schema_attribute
-from fuse_cli.targets import PROVIDERS_OF
 
 MS = "com.microsoft"
 # activation -> the attributes FusedConv's activation_params carries, in order (contrib_ops/cpu/fused_activation.cc)
 PARAMS = {"Relu": (), "Sigmoid": (), "Tanh": (), "LeakyRelu": ("alpha",), "HardSigmoid": ("alpha", "beta"),
           "Clip": ("min", "max")}
-# Measured on an NVIDIA H200, onnxruntime-gpu 1.31.1, batch 1 (fuse bench --provider CUDA, against
-# the same model with its BatchNormalizations folded): light_resnet50 1.87x at graph optimization
-# disabled and 2.08x at all; light_inception_v2 1.79x and 2.47x. The same folds without FusedConv
-# (--target onnx) ran 0.92x and 0.70x.
-CUDA_SLOWER = ("onnxruntime-gpu 1.31's CUDA FusedConv measured 1.8-2.5x slower than the Conv and activation "
-               "it replaces (resnet50, inception_v2 on an H200)")
 CONV = Op("Conv", Var("x"), Var("w"), Var("b", optional=True), name="conv")
 
 
@@ -38,25 +31,23 @@ class FuseConvActivation(PatternPass):
     (bounds from inputs at opset >= 11, attributes before; an absent bound is -inf/+inf, or the
     schema's +-FLT_MAX for the attribute form); LeakyRelu [alpha]; HardSigmoid [alpha, beta];
     omitted attributes take the schema defaults. float32 only. CUDA's kernel takes only Relu
-    (contrib_ops/cuda/fused_conv.cc) and runs slower than the unfused pair (CUDA_SLOWER): declined
+    (contrib_ops/cuda/fused_conv.cc) and runs slower than the unfused pair (targets.SLOWER): declined
     wherever the model may run on CUDA.
     """
 
     name = "fused-conv"
     description = "Fuse Conv (+ residual Add) + activation into com.microsoft FusedConv"
     label = "Conv (+ Add) + activation -> FusedConv"
-    targets = frozenset({"ort", "ort-cpu", "ort-cuda"})
+    emits = (f"{MS}::FusedConv",)
     pattern = Op(tuple(PARAMS), Alt(Op("Add", CONV, Var("z"), name="add"), CONV),
                  Var("min", const=True, optional=True), Var("max", const=True, optional=True), name="act")
 
+    def emitted_at(self, m: Match, g: GraphEditor) -> tuple[np.dtype | None, gs.Node]:
+        conv = m.node("conv")
+        return g.dtype(conv.outputs[0]) or g.dtype(m.tensor("x")), conv
+
     def check(self, m: Match, g: GraphEditor) -> str | None:
-        conv, act = m.node("conv"), m.node("act")
-        dtype = g.dtype(conv.outputs[0]) or g.dtype(m.tensor("x"))
-        reason = g.target_reason("FusedConv", dtype)
-        if reason:
-            return f"{conv.name}: {reason}"
-        if "cuda" in PROVIDERS_OF[g.target]:
-            return f"{conv.name}: {CUDA_SLOWER} (target {g.target}); --target ort-cpu fuses it"
+        act = m.node("act")
         for role in ("min", "max"):
             bound = constant_value(m.tensor(role))
             if bound is not None and bound.size != 1:

@@ -37,7 +37,7 @@ class FuseMatMulTransposeScale(PatternPass):
     name = "fused-matmul"
     description = "Fuse Transpose of either MatMul input and a scalar Mul into com.microsoft FusedMatMul"
     label = "MatMul + Transpose / scalar Mul -> FusedMatMul"
-    targets = frozenset({"ort", "ort-cpu", "ort-cuda"})
+    emits = (f"{MS}::FusedMatMul",)
     pattern = Op(("Mul", "MatMul"), Alt(Op("MatMul", A, B, name="matmul"), A), Alt(SCALE, B), name="root")
 
     def matches(self, m: Match, g: GraphEditor) -> bool:
@@ -45,12 +45,12 @@ class FuseMatMulTransposeScale(PatternPass):
         transposed = "transpose_a" in m.nodes or "transpose_b" in m.nodes
         return scaled == ("matmul" in m.nodes) == ("scale" in m.tensors) and (scaled or transposed)
 
-    def check(self, m: Match, g: GraphEditor) -> str | None:
+    def emitted_at(self, m: Match, g: GraphEditor) -> tuple[np.dtype | None, gs.Node]:
         matmul = m.nodes.get("matmul", m.root)
-        dtype = g.dtype(matmul.outputs[0]) or g.dtype(m.tensor("a"))
-        reason = g.target_reason("FusedMatMul", dtype)
-        if reason:
-            return f"{matmul.name}: {reason}"
+        return g.dtype(matmul.outputs[0]) or g.dtype(m.tensor("a")), matmul
+
+    def check(self, m: Match, g: GraphEditor) -> str | None:
+        dtype, matmul = self.emitted_at(m, g)
         for side in ("a", "b"):
             transpose = m.nodes.get(f"transpose_{side}")
             if transpose is None:

@@ -11,7 +11,6 @@ from fuse_cli.pipeline.base import PatternPass
 from fuse_cli.toolkit.norms import RMS_NORMALIZED, normalized_axis, param_reason, param_tensor
 from fuse_cli.pipeline.registry import register
 
-ORT_TARGETS = frozenset({"ort", "ort-cpu", "ort-cuda"})
 
 
 @register
@@ -34,9 +33,12 @@ class FuseSimplifiedLayerNormalization(PatternPass):
     name = "simplified-layer-norm"
     description = "Fuse RMSNorm into onnxruntime's SimplifiedLayerNormalization"
     label = "RMSNorm -> SimplifiedLayerNormalization"
-    targets = ORT_TARGETS
+    emits = ("SimplifiedLayerNormalization",)
     pattern = Alt(Op("Mul", RMS_NORMALIZED, Var("gamma"), name="scale"),
                   Op("RMSNormalization", Var("x"), Var("gamma"), name="rmsnorm"))
+
+    def emitted_at(self, m: Match, g: GraphEditor) -> tuple[np.dtype | None, None]:
+        return g.dtype(m.tensor("x")), None
 
     def check(self, m: Match, g: GraphEditor) -> str | None:
         x = m.tensor("x")
@@ -46,8 +48,6 @@ class FuseSimplifiedLayerNormalization(PatternPass):
             return f"{norm.name} computes in {dtype}; only float32 RMSNorm is matched"
         if "rmsnorm" not in m.nodes and _is_centered(x):
             return f"{m.node('square').name} squares x - mean(x): a LayerNorm (see layer-norm)"
-        if (reason := g.target_reason("SimplifiedLayerNormalization", dtype, domain="")) is not None:
-            return reason
         shape = g.shape(x)
         axis = rms_axis(m, g)
         if isinstance(axis, str):

@@ -16,10 +16,6 @@ from fuse_cli.toolkit.activations import bias_reason, bias_tensor
 from fuse_cli.toolkit.norms import param_reason, param_tensor
 from fuse_cli.toolkit.shapes import dims_list
 
-# CUDA only: onnxruntime 1.31's CPU kernels for both skip operators measured 6.6x slower than the
-# Add + Add + LayerNormalization they replace (390 vs 59 us at [1, 128, 768], one thread), so a
-# target that may run on the CPU (ort, ort-cpu) keeps the unfused form.
-ORT_TARGETS = frozenset({"ort-cuda"})
 # Exporters write Linear + residual as Add(Add(MatMul, bias), residual): the bias rides along.
 SUM = Alt(Op("Add", Op("Add", Var("input"), Const(lambda value: True, name="bias"), name="add_bias"), Var("skip"),
              name="add"),
@@ -30,8 +26,10 @@ class _SkipNorm(PatternPass):
     """The checks and the rewrite both skip fusions share; subclasses name the ops."""
 
     fused_op: ClassVar[str]
-    targets = ORT_TARGETS
     keeps = ("add",)  # the sum, when read elsewhere, becomes the fused op's 4th output
+
+    def emitted_at(self, m: Match, g: GraphEditor) -> tuple[np.dtype | None, None]:
+        return g.dtype(m.tensor("input")), None
 
     def check(self, m: Match, g: GraphEditor) -> str | None:
         norm, x, skip = m.node("norm"), m.tensor("input"), m.tensor("skip")
@@ -49,8 +47,7 @@ class _SkipNorm(PatternPass):
             return f"{m.node('add').name} adds {g.dtype(skip)} to {dtype}"
         if dtype != np.float32 and int(norm.attrs.get("stash_type", 1)) != 1:
             return f"{norm.name} computes in {dtype} (stash_type=0); {self.fused_op} computes in float32"
-        return (g.target_reason(self.fused_op, dtype)
-                or bias_reason(g, m.tensor("bias"), m.nodes.get("add_bias"), shape, dtype)
+        return (bias_reason(g, m.tensor("bias"), m.nodes.get("add_bias"), shape, dtype)
                 or next(filter(None, (param_reason(g, m.tensor(p), p, norm, shape, shape.rank - 1, dtype)
                                       for p in ("gamma", "beta"))), None))
 
@@ -90,6 +87,7 @@ class FuseSkipLayerNormalization(_SkipNorm):
     description = "Fuse a residual Add (+ bias) and LayerNormalization into SkipLayerNormalization"
     label = "Add + LayerNormalization -> SkipLayerNormalization"
     fused_op = "SkipLayerNormalization"
+    emits = ("com.microsoft::SkipLayerNormalization",)  # CUDA only: measured slower on the CPU (targets.SLOWER)
     pattern = Op("LayerNormalization", SUM, Var("gamma"), Var("beta", optional=True), name="norm")
 
 
@@ -109,6 +107,7 @@ class FuseSkipSimplifiedLayerNormalization(_SkipNorm):
     description = "Fuse a residual Add (+ bias) and an RMSNorm into SkipSimplifiedLayerNormalization"
     label = "Add + RMSNorm -> SkipSimplifiedLayerNormalization"
     fused_op = "SkipSimplifiedLayerNormalization"
+    emits = ("com.microsoft::SkipSimplifiedLayerNormalization",)  # CUDA only, as skip-layer-norm
     pattern = Alt(Op("SimplifiedLayerNormalization", SUM, Var("gamma"), name="norm"),
                   Op("RMSNormalization", SUM, Var("gamma"), name="norm"))
 

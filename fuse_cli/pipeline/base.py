@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import numpy as np
+import onnx_graphsurgeon as gs
+
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Alt, Match, Op
 from fuse_cli.targets import TARGETS
@@ -13,11 +16,13 @@ ALL_TARGETS = frozenset(TARGETS)
 
 
 class Pass:
-    """Common declaration: a stable kebab-case name, a one-line description, the targets it may
-    emit for, and the opset its output needs."""
+    """Common declaration: a stable kebab-case name, a one-line description, the non-standard
+    operators it emits (from which `register` derives the targets it belongs to, see
+    fuse_cli/targets.py), and the opset its output needs."""
 
     name: ClassVar[str]
     description: ClassVar[str]
+    emits: ClassVar[tuple[str, ...]] = ()  # "domain::op", or "op" in the default domain
     targets: ClassVar[frozenset[str]] = ALL_TARGETS
     min_opset: ClassVar[int] = 1
     # Where onnxruntime runs the emitted operator at older opsets than the standard defines it
@@ -50,6 +55,11 @@ class PatternPass(Pass):
         """A structural predicate the declarative pattern cannot express ("this Reshape keeps the
         shape"). False means "not this pattern" and is silent; a near-miss comes from `check`."""
         return True
+
+    def emitted_at(self, m: Match, g: GraphEditor) -> tuple[np.dtype | None, gs.Node | None]:
+        """The dtype the emitted operators compute in (the engine asks targets.emit_reason at it,
+        before `check`), and the node a target decline names (None: the reason alone)."""
+        return g.dtype(m.root.outputs[0]), None
 
     def check(self, m: Match, g: GraphEditor) -> str | None:
         return None

@@ -6,9 +6,10 @@ import dataclasses
 from collections.abc import Callable, Sequence
 
 from fuse_cli.graph.edit import GraphEditor
-from fuse_cli.match import match_root, root_op_types
+from fuse_cli.match import Match, match_root, root_op_types
 from fuse_cli.pipeline.base import GraphPass, Pass, PatternPass
 from fuse_cli.pipeline.records import FusionRecord, NearMiss, RemovedTensor
+from fuse_cli.targets import emit_reason
 
 MAX_ROUNDS = 8
 
@@ -83,7 +84,7 @@ def _sweep(p: PatternPass, g: GraphEditor, size_of: SizeOf) -> tuple[list[Fusion
             if not p.matches(m, g):
                 continue
             kept = [m.nodes[name] for name in p.keeps if name in m.nodes]
-            reason = g.replace_reason(m, kept) or p.check(m, g) or _opset_reason(p, g)
+            reason = g.replace_reason(m, kept) or _target_reason(p, m, g) or p.check(m, g) or _opset_reason(p, g)
             if reason:
                 first_miss = first_miss or NearMiss(p.name, p.label, tuple(n.name for n in reversed(m.covered)), reason)
                 continue
@@ -104,6 +105,19 @@ def _sweep(p: PatternPass, g: GraphEditor, size_of: SizeOf) -> tuple[list[Fusion
             last, replaced=last.replaced + tuple(name for name, _ in dropped),
             removed=last.removed + tuple(RemovedTensor(t, size_of(t)) for _, outs in dropped for t in outs))
     return made, missed
+
+
+def _target_reason(p: PatternPass, m: Match, g: GraphEditor) -> str | None:
+    """May the target run what the rewrite emits, at the dtype it computes in, and is it faster there?"""
+    if not p.emits:
+        return None
+    dtype, subject = p.emitted_at(m, g)
+    for qualified in p.emits:
+        domain, _, op = qualified.rpartition("::")
+        reason = emit_reason(g.target, op, dtype, domain)
+        if reason:
+            return f"{subject.name}: {reason}" if subject is not None else reason
+    return None
 
 
 def _opset_reason(p: Pass, g: GraphEditor) -> str | None:
