@@ -13,7 +13,7 @@ import onnx_graphsurgeon as gs
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Match, Op, Var
 from fuse_cli.pipeline import engine
-from fuse_cli.pipeline.base import PatternPass
+from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.records import FusionRecord, NearMiss, RemovedTensor
 
 
@@ -33,8 +33,8 @@ class CollapseRelus(PatternPass):
 class DeclineAll(CollapseRelus):
     name = "decline-all"
 
-    def check(self, m: Match, g: GraphEditor) -> str | None:
-        return f"{m.node('outer').name} declined"
+    def check(self, m: Match, g: GraphEditor) -> Decline | None:
+        return Decline(f"{m.node('outer').name} declined")
 
 
 class EmitFusedGemm(CollapseRelus):

@@ -7,7 +7,7 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement, TensorShape
 from fuse_cli.match import Alt, Const, Match, Op, Var, constant_value
-from fuse_cli.pipeline.base import PatternPass
+from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
 from fuse_cli.toolkit.shapes import same_dim, shape_entries
 
@@ -112,25 +112,25 @@ class FuseMultiHeadAttention(PatternPass):
     def emitted_at(self, m: Match, g: GraphEditor) -> tuple[np.dtype | None, None]:
         return g.dtype(m.tensor("query_in")), None
 
-    def check(self, m: Match, g: GraphEditor) -> str | None:
+    def check(self, m: Match, g: GraphEditor) -> Decline | None:
         softmax = m.node("softmax")
         axis = softmax.attrs.get("axis", -1 if g.opset >= 13 else 1)
         if axis not in (-1, 3):
-            return f"{softmax.name} normalizes axis {axis}, not the key axis 3"
+            return Decline(f"{softmax.name} normalizes axis {axis}, not the key axis 3")
         heads = {role: _heads(m, g, role) for role in ("query", "key", "value")}
         for value in heads.values():
-            if isinstance(value, str):
+            if isinstance(value, Decline):
                 return value
         (h, d), (hk, dk), (hv, dv) = heads.values()
         if (h, d) != (hk, dk) or hv != h:
-            return f"the heads differ: query {h}x{d}, key {hk}x{dk}, value {hv}x{dv}"
+            return Decline(f"the heads differ: query {h}x{d}, key {hk}x{dk}, value {hv}x{dv}")
         q_shape, k_shape, v_shape = (g.shape(m.tensor(f"{r}_in")) for r in ("query", "key", "value"))
         if "key_flatten" in m.nodes:
             reason = _flattened_key_reason(m, g, k_shape, h, d)
             if reason:
                 return reason
         if not same_dim(q_shape.dims[0], k_shape.dims[0]) or not same_dim(k_shape.dims[0], v_shape.dims[0]):
-            return "the query, key and value batch sizes are not provably equal (MatMul would broadcast them)"
+            return Decline("the query, key and value batch sizes are not provably equal (MatMul would broadcast them)")
         merged = constant_value(m.tensor("merge_shape"))
         merged = None if merged is None else [int(s) for s in merged.reshape(-1)]
         inferred = merged is None and _merge_by_inferred_shape(g, m.node("merge_transpose").outputs[0],
@@ -140,24 +140,24 @@ class FuseMultiHeadAttention(PatternPass):
         first = (0, -1) if merged is not None and len(merged) == 3 and merged[1] == q_shape.static(1) else (0,)
         if not inferred and (merged is None or len(merged) != 3 or merged[0] not in first or merged[1] not in lengths
                              or merged[2] != hv * dv or m.node("merge").attrs.get("allowzero", 0) and 0 in merged):
-            return f"{m.node('merge').name} reshapes to {merged}, not [0, 0, {hv * dv}] (merging the heads)"
+            return Decline(f"{m.node('merge').name} reshapes to {merged}, not [0, 0, {hv * dv}] (merging the heads)")
         for role in ("query", "key", "score"):
             c = constant_value(m.tensor(f"{role}_scale")) if m.tensor(f"{role}_scale") is not None else 1.0
             if np.size(c) != 1 or not np.all(np.isfinite(c)) or np.all(c == 0):
                 scaling = m.node(f"{role}_scaling").name
-                return f"{scaling} scales by {np.ravel(c)[:4].tolist()}, not a finite nonzero scalar"
+                return Decline(f"{scaling} scales by {np.ravel(c)[:4].tolist()}, not a finite nonzero scalar")
         alpha = m.node("qk").attrs.get("alpha", 1.0)
         if not (np.isfinite(alpha) and alpha != 0):
-            return f"{m.node('qk').name} scales by alpha {alpha}, not a finite nonzero scalar"
+            return Decline(f"{m.node('qk').name} scales by alpha {alpha}, not a finite nonzero scalar")
         fill = constant_value(m.tensor("fill")) if "causal" in m.nodes else None
         if fill is not None and (fill.size != 1 or not float(fill.reshape(-1)[0]) <= FILL_LIMIT):
-            return (f"{m.node('causal').name} fills masked scores with {fill.reshape(-1)[:4].tolist()}: attention_bias "
-                    f"adds, which equals the Where only for a scalar fill <= {FILL_LIMIT:g}")
+            return (Decline(f"{m.node('causal').name} fills masked scores with {fill.reshape(-1)[:4].tolist()}: attention_bias "
+                    f"adds, which equals the Where only for a scalar fill <= {FILL_LIMIT:g}"))
         for term in ("keep", "drop", "mask"):
             if m.tensor(term) is not None:
                 reason = _bias_reason(g, m.tensor(term), h, q_shape)
                 if reason:
-                    return f"the {'causal ' if term != 'mask' else ''}mask {m.tensor(term).name!r} {reason}"
+                    return Decline(f"the {'causal ' if term != 'mask' else ''}mask {m.tensor(term).name!r} {reason}")
         return None
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
@@ -197,36 +197,36 @@ def _key_axes(m: Match) -> list[int]:
     return key
 
 
-def _heads(m: Match, g: GraphEditor, role: str) -> tuple[int, int] | str:
+def _heads(m: Match, g: GraphEditor, role: str) -> tuple[int, int] | Decline:
     """(heads, head size) a constant Reshape shape [0, -1 or 0, H, d] gives a [B, L, H*d] input."""
     reshape, source = m.node(f"{role}_reshape"), m.tensor(f"{role}_in")
     shape = constant_value(m.tensor(f"{role}_shape"))
     if shape is None:
         split = _split_by_inferred_shape(g, source, reshape.outputs[0])
         if split is None:
-            return (f"the head count is not derivable: {reshape.name}'s shape is computed at run time "
+            return (Decline(f"the head count is not derivable: {reshape.name}'s shape is computed at run time "
                     f"(a constant [0, -1, heads, head_size], or an inferred [batch, sequence, heads, head_size] "
-                    f"output, is needed)")
+                    f"output, is needed)"))
         return _bias_size_reason(m, g, role, source, *split) or split
     dims, source_shape = [int(s) for s in shape.reshape(-1)], g.shape(source)
     # [-1, S, H, d] (dynamo) is exact when S is the static length checked below: -1 is then the batch
     if (len(dims) != 4 or dims[0] not in (0, -1) or dims[0] == -1 and dims[1] <= 0 or dims[1] < -1
             or min(dims[2:]) <= 0 or reshape.attrs.get("allowzero", 0) and 0 in dims):
-        return f"{reshape.name} reshapes to {dims}, not [0, -1 or 0, heads, head_size]"
+        return Decline(f"{reshape.name} reshapes to {dims}, not [0, -1 or 0, heads, head_size]")
     if source_shape is None or source_shape.rank != 3 or source_shape.static(2) != dims[2] * dims[3]:
-        return (f"{reshape.name} splits {source.name!r} of shape {source_shape and list(source_shape.dims)} into "
-                f"{dims[2]} heads of {dims[3]}: it must be [batch, sequence, {dims[2] * dims[3]}]")
+        return (Decline(f"{reshape.name} splits {source.name!r} of shape {source_shape and list(source_shape.dims)} into "
+                f"{dims[2]} heads of {dims[3]}: it must be [batch, sequence, {dims[2] * dims[3]}]"))
     if dims[1] > 0 and source_shape.static(1) != dims[1]:  # a written-out length must be the static one
-        return (f"{reshape.name} reshapes to {dims}: sequence length {dims[1]} is not {source.name!r}'s "
-                f"static dim 1 ({source_shape.dims[1]}), so it is not [0, -1, heads, head_size]")
+        return (Decline(f"{reshape.name} reshapes to {dims}: sequence length {dims[1]} is not {source.name!r}'s "
+                f"static dim 1 ({source_shape.dims[1]}), so it is not [0, -1, heads, head_size]"))
     return _bias_size_reason(m, g, role, source, dims[2], dims[3]) or (dims[2], dims[3])
 
 
-def _bias_size_reason(m: Match, g: GraphEditor, role: str, source: gs.Tensor, heads: int, size: int) -> str | None:
+def _bias_size_reason(m: Match, g: GraphEditor, role: str, source: gs.Tensor, heads: int, size: int) -> Decline | None:
     bias = m.tensor(f"{role}_bias")
     if bias is not None and (constant_value(bias).size != heads * size or g.dtype(bias) != g.dtype(source)):
-        return (f"{m.node(f'{role}_bias_add').name}'s bias {bias.name!r} is not a [{heads * size}] vector "
-                "of the input's type")
+        return (Decline(f"{m.node(f'{role}_bias_add').name}'s bias {bias.name!r} is not a [{heads * size}] vector "
+                "of the input's type"))
     return None
 
 
@@ -283,7 +283,7 @@ def _flattened_by_read_dims(m: Match, g: GraphEditor) -> bool:
             and same_dim(unflat[2], d) and same_dim(unflat[3], t))
 
 
-def _flattened_key_reason(m: Match, g: GraphEditor, k_shape: TensorShape, heads: int, size: int) -> str | None:
+def _flattened_key_reason(m: Match, g: GraphEditor, k_shape: TensorShape, heads: int, size: int) -> Decline | None:
     """The 3-D route is K^T only as Reshape [-1, T, d] of [B, H, T, d], then [-1, H, d, T]."""
     length = k_shape.static(1)
     flat, unflat = (constant_value(m.tensor(name)) for name in ("key_flat_shape", "key_unflat_shape"))
@@ -292,19 +292,19 @@ def _flattened_key_reason(m: Match, g: GraphEditor, k_shape: TensorShape, heads:
     flat = None if flat is None else [int(v) for v in flat.reshape(-1)]
     unflat = None if unflat is None else [int(v) for v in unflat.reshape(-1)]
     if length is None or flat != [-1, length, size] or unflat != [-1, heads, size, length]:
-        return (f"{m.node('key_flatten').name} and {m.node('key_unflatten').name} reshape to {flat} and {unflat}, "
-                f"not [-1, {length}, {size}] and [-1, {heads}, {size}, {length}] (K transposed per head)")
+        return (Decline(f"{m.node('key_flatten').name} and {m.node('key_unflatten').name} reshape to {flat} and {unflat}, "
+                f"not [-1, {length}, {size}] and [-1, {heads}, {size}, {length}] (K transposed per head)"))
     return None
 
 
-def _bias_reason(g: GraphEditor, t: gs.Tensor, heads: int, q: TensorShape) -> str | None:
+def _bias_reason(g: GraphEditor, t: gs.Tensor, heads: int, q: TensorShape) -> Decline | None:
     """attention_bias is [B or 1, H or 1, S, T]; dims 2 and 3 can be Expanded from 1, dims 0 and 1 cannot."""
     shape = g.shape(t)
     if shape is None or shape.rank != 4:
-        return f"has shape {shape and list(shape.dims)}; attention_bias needs rank 4 [batch or 1, heads or 1, S, T]"
+        return Decline(f"has shape {shape and list(shape.dims)}; attention_bias needs rank 4 [batch or 1, heads or 1, S, T]")
     d0, d1 = _dim(g, t, 0), _dim(g, t, 1)
     if not (d0 == 1 or same_dim(d0, q.dims[0])) or d1 not in (1, heads):
-        return f"has shape {[d0, d1, *shape.dims[2:]]}: its first dims are not provably batch or 1, then {heads} or 1"
+        return Decline(f"has shape {[d0, d1, *shape.dims[2:]]}: its first dims are not provably batch or 1, then {heads} or 1")
     return None
 
 

@@ -9,7 +9,7 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement, TensorShape
 from fuse_cli.match import Alt, Const, Match, Op, Var, constant_value
-from fuse_cli.pipeline.base import PatternPass
+from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
 from fuse_cli.toolkit.activations import ERF_GATE, HALF, TANH_GATE, X, bias_reason, bias_tensor
 
@@ -36,7 +36,7 @@ class _Activation(PatternPass):
     def emitted_at(self, m: Match, g: GraphEditor) -> tuple[np.dtype | None, gs.Node | None]:
         return g.dtype(m.tensor("input") if "input" in m.tensors else m.tensor("x")), None
 
-    def check(self, m: Match, g: GraphEditor) -> str | None:
+    def check(self, m: Match, g: GraphEditor) -> Decline | None:
         x = m.tensor("input") if "input" in m.tensors else m.tensor("x")
         dtype, shape = g.dtype(x), g.shape(x)
         if (reason := _rank_reason(m, x, shape)) is not None:
@@ -44,7 +44,7 @@ class _Activation(PatternPass):
         if m.tensor("bias") is None:
             return None
         if shape is None or shape.rank == 0:
-            return f"{x.name!r} has no known last axis for {m.root.name}'s bias"
+            return Decline(f"{x.name!r} has no known last axis for {m.root.name}'s bias")
         return bias_reason(g, m.tensor("bias"), m.node("x" if "x" in m.nodes else "add"), shape, dtype)
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
@@ -117,11 +117,11 @@ class FuseQuickGelu(_Activation):
     pattern = Op("Mul", X, Op("Sigmoid", Alt(Op("Mul", X, Var("alpha", const=True), name="scale"), X)),
                  name="mul")
 
-    def check(self, m: Match, g: GraphEditor) -> str | None:
+    def check(self, m: Match, g: GraphEditor) -> Decline | None:
         alpha = m.tensor("alpha")
         if alpha is not None and constant_value(alpha).size != 1:
             shape = list(constant_value(alpha).shape)
-            return f"{m.node('scale').name} scales by {alpha.name!r} of shape {shape}, not one alpha"
+            return Decline(f"{m.node('scale').name} scales by {alpha.name!r} of shape {shape}, not one alpha")
         return super().check(m, g)
 
     def attrs(self, m: Match) -> dict:
@@ -162,7 +162,7 @@ class FuseBiasGelu(_Activation):
         return super().emitted_at(m, g)[0], m.node("gelu")
 
 
-def _rank_reason(m: Match, x: gs.Tensor, shape: TensorShape | None) -> str | None:
+def _rank_reason(m: Match, x: gs.Tensor, shape: TensorShape | None) -> Decline | None:
     """A one-element constant of higher rank than x broadcasts it up (0.5 of shape [1,1,1] makes
     an [N] x [1,1,N]); the fused op keeps x's shape, so that is not exact."""
     for node in m.covered:
@@ -171,7 +171,7 @@ def _rank_reason(m: Match, x: gs.Tensor, shape: TensorShape | None) -> str | Non
             if value is None or t is m.tensor("bias") or not value.ndim or (shape and value.ndim <= shape.rank):
                 continue
             rank = shape.rank if shape else "unknown rank"
-            return f"{node.name}'s constant {t.name!r} has rank {value.ndim}, more than {x.name!r}'s {rank}"
+            return Decline(f"{node.name}'s constant {t.name!r} has rank {value.ndim}, more than {x.name!r}'s {rank}")
     return None
 
 

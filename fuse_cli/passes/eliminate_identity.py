@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Match, Op, Var
-from fuse_cli.pipeline.base import PatternPass
+from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
 
 
@@ -17,8 +17,8 @@ class EliminateIdentity(PatternPass):
     label = "Identity"
     pattern = Op("Identity", Var("x"), name="identity")
 
-    def check(self, m: Match, g: GraphEditor) -> str | None:
-        return g.reroute_reason(m.node("identity").outputs[0], m.tensor("x"))
+    def check(self, m: Match, g: GraphEditor) -> Decline | None:
+        return Decline.unless(g.reroute_reason(m.node("identity").outputs[0], m.tensor("x")))
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
         return Replacement(reroute=[(m.node("identity").outputs[0], m.tensor("x"))])

@@ -7,7 +7,7 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Alt, Const, Match, Op, Var, constant_value
-from fuse_cli.pipeline.base import PatternPass
+from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
 
 
@@ -42,11 +42,11 @@ class FuseReshapes(PatternPass):
         same = [int(s) == dims.static(i) or (s == 0 and not allowzero) for i, s in enumerate(shape)]
         return same.count(False) <= (1 if -1 in shape.tolist() else 0)
 
-    def check(self, m: Match, g: GraphEditor) -> str | None:
+    def check(self, m: Match, g: GraphEditor) -> Decline | None:
         if "first" in m.nodes:
             merged = _merged_shape(m, g)
-            return merged if isinstance(merged, str) else None
-        return g.reroute_reason(m.node("reshape").outputs[0], m.tensor("x"))
+            return merged if isinstance(merged, Decline) else None
+        return Decline.unless(g.reroute_reason(m.node("reshape").outputs[0], m.tensor("x")))
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
         reshape = m.node("reshape")
@@ -61,7 +61,7 @@ class FuseReshapes(PatternPass):
         return Replacement(nodes=[fused])
 
 
-def _merged_shape(m: Match, g: GraphEditor) -> np.ndarray | str:
+def _merged_shape(m: Match, g: GraphEditor) -> np.ndarray | Decline:
     """s2 with every 0 that copies a dim of the intermediate made explicit, or why it cannot be."""
     first, reshape = m.node("first"), m.node("reshape")
     s2 = constant_value(m.tensor("shape")).astype(np.int64)
@@ -77,6 +77,6 @@ def _merged_shape(m: Match, g: GraphEditor) -> np.ndarray | str:
         elif s1 is not None and i < s1.size and s1[i] == 0 and not first.attrs.get("allowzero", 0):
             merged[i] = 0  # copies x's dim i, which t's dim i is
         else:
-            return (f"{reshape.name}'s shape copies dim {i} of {first.name}'s output (a 0 entry), "
-                    "which is not statically known")
+            return (Decline(f"{reshape.name}'s shape copies dim {i} of {first.name}'s output (a 0 entry), "
+                    "which is not statically known"))
     return merged

@@ -7,7 +7,7 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Alt, Match, Op, Var, constant_value
-from fuse_cli.pipeline.base import PatternPass
+from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
 from fuse_cli.toolkit.activations import schema_attribute
 
@@ -46,12 +46,12 @@ class FuseConvActivation(PatternPass):
         conv = m.node("conv")
         return g.dtype(conv.outputs[0]) or g.dtype(m.tensor("x")), conv
 
-    def check(self, m: Match, g: GraphEditor) -> str | None:
+    def check(self, m: Match, g: GraphEditor) -> Decline | None:
         act = m.node("act")
         for role in ("min", "max"):
             bound = constant_value(m.tensor(role))
             if bound is not None and bound.size != 1:
-                return f"{act.name}'s {role} has {bound.size} values, not one"
+                return Decline(f"{act.name}'s {role} has {bound.size} values, not one")
         if "add" in m.nodes:
             return _residual_reason(m, g)
         return None
@@ -72,17 +72,17 @@ class FuseConvActivation(PatternPass):
         return Replacement(nodes=[fused])
 
 
-def _residual_reason(m: Match, g: GraphEditor) -> str | None:
+def _residual_reason(m: Match, g: GraphEditor) -> Decline | None:
     conv, add, z = m.node("conv"), m.node("add"), m.tensor("z")
     if z is conv.outputs[0]:
-        return f"{add.name} adds {conv.name}'s output to itself: there is no separate residual"
+        return Decline(f"{add.name} adds {conv.name}'s output to itself: there is no separate residual")
     out, residual = g.shape(conv.outputs[0]), g.shape(z)
     if out is None or residual is None or None in out.dims or None in residual.dims:
-        return (f"{add.name}: the shapes of {conv.name}'s output and of the residual {z.name!r} are not both known; "
-                "FusedConv needs them equal (no broadcasting)")
+        return (Decline(f"{add.name}: the shapes of {conv.name}'s output and of the residual {z.name!r} are not both known; "
+                "FusedConv needs them equal (no broadcasting)"))
     if out.dims != residual.dims:
-        return (f"{add.name} broadcasts: the residual {z.name!r} has shape {list(residual.dims)}, {conv.name}'s output "
-                f"{list(out.dims)}; FusedConv adds Z without broadcasting")
+        return (Decline(f"{add.name} broadcasts: the residual {z.name!r} has shape {list(residual.dims)}, {conv.name}'s output "
+                f"{list(out.dims)}; FusedConv adds Z without broadcasting"))
     return None
 
 

@@ -7,7 +7,7 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Alt, Match, Op
-from fuse_cli.pipeline.base import PatternPass
+from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
 from fuse_cli.toolkit.activations import ERF_GATE, HALF, TANH_GATE, X
 from fuse_cli.toolkit.shapes import rank_reason
@@ -37,10 +37,10 @@ class FuseGelu(PatternPass):
                   Op("Mul", Op("Mul", X, HALF, name="inner"), GATE, name="outer"),
                   Op("Mul", X, Op("Mul", HALF, GATE, name="inner"), name="outer"))
 
-    def check(self, m: Match, g: GraphEditor) -> str | None:
+    def check(self, m: Match, g: GraphEditor) -> Decline | None:
         dtype = g.dtype(m.tensor("x"))
         if dtype != np.float32:
-            return f"{m.node('outer').name} computes in {dtype}; only float32 GELU is matched"
+            return Decline(f"{m.node('outer').name} computes in {dtype}; only float32 GELU is matched")
         return rank_reason(m, g)
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:

@@ -7,7 +7,7 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Alt, Const, Match, Op, Var, constant_value, scalar_close
-from fuse_cli.pipeline.base import PatternPass
+from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
 from fuse_cli.toolkit.norms import (half_source, normalized_axis, param_reason, param_tensor, read_only_by_constant_op,
                                     reduce_mean)
@@ -65,18 +65,18 @@ class FuseLayerNormalization(PatternPass):
             return half_source(m.tensor("x"), reader, g) is None
         return not read_only_by_constant_op(out, ("Mul", "Add"), g)
 
-    def check(self, m: Match, g: GraphEditor) -> str | None:
+    def check(self, m: Match, g: GraphEditor) -> Decline | None:
         x, dtype = input_of(m, g)
-        if isinstance(dtype, str):
+        if isinstance(dtype, Decline):
             return dtype
         shape = g.shape(x)
         axis = normalized_axis(shape, [(m.node("mean"), m.tensor("mean_axes")),
                                        (m.node("variance"), m.tensor("variance_axes"))])
-        if isinstance(axis, str):
+        if isinstance(axis, Decline):
             return axis
         eps = constant_value(m.tensor("eps"))
         if eps.size != 1:
-            return f"{m.node('add_eps').name} adds eps of shape {list(eps.shape)}, not a scalar"
+            return Decline(f"{m.node('add_eps').name} adds eps of shape {list(eps.shape)}, not a scalar")
         return (param_reason(g, m.tensor("gamma"), "gamma", m.nodes.get("scale"), shape, axis, dtype)
                 or param_reason(g, m.tensor("beta"), "beta", m.nodes.get("shift"), shape, axis, dtype)
                 or rank_reason(m, g))
@@ -96,20 +96,20 @@ class FuseLayerNormalization(PatternPass):
         return Replacement(nodes=[node])
 
 
-def input_of(m: Match, g: GraphEditor) -> tuple[gs.Tensor, np.dtype | str]:
+def input_of(m: Match, g: GraphEditor) -> tuple[gs.Tensor, np.dtype | Decline]:
     """The tensor LayerNormalization reads and the dtype of gamma/beta, or why the dtypes do not fit:
     float32 math, or float32 math between Cast(float) of a float16/bfloat16 x and Cast back."""
     x = m.tensor("x")
     if g.dtype(x) != np.float32:
-        return x, (f"{m.node('centered').name} computes in {g.dtype(x)}; only float32 math "
-                   "(or float16 Cast to float32 and back) fuses exactly")
+        return x, (Decline(f"{m.node('centered').name} computes in {g.dtype(x)}; only float32 math "
+                   "(or float16 Cast to float32 and back) fuses exactly"))
     if "cast_out" not in m.nodes:
         return x, np.dtype(np.float32)
     cast_out = m.node("cast_out")
     x_half = half_source(x, cast_out, g)
     if x_half is None:
-        return x, (f"{cast_out.name} casts the normalized value to another type, but {x.name!r} is not a Cast "
-                   "from that type: LayerNormalization's stash_type form needs the round trip")
+        return x, (Decline(f"{cast_out.name} casts the normalized value to another type, but {x.name!r} is not a Cast "
+                   "from that type: LayerNormalization's stash_type form needs the round trip"))
     return x_half, g.dtype(x_half)
 
 

@@ -7,7 +7,7 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Alt, Match, Op, Var, constant_value, producer_of
-from fuse_cli.pipeline.base import PatternPass
+from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.toolkit.norms import RMS_NORMALIZED, normalized_axis, param_reason, param_tensor, read_only_by_constant_op
 from fuse_cli.toolkit.shapes import rank_reason
 from fuse_cli.pipeline.registry import register
@@ -37,20 +37,20 @@ class FuseRMSNormalization(PatternPass):
         """Without gamma, silent where a constant Mul reads the result: the gamma form reports there."""
         return "scale" in m.nodes or not read_only_by_constant_op(m.root.outputs[0], ("Mul",), g)
 
-    def check(self, m: Match, g: GraphEditor) -> str | None:
+    def check(self, m: Match, g: GraphEditor) -> Decline | None:
         x = m.tensor("x")
         if g.dtype(x) != np.float32:
-            return f"{m.node('normalize').name} computes in {g.dtype(x)}; RMSNormalization would compute in float32"
+            return Decline(f"{m.node('normalize').name} computes in {g.dtype(x)}; RMSNormalization would compute in float32")
         centered = producer_of(x)
         if centered is not None and centered.op == "Sub" and _is_mean_of(centered.inputs[1], centered.inputs[0]):
-            return f"{m.node('square').name} squares x - mean(x) from {centered.name}: a LayerNorm (see layer-norm)"
+            return Decline(f"{m.node('square').name} squares x - mean(x) from {centered.name}: a LayerNorm (see layer-norm)")
         shape = g.shape(x)
         axis = normalized_axis(shape, [(m.node("mean_square"), m.tensor("mean_square_axes"))])
-        if isinstance(axis, str):
+        if isinstance(axis, Decline):
             return axis
         eps = constant_value(m.tensor("eps"))
         if eps.size != 1:
-            return f"{m.node('add_eps').name} adds eps of shape {list(eps.shape)}, not a scalar"
+            return Decline(f"{m.node('add_eps').name} adds eps of shape {list(eps.shape)}, not a scalar")
         return (param_reason(g, m.tensor("gamma"), "gamma", m.nodes.get("scale"), shape, axis,
                              np.dtype(np.float32))
                 or rank_reason(m, g))

@@ -10,7 +10,7 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Alt, Const, Match, Op, Var
-from fuse_cli.pipeline.base import PatternPass
+from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
 from fuse_cli.toolkit.activations import bias_reason, bias_tensor
 from fuse_cli.toolkit.norms import param_reason, param_tensor
@@ -31,22 +31,22 @@ class _SkipNorm(PatternPass):
     def emitted_at(self, m: Match, g: GraphEditor) -> tuple[np.dtype | None, None]:
         return g.dtype(m.tensor("input")), None
 
-    def check(self, m: Match, g: GraphEditor) -> str | None:
+    def check(self, m: Match, g: GraphEditor) -> Decline | None:
         norm, x, skip = m.node("norm"), m.tensor("input"), m.tensor("skip")
         shape, dtype = g.shape(x), g.dtype(x)
         if len([t for t in norm.outputs if t.name]) > 1:
-            return f"{norm.name} also outputs its statistics"
+            return Decline(f"{norm.name} also outputs its statistics")
         if shape is None or shape.rank not in (2, 3):
-            return f"{m.node('add').name}'s input has rank {shape and shape.rank}; {self.fused_op} takes rank 2 or 3"
+            return Decline(f"{m.node('add').name}'s input has rank {shape and shape.rank}; {self.fused_op} takes rank 2 or 3")
         if g.shape(skip) != shape or None in shape.dims:
-            return (f"{m.node('add').name} adds {skip.name!r} of shape {dims_list(g.shape(skip))} to {x.name!r} of "
-                    f"shape {dims_list(shape)}: the shapes must be known and equal")
+            return (Decline(f"{m.node('add').name} adds {skip.name!r} of shape {dims_list(g.shape(skip))} to {x.name!r} of "
+                    f"shape {dims_list(shape)}: the shapes must be known and equal"))
         if int(norm.attrs.get("axis", -1)) not in (-1, shape.rank - 1):
-            return f"{norm.name} normalizes from axis {norm.attrs['axis']}; {self.fused_op} normalizes the last only"
+            return Decline(f"{norm.name} normalizes from axis {norm.attrs['axis']}; {self.fused_op} normalizes the last only")
         if dtype is None or g.dtype(skip) != dtype:
-            return f"{m.node('add').name} adds {g.dtype(skip)} to {dtype}"
+            return Decline(f"{m.node('add').name} adds {g.dtype(skip)} to {dtype}")
         if dtype != np.float32 and int(norm.attrs.get("stash_type", 1)) != 1:
-            return f"{norm.name} computes in {dtype} (stash_type=0); {self.fused_op} computes in float32"
+            return Decline(f"{norm.name} computes in {dtype} (stash_type=0); {self.fused_op} computes in float32")
         return (bias_reason(g, m.tensor("bias"), m.nodes.get("add_bias"), shape, dtype)
                 or next(filter(None, (param_reason(g, m.tensor(p), p, norm, shape, shape.rank - 1, dtype)
                                       for p in ("gamma", "beta"))), None))

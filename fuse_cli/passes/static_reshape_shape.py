@@ -7,7 +7,7 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement, label
 from fuse_cli.match import Match, Op, Var, constant_value
-from fuse_cli.pipeline.base import PatternPass
+from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
 from fuse_cli.toolkit.shapes import piece_dims, piece_entries, shape_pieces
 
@@ -48,18 +48,18 @@ class StaticReshapeShape(PatternPass):
         if constant_value(shape) is not None or not any(piece_dims(piece) for piece in shape_pieces(shape)):
             return False
         # already as short as it gets (e.g. this pass's own output): nothing to say
-        leading = _leading_dims(m, g) if isinstance(_static_shape(m, g), str) else None
+        leading = _leading_dims(m, g) if isinstance(_static_shape(m, g), Decline) else None
         return leading is None or _dead_with(m, g, leading[0]) > 2
 
-    def check(self, m: Match, g: GraphEditor) -> str | None:
+    def check(self, m: Match, g: GraphEditor) -> Decline | None:
         shape = _static_shape(m, g)
-        return shape if isinstance(shape, str) and _leading_dims(m, g) is None else None
+        return shape if isinstance(shape, Decline) and _leading_dims(m, g) is None else None
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
         reshape = m.node("reshape")
         base = reshape.name or "reshape"
         shape, nodes = _static_shape(m, g), []
-        if isinstance(shape, str):  # check passed: the leading-dims form
+        if isinstance(shape, Decline):  # check passed: the leading-dims form
             t, k, rest = _leading_dims(m, g)
             dims, shape = g.variable(f"{base}_leading_dims"), g.variable(f"{base}_shape")
             dims.dtype = shape.dtype = np.int64
@@ -108,7 +108,7 @@ def _dead_with(m: Match, g: GraphEditor, source: gs.Tensor) -> int:
     return len(dead) - 1
 
 
-def _static_shape(m: Match, g: GraphEditor) -> np.ndarray | str:
+def _static_shape(m: Match, g: GraphEditor) -> np.ndarray | Decline:
     reshape, x = m.node("reshape"), m.tensor("x")
     allowzero = reshape.attrs.get("allowzero", 0)
     x_dims = g.shape(x)
@@ -117,7 +117,7 @@ def _static_shape(m: Match, g: GraphEditor) -> np.ndarray | str:
     for piece in shape_pieces(m.tensor("shape")):
         entries = piece_entries(piece, g)
         if entries is None:
-            return f"{label(reshape)}'s shape piece {piece.name!r} has a length unknown before run time"
+            return Decline(f"{label(reshape)}'s shape piece {piece.name!r} has a length unknown before run time")
         for entry in entries:
             j = len(shape)
             if isinstance(entry, tuple):
@@ -138,7 +138,7 @@ def _static_shape(m: Match, g: GraphEditor) -> np.ndarray | str:
     if len(unknown) > 1 or (unknown and -1 in shape):
         why = "allowzero=1, so 0 cannot copy a dim; " if allowzero else ""
         taken = "the shape already has a -1" if -1 in shape else "at most one can be left to -1"
-        return f"{label(reshape)}'s shape is known only at run time in {'; '.join(unknown)} ({why}{taken})"
+        return Decline(f"{label(reshape)}'s shape is known only at run time in {'; '.join(unknown)} ({why}{taken})")
     return np.array(_inferred([-1 if s is None else s for s in shape], x_dims, allowzero), np.int64)
 
 

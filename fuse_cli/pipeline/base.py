@@ -3,6 +3,7 @@ whole-graph transformation such as constant folding."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
@@ -13,6 +14,22 @@ from fuse_cli.match import Alt, Match, Op
 from fuse_cli.targets import TARGETS
 
 ALL_TARGETS = frozenset(TARGETS)
+
+
+@dataclass(frozen=True)
+class Decline:
+    """Why a check does not fuse a match, in plain words: the near-miss the report shows. A check
+    returns None or a Decline; helpers that compute a value return the value or a Decline."""
+
+    reason: str
+
+    def __str__(self) -> str:
+        return self.reason
+
+    @classmethod
+    def unless(cls, reason: str | None) -> Decline | None:
+        """A Decline from a reason GraphEditor or the target table gives (None: no decline)."""
+        return cls(reason) if reason else None
 
 
 class Pass:
@@ -61,7 +78,7 @@ class PatternPass(Pass):
         before `check`), and the node a target decline names (None: the reason alone)."""
         return g.dtype(m.root.outputs[0]), None
 
-    def check(self, m: Match, g: GraphEditor) -> str | None:
+    def check(self, m: Match, g: GraphEditor) -> Decline | None:
         return None
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:

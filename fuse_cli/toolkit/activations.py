@@ -11,6 +11,7 @@ from onnx import defs, helper
 
 from fuse_cli.graph.edit import GraphEditor, TensorShape
 from fuse_cli.match import Alt, Const, Op, Var, constant_value, scalar_close
+from fuse_cli.pipeline.base import Decline
 from fuse_cli.toolkit.shapes import dims_list
 
 X = Var("x")
@@ -24,7 +25,7 @@ TANH_GATE = Op("Add", Op("Tanh", Op("Mul", Const(scalar_close(math.sqrt(2.0 / ma
 
 
 def bias_reason(g: GraphEditor, bias: gs.Tensor | None, add: gs.Node | None, shape: TensorShape,
-                dtype: np.dtype) -> str | None:
+                dtype: np.dtype) -> Decline | None:
     """None if `bias` (added to a tensor of `shape` and `dtype`) is a constant over the last axis
     only, which onnxruntime's fused ops take as a 1-D bias; else why not."""
     if bias is None:
@@ -32,12 +33,12 @@ def bias_reason(g: GraphEditor, bias: gs.Tensor | None, add: gs.Node | None, sha
     value, hidden = constant_value(bias), shape.dims[-1]
     where = f"{add.name}'s bias {bias.name!r} of shape {list(value.shape)}"
     if not isinstance(hidden, int):
-        return f"{where}: the last axis of {dims_list(shape)} is not static"
+        return Decline(f"{where}: the last axis of {dims_list(shape)} is not static")
     leading_ones = all(d == 1 for d in value.shape[:-1])
     if value.ndim > shape.rank or not leading_ones or value.shape[-1:] not in ((), (1,), (hidden,)):
-        return f"{where} does not broadcast over the last axis [{hidden}] alone of {dims_list(shape)}"
+        return Decline(f"{where} does not broadcast over the last axis [{hidden}] alone of {dims_list(shape)}")
     if value.dtype != dtype:
-        return f"{where} has dtype {value.dtype}, the input {dtype}"
+        return Decline(f"{where} has dtype {value.dtype}, the input {dtype}")
     return None
 
 

@@ -10,6 +10,7 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, TensorShape
 from fuse_cli.match import Alt, Const, Op, Var, constant_value, producer_of, scalar_close
+from fuse_cli.pipeline.base import Decline
 
 HALF_TYPES = {t: np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t))
               for t in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)}
@@ -26,28 +27,28 @@ def half_source(x: gs.Tensor, cast_out: gs.Node, g: GraphEditor) -> gs.Tensor | 
     return cast_in.inputs[0]
 
 
-def normalized_axis(shape: TensorShape | None, reductions: list[tuple[gs.Node, gs.Tensor | None]]) -> int | str:
+def normalized_axis(shape: TensorShape | None, reductions: list[tuple[gs.Node, gs.Tensor | None]]) -> int | Decline:
     """The first normalized axis if every ReduceMean (keepdims=1) reduces the same trailing axes
     [axis, rank) of a tensor of `shape`, else why not."""
     if shape is None:
-        return f"the rank of {reductions[0][0].name}'s input is unknown"
+        return Decline(f"the rank of {reductions[0][0].name}'s input is unknown")
     rank, first = shape.rank, None
     for node, axes_tensor in reductions:
         if node.attrs.get("keepdims", 1) != 1:
-            return f"{node.name} has keepdims=0"
+            return Decline(f"{node.name} has keepdims=0")
         axes = node.attrs.get("axes") if axes_tensor is None else constant_value(axes_tensor)
         if axes_tensor is not None and axes is None:
-            return f"{node.name}'s axes {axes_tensor.name!r} are computed at run time"
+            return Decline(f"{node.name}'s axes {axes_tensor.name!r} are computed at run time")
         axes = [int(a) for a in np.asarray(axes if axes is not None else [], dtype=np.int64).reshape(-1)]
         if not axes and node.attrs.get("noop_with_empty_axes", 0):
-            return f"{node.name} reduces nothing (noop_with_empty_axes=1)"
+            return Decline(f"{node.name} reduces nothing (noop_with_empty_axes=1)")
         if any(not -rank <= a < rank for a in axes):
-            return f"{node.name} reduces axes {axes}, out of range for rank {rank}"
+            return Decline(f"{node.name} reduces axes {axes}, out of range for rank {rank}")
         normalized = sorted({a % rank for a in axes}) or list(range(rank))
         if normalized != list(range(normalized[0], rank)):
-            return f"{node.name} reduces axes {axes} of a rank-{rank} tensor, not trailing axes ending at the last"
+            return Decline(f"{node.name} reduces axes {axes} of a rank-{rank} tensor, not trailing axes ending at the last")
         if first is not None and normalized[0] != first:
-            return f"{node.name} reduces from axis {normalized[0]}, the mean from axis {first}"
+            return Decline(f"{node.name} reduces from axis {normalized[0]}, the mean from axis {first}")
         first = normalized[0]
     return first
 
@@ -61,28 +62,28 @@ def read_only_by_constant_op(out: gs.Tensor, ops: tuple[str, ...], g: GraphEdito
 
 
 def param_reason(g: GraphEditor, param: gs.Tensor | None, role: str, node: gs.Node | None,
-                 shape: TensorShape, axis: int, dtype: np.dtype) -> str | None:
+                 shape: TensorShape, axis: int, dtype: np.dtype) -> Decline | None:
     """None if `param` (gamma or beta) broadcasts over the normalized axes [axis, rank) only."""
     if param is None:
         return None
     normalized = shape.dims[axis:]
     where = f"{node.name}'s {role} {param.name!r}"
     if any(not isinstance(d, int) for d in normalized):
-        return f"the normalized dims {list(normalized)} are not all static"
+        return Decline(f"the normalized dims {list(normalized)} are not all static")
     p = g.shape(param)
     if p is None or any(not isinstance(d, int) for d in p.dims):
-        return f"{where} has an unknown shape"
+        return Decline(f"{where} has an unknown shape")
     if g.dtype(param) != dtype:
-        return f"{where} has dtype {g.dtype(param)}, the normalized value {dtype}"
+        return Decline(f"{where} has dtype {g.dtype(param)}, the normalized value {dtype}")
     if p.rank > shape.rank:
-        return f"{where} has rank {p.rank}, more than the input's {shape.rank}"
+        return Decline(f"{where} has rank {p.rank}, more than the input's {shape.rank}")
     for i, d in enumerate(p.dims):
         j = shape.rank - p.rank + i
         if d != 1 and (j < axis or d != normalized[j - axis]):
             kind = "a non-normalized axis" if j < axis else "normalized axis"
-            return f"{where} of shape {list(p.dims)} broadcasts over {kind} {j} of the input {list(shape.dims)}"
+            return Decline(f"{where} of shape {list(p.dims)} broadcasts over {kind} {j} of the input {list(shape.dims)}")
     if constant_value(param) is None and tuple(p.dims) != tuple(normalized):
-        return f"{where} is computed at run time with shape {list(p.dims)}, not exactly {list(normalized)}"
+        return Decline(f"{where} is computed at run time with shape {list(p.dims)}, not exactly {list(normalized)}")
     return None
 
 

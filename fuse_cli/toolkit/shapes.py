@@ -8,6 +8,7 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, TensorShape
 from fuse_cli.match import Alt, Match, Op, Var, constant_value, match_root
+from fuse_cli.pipeline.base import Decline
 
 SHAPE = Op("Shape", Var("source"), name="shape_of")  # opset 15 adds start/end attributes
 GATHER = Op("Gather", SHAPE, Var("index"), name="gather")
@@ -88,7 +89,7 @@ def same_dim(a, b) -> bool:
     return a is not None and a == b
 
 
-def rank_reason(m: Match, g: GraphEditor) -> str | None:
+def rank_reason(m: Match, g: GraphEditor) -> Decline | None:
     """None unless a constant in the match has more dims than x: it broadcasts the result to a
     higher rank than the fused operator, whose output has x's shape, would give."""
     x = m.tensor("x")
@@ -97,8 +98,8 @@ def rank_reason(m: Match, g: GraphEditor) -> str | None:
         for t in node.inputs:
             value = constant_value(t)
             if value is not None and value.ndim > (shape.rank if shape is not None else 1):
-                return (f"{node.name}'s constant {t.name!r} of shape {list(value.shape)} broadcasts "
-                        f"{x.name!r} (rank {shape.rank if shape is not None else 'unknown'}) to rank {value.ndim}")
+                return (Decline(f"{node.name}'s constant {t.name!r} of shape {list(value.shape)} broadcasts "
+                        f"{x.name!r} (rank {shape.rank if shape is not None else 'unknown'}) to rank {value.ndim}"))
     return None
 
 
