@@ -23,7 +23,7 @@ from fuse_cli.graph.io import load_model
 from fuse_cli.graph.opset import default_opset, upgrade_opset
 from fuse_cli.graph.output import CandidateWriter, check_not_over_weights, check_output_path
 from fuse_cli.passes import resolve
-from fuse_cli.passes.base import Pass
+from fuse_cli.pipeline.base import Pass
 from fuse_cli.promises import declined_near_miss, keep_promises
 from fuse_cli.report.model import Gates, Report
 from fuse_cli.report.notes import opset_note, run_level_note, shape_notes

@@ -22,7 +22,8 @@ from fuse_cli.config import FuseConfig
 from fuse_cli.errors import UsageError
 from fuse_cli.graph.io import LoadedModel
 from fuse_cli.input_domain import integer_ranges
-from fuse_cli.report.model import FusionRecord, MeasuredPeaks, MemoryAudit, PeakGrowth
+from fuse_cli.pipeline.records import FusionRecord
+from fuse_cli.report.model import MeasuredPeaks, MemoryAudit, PeakGrowth
 
 # The second setting: every symbol LARGER times its bound value, and at least LARGER_AT_LEAST
 # (unbound symbols count as 1, where kernels' fixed scratch dwarfs the activations).

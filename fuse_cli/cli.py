@@ -163,7 +163,7 @@ def bench_command(model, optimized, dims, providers, levels, quick, no_memory, s
 @guarded
 def list_passes(target, explain):
     """List the passes, in pipeline order for a target."""
-    from fuse_cli.passes.registry import resolve
+    from fuse_cli.pipeline.registry import resolve
     from fuse_cli.report.passes import render_explanation, render_passes
 
     if explain:

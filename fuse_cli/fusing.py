@@ -17,9 +17,9 @@ from fuse_cli.graph.edit import GraphEditor, toposort
 from fuse_cli.graph.io import LoadedModel, assemble_model, has_unread_weights, load_graph, unload_unchanged_weights
 from fuse_cli.graph.opset import default_opset, ensure_domain_imports
 from fuse_cli.passes import resolve
-from fuse_cli.passes.base import Pass
-from fuse_cli.passes.engine import run_pipeline
-from fuse_cli.report.model import FusionRecord, NearMiss
+from fuse_cli.pipeline.base import Pass
+from fuse_cli.pipeline.engine import run_pipeline
+from fuse_cli.pipeline.records import FusionRecord, NearMiss
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,9 @@ from fuse_cli.config import FuseConfig
 from fuse_cli.fusing import Fused
 from fuse_cli.graph.io import LoadedModel
 from fuse_cli.graph.output import CandidateWriter
-from fuse_cli.passes.base import Pass
-from fuse_cli.report.model import NearMiss, PeakDecline, RolledBack
+from fuse_cli.pipeline.base import Pass
+from fuse_cli.pipeline.records import NearMiss
+from fuse_cli.report.model import PeakDecline, RolledBack
 from fuse_cli.report.render import human_bytes
 from fuse_cli.rollback import drop_breaking_passes
 from fuse_cli.verify import MISMATCH, VerifyResult, compare_with_reference, reference_for

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from fuse_cli.passes.base import Pass
+from fuse_cli.pipeline.base import Pass
 
 Candidate = TypeVar("Candidate")
 Evidence = TypeVar("Evidence")

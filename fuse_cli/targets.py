@@ -1,4 +1,8 @@
-"""Which onnxruntime fused operators each `--target` may emit: operator x provider x dtype.
+"""Target policy, in one place: which onnxruntime fused operators each `--target` may emit
+(operator x provider x dtype, CAPABILITIES), and where a kernel that runs was measured slower
+than what it replaces (SLOWER, with the evidence). Passes declare the operators they emit; the
+registry keeps a pass only in the pipelines of targets that can run them (`usable_targets`),
+and the engine asks `emit_reason` once per match.
 
 `--target onnx` emits standard operators only. The onnxruntime targets may also emit the
 operators below, but only where the providers they promise to run on have a kernel for the
@@ -87,6 +91,45 @@ CAPABILITIES: tuple[Capability, ...] = (
 )
 _BY_KEY = {(c.op, c.domain): c for c in CAPABILITIES}
 
+
+
+@dataclass(frozen=True)
+class Slower:
+    """A kernel a provider runs, measured slower than the operators it would replace.
+
+    `reason` is the near-miss text ({target} is the target's name). With `leaves_pipeline` the
+    passes emitting `op` are not in the pipelines of targets that use `provider` at all (nothing
+    to report: the unfused form is simply what that target runs)."""
+
+    op: str
+    provider: str
+    reason: str
+    evidence: str
+    leaves_pipeline: bool = False
+
+
+SLOWER: tuple[Slower, ...] = (
+    Slower("FusedConv", "cuda",
+           "onnxruntime-gpu 1.31's CUDA FusedConv measured 1.8-2.5x slower than the Conv and activation it replaces "
+           "(resnet50, inception_v2 on an H200) (target {target}); --target ort-cpu fuses it",
+           "NVIDIA H200, onnxruntime-gpu 1.31.1, batch 1 (fuse bench --provider CUDA, against the same model with "
+           "its BatchNormalizations folded): light_resnet50 1.87x at graph optimization disabled and 2.08x at all; "
+           "light_inception_v2 1.79x and 2.47x. The same folds without FusedConv (--target onnx) ran 0.92x and 0.70x."),
+    Slower("BiasGelu", "cpu",
+           "onnxruntime's CPU BiasGelu measured 1.04-1.28x slower than the Add + Gelu it would replace, so the bias "
+           "Add stays (target {target}; --target ort-cuda fuses it)",
+           "onnxruntime 1.31, profiler kernel time, one thread, fp32, graph optimizations off. After a MatMul, 200 "
+           "runs: [1, 128, 3072] 262-272 vs 210-216 us, [1, 197, 3072] 417 vs 333-352 us, [1, 1024, 3072] "
+           "2205-2214 vs 1866-1960 us. Its 12 nodes in real exports, us a run: bert-base dynamo 2988-3423 vs "
+           "2445-2796, vit-base dynamo 4650-4768 vs 3894-3966, vit-base opset 17 4558-4798 vs 3622-3844, "
+           "bert-base opset 17 2410-2513 vs 2321-2400."),
+    *(Slower(op, "cpu", f"onnxruntime 1.31's CPU {op} measured 6.6x slower than the unfused Adds and norm",
+             "390 vs 59 us at [1, 128, 768], one thread, against the Add + Add + LayerNormalization it replaces; "
+             "onnxruntime's own optimizer makes the same fusion at level all (see api._run_level_note)",
+             leaves_pipeline=True)
+      for op in ("SkipLayerNormalization", "SkipSimplifiedLayerNormalization")),
+)
+
 _DTYPE_ALIASES = {"float": "float32", "fp32": "float32", "half": "float16", "fp16": "float16", "bf16": "bfloat16",
                   "double": "float64", "fp64": "float64"}
 
@@ -141,6 +184,36 @@ def target_reason(target: str, op: str, dtype, domain: str = MS) -> str | None:
         reason = f"{op} has no {dtype} kernel on onnxruntime's {where} provider{plural} (target {target})"
     other = [t for t in TARGETS[1:] if t != target and _missing(cap, t, dtype) == []]
     return reason + (f"; --target {other[0]} allows it" if other else "")
+
+
+def slower(target: str, op: str) -> Slower | None:
+    """The measurement that says `op` is slower on a provider `target` may run on, if any."""
+    return next((s for s in SLOWER if s.op == op and s.provider in PROVIDERS_OF[target]), None)
+
+
+def emit_reason(target: str, op: str, dtype, domain: str = MS) -> str | None:
+    """Should a pass emit `domain::op` at `dtype` for `target`? None, or why not: no kernel
+    (`target_reason`), or a measured slowdown."""
+    reason = target_reason(target, op, dtype, domain)
+    if reason is None and (measured := slower(target, op)) is not None:
+        reason = measured.reason.format(target=target)
+    return reason
+
+
+def usable_targets(emits: tuple[str, ...]) -> frozenset[str]:
+    """The targets a pass emitting `emits` ("domain::op", or "op" for the default domain) belongs
+    to: standard operators everywhere; others where every provider of the target has a kernel at
+    some dtype and no measurement takes the pass out of that target's pipeline."""
+    usable = set(TARGETS)
+    for qualified in emits:
+        domain, _, op = qualified.rpartition("::")
+        if _is_standard(op) and domain in ("", "ai.onnx"):
+            continue
+        cap = capability(op, domain)
+        usable -= {t for t in TARGETS if t == "onnx" or cap is None
+                   or not any(_missing(cap, t, d) == [] for d in DTYPES)
+                   or any(s.leaves_pipeline for s in SLOWER if s.op == op and s.provider in PROVIDERS_OF[t])}
+    return frozenset(usable)
 
 
 def capability_rows(target: str) -> list[tuple[str, ...]]:

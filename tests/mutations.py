@@ -18,7 +18,7 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import Replacement
 from fuse_cli.passes import REGISTRY
-from fuse_cli.passes.base import PatternPass
+from fuse_cli.pipeline.base import PatternPass
 
 Tamper = Callable[[Replacement, object, object], bool | None]  # (replacement, match, editor): False = not applied
 

@@ -19,6 +19,8 @@ from fuse_cli.graph import io
 from tests.conftest import REPO, assert_equivalent
 from tests.graphs import op_counts
 
+pytestmark = pytest.mark.slow
+
 
 def _benchmark():
     spec = importlib.util.spec_from_file_location("big_models", REPO / "benchmarks" / "big_models.py")

@@ -20,6 +20,8 @@ from tests.test_pass_pad_conv import pad_conv
 from tests.test_pass_transposes import transposes
 from tests.test_verify import conv_bn_model
 
+pytestmark = pytest.mark.slow
+
 def conv_residual_relu():
     b = GraphBuilder()
     x, z = b.input("x", ["batch", 3, 8, 8]), b.input("z", ["batch", 4, 8, 8])

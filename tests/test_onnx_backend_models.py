@@ -12,6 +12,8 @@ import pytest
 from fuse_cli import api
 from fuse_cli.config import FuseConfig
 
+pytestmark = pytest.mark.slow
+
 DATA = Path(onnx.__file__).parent / "backend" / "test" / "data"
 MODELS = sorted(p for kind in ("pytorch-converted", "pytorch-operator", "simple")
                 for p in (DATA / kind).glob("*/model.onnx"))

@@ -7,7 +7,7 @@ import onnx
 import pytest
 
 from fuse_cli.errors import UsageError
-from fuse_cli.passes.registry import pipeline_for, resolve
+from fuse_cli.passes import pipeline_for, resolve
 from fuse_cli.verify import verify_models
 from tests.attention_graphs import attention_model, bert, dynamo_sdpa_model, gpt2, vit, vit_static
 from tests.conftest import SAMPLES, optimize_model

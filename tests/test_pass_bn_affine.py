@@ -10,7 +10,7 @@ from onnx import TensorProto
 
 from fuse_cli.graph.edit import GraphEditor
 from fuse_cli.passes.bn_affine import BatchNormToAffine
-from fuse_cli.passes.engine import run_pipeline
+from fuse_cli.pipeline.engine import run_pipeline
 from tests.conftest import assert_equivalent, optimize_model
 from tests.graphs import IR_VERSION, GraphBuilder, op_counts
 

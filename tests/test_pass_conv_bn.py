@@ -12,7 +12,7 @@ from onnx import TensorProto, numpy_helper
 
 from fuse_cli.graph.edit import GraphEditor
 from fuse_cli.passes import REGISTRY
-from fuse_cli.passes.engine import run_pipeline
+from fuse_cli.pipeline.engine import run_pipeline
 from fuse_cli.verify import verify_models
 from tests.conftest import assert_equivalent, optimize_model
 from tests.graphs import GraphBuilder, assert_declined, op_counts

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import numpy as np
 import onnx
 import pytest
 from onnx import helper
 
 from fuse_cli.errors import UsageError
-from fuse_cli.passes.registry import pipeline_for
+from fuse_cli.passes import pipeline_for
 from tests.conftest import assert_equivalent, optimize_model
 from tests.graphs import GraphBuilder, op_counts, signature
 from tests.norm_graphs import rms_norm

@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from fuse_cli.errors import UsageError
-from fuse_cli.passes.registry import pipeline_for
+from fuse_cli.passes import pipeline_for
 from tests.conftest import assert_equivalent, optimize_model
 from tests.graphs import GraphBuilder, op_counts, signature
 from tests.test_pass_simplified_norm import rms_norm

@@ -4,7 +4,7 @@ to matter on a graph where the other order would give a worse (still correct) mo
 import numpy as np
 import pytest
 
-from fuse_cli.passes.registry import PIPELINES
+from fuse_cli.passes import PIPELINES
 from tests.attention_graphs import attention_model
 from tests.conftest import assert_equivalent, optimize_model
 from tests.graphs import GraphBuilder, op_counts

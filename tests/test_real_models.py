@@ -34,6 +34,8 @@ from fuse_cli.verify import make_session, random_inputs, run
 from tests.conftest import LIGHT_MODELS, optimize_model
 from tests.graphs import GraphBuilder, op_counts
 
+pytestmark = pytest.mark.slow
+
 EXPECTED_MODELS = (
     "light_bvlc_alexnet",
     "light_densenet121",

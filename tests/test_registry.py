@@ -4,8 +4,8 @@ import pytest
 
 from fuse_cli.errors import UsageError
 from fuse_cli.passes import REGISTRY, TARGETS, pipeline_for, resolve
-from fuse_cli.passes.registry import PIPELINES
-from fuse_cli.passes.base import ALL_TARGETS, GraphPass, PatternPass
+from fuse_cli.passes import PIPELINES
+from fuse_cli.pipeline.base import ALL_TARGETS, GraphPass, PatternPass
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -15,7 +15,8 @@ from fuse_cli.analysis.memory import LiveTensor
 from fuse_cli.config import FuseConfig
 from fuse_cli.errors import UsageError
 from fuse_cli.report.html import render_html, write_html
-from fuse_cli.report.model import NearMiss, Report
+from fuse_cli.pipeline.records import NearMiss
+from fuse_cli.report.model import Report
 from fuse_cli.report.plot import render_timeline_svg, write_plot
 from fuse_cli.report.render import human_bytes, savings_rows
 from tests.conftest import SAMPLES

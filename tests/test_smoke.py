@@ -1,4 +1,3 @@
-import numpy as np
 
 from tests.conftest import assert_equivalent, optimize_model
 from tests.graphs import GraphBuilder, op_counts

@@ -356,6 +356,41 @@ def test_capability_rows(target):
 
 
 def test_targets_match_the_pass_registry():
-    from fuse_cli.passes.registry import TARGETS as registry_targets
+    from fuse_cli.pipeline.registry import TARGETS as registry_targets
 
     assert tuple(registry_targets) == TARGETS
+
+
+# ---- the policy passes consult: emitted operators -> targets, measured slowdowns -------------------
+@pytest.mark.parametrize("emits, expected", [
+    ((), {"onnx", "ort", "ort-cpu", "ort-cuda"}),
+    (("LayerNormalization",), {"onnx", "ort", "ort-cpu", "ort-cuda"}),
+    (("SimplifiedLayerNormalization",), {"ort", "ort-cpu", "ort-cuda"}),
+    (("com.microsoft::FusedGemm",), {"ort-cpu"}),  # no CUDA kernel
+    (("com.microsoft::SkipLayerNormalization",), {"ort-cuda"}),  # measured slower on the CPU
+    (("com.microsoft::FusedConv",), {"ort", "ort-cpu", "ort-cuda"}),  # slower on CUDA: declined per match
+])
+def test_usable_targets(emits, expected):
+    assert targets.usable_targets(emits) == expected
+
+
+def test_registered_passes_take_their_targets_from_what_they_emit():
+    from fuse_cli.passes import REGISTRY
+
+    for p in REGISTRY.values():
+        assert p.targets == targets.usable_targets(p.emits), p.name
+
+
+@pytest.mark.parametrize("target, op, words", [
+    ("ort-cuda", "FusedConv", "CUDA FusedConv measured 1.8-2.5x slower"),
+    ("ort", "FusedConv", "(target ort); --target ort-cpu fuses it"),
+    ("ort-cpu", "BiasGelu", "CPU BiasGelu measured 1.04-1.28x slower than the Add + Gelu"),
+])
+def test_emit_reason_gives_the_measured_slowdown(target, op, words):
+    assert words in targets.emit_reason(target, op, "float32")
+
+
+def test_emit_reason_is_the_capability_reason_first():
+    assert targets.emit_reason("ort-cuda", "FusedConv", "float16") == target_reason("ort-cuda", "FusedConv", "float16")
+    assert targets.emit_reason("ort-cpu", "FusedConv", "float32") is None
+    assert targets.slower("ort-cpu", "FusedConv") is None and targets.slower("ort", "FusedConv").provider == "cuda"

@@ -25,7 +25,7 @@ from fuse_cli.graph.edit import Replacement
 from fuse_cli.input_domain import integer_ranges, shape_settings
 from fuse_cli.match import Op, Var
 from fuse_cli.passes import REGISTRY
-from fuse_cli.passes.base import PatternPass
+from fuse_cli.pipeline.base import PatternPass
 from fuse_cli.verify import compare_outputs, verify_models
 from tests.graphs import GraphBuilder, op_counts
 

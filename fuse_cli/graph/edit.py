@@ -96,12 +96,6 @@ class GraphEditor:
         elem = self._dtypes.get(tensor.name)
         return _np_dtype(elem) if elem else None
 
-    def target_reason(self, op: str, dtype: np.dtype | None, domain: str = "com.microsoft") -> str | None:
-        """None if the chosen target runs `domain::op` at `dtype`, else why not (capability table)."""
-        from fuse_cli.targets import target_reason
-
-        return target_reason(self.target, op, dtype, domain)
-
     def is_graph_output(self, tensor: gs.Tensor) -> bool:
         return id(tensor) in self.graph_outputs
 

@@ -6,8 +6,10 @@ A pattern reads like the expression it matches, written from the output backward
     PATTERN = Op("BatchNormalization", conv, Var("scale", const=True), ..., name="bn")
 
 Each element matches a tensor: `Var` any tensor (the same name twice must be the same tensor),
-`Op` a tensor produced by a node of that type, `Alt` any of several patterns, `Const` a constant
-whose value satisfies a predicate. Binary Add/Mul are tried in both input orders. Matching
+`Op` a tensor produced by a node of that type (keyword arguments beyond name/domain/output
+constrain its attributes: `Op("Transpose", x, perm=[0, 2, 1, 3])` wants that value,
+`Op("Gemm", a, b, transA=lambda v: not v)` a predicate over the value, None when absent),
+`Alt` any of several patterns, `Const` a constant whose value satisfies a predicate. Binary Add/Mul are tried in both input orders. Matching
 yields every way the pattern fits, so alternatives backtrack naturally; structural failure is
 silent (not the pattern), while preconditions that fail after a structural match are near-misses.
 """
@@ -53,13 +55,16 @@ class Op:
     name: str | None = None
     domain: str = ""
     output: int = 0
+    attrs: tuple[tuple[str, object], ...] = ()  # (attribute, wanted value or predicate)
 
-    def __init__(self, op_type, *inputs: Pattern, name: str | None = None, domain: str = "", output: int = 0):
+    def __init__(self, op_type, *inputs: Pattern, name: str | None = None, domain: str = "", output: int = 0,
+                 **attrs: object):
         object.__setattr__(self, "op_type", op_type)
         object.__setattr__(self, "inputs", tuple(inputs))
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "domain", domain)
         object.__setattr__(self, "output", output)
+        object.__setattr__(self, "attrs", tuple(attrs.items()))
 
     @property
     def op_types(self) -> tuple[str, ...]:
@@ -137,7 +142,7 @@ def match_root(pattern: Op | Alt, node: gs.Node) -> Iterator[Match]:
 def _match_node(pattern: Op, node: gs.Node, m: Match) -> Iterator[Match]:
     if node.op not in pattern.op_types or _domain(node.domain) != _domain(pattern.domain):
         return
-    if any(node is seen for seen in m.covered):
+    if any(node is seen for seen in m.covered) or not _attributes_fit(pattern, node):
         return
     inputs = list(node.inputs)
     while inputs and _is_missing(inputs[-1]):
@@ -205,6 +210,25 @@ def _match_tensor(pattern: Pattern, tensor: gs.Tensor | None, consumer: gs.Node,
             yield matched
     else:  # pragma: no cover - a programming error in a pattern
         raise TypeError(f"not a pattern element: {pattern!r}")
+
+
+def _attributes_fit(pattern: Op, node: gs.Node) -> bool:
+    """Each constrained attribute has the wanted value (lists compare as lists, whatever their
+    container) or satisfies the predicate (given None when the node does not set it)."""
+    for key, wanted in pattern.attrs:
+        value = node.attrs.get(key)
+        if callable(wanted):
+            if not wanted(value):
+                return False
+        elif _plain(value) != _plain(wanted):
+            return False
+    return True
+
+
+def _plain(value: object) -> object:
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return tuple(_plain(v) for v in value)
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def _domain(domain: str | None) -> str:

@@ -7,9 +7,9 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement, TensorShape
 from fuse_cli.match import Alt, Const, Match, Op, Var, constant_value
-from fuse_cli.passes.base import PatternPass
-from fuse_cli.passes.registry import register
-from fuse_cli.passes.shape_arith import shape_entries
+from fuse_cli.pipeline.base import Decline, PatternPass
+from fuse_cli.pipeline.registry import register
+from fuse_cli.toolkit.shapes import same_dim, shape_entries
 
 HEADS_PERM, KEY_PERM, LAST_TWO_PERM = [0, 2, 1, 3], [0, 2, 3, 1], [0, 1, 3, 2]
 FILL_LIMIT = -1e30  # s + fill rounds to fill in float32 for every |s| < 3e22
@@ -30,19 +30,23 @@ def scaled(x, role: str) -> Alt:
     return Alt(Op(("Mul", "Div"), x, Var(f"{role}_scale", const=True), name=f"{role}_scaling"), x)
 
 
-QUERY = scaled(Op("Transpose", split_heads("query"), name="query_transpose"), "query")
+QUERY = scaled(Op("Transpose", split_heads("query"), name="query_transpose", perm=HEADS_PERM), "query")
 # torch's dynamo exporter transposes K through a batch-flattened 3-D view: Reshape [-1, S, d],
 # Transpose [0, 2, 1], Reshape [-1, H, d, S] (check() proves the shapes make it K^T)
-KEY_FLATTENED_T = Op("Reshape", Op("Transpose", Op("Reshape", Op("Transpose", split_heads("key"), name="key_heads"),
-                                                   Var("key_flat_shape"), name="key_flatten"), name="key_transpose"),
+KEY_FLATTENED_T = Op("Reshape", Op("Transpose", Op("Reshape", Op("Transpose", split_heads("key"), name="key_heads",
+                                                                 perm=HEADS_PERM),
+                                                   Var("key_flat_shape"), name="key_flatten"),
+                                   name="key_transpose", perm=[0, 2, 1]),
                      Var("key_unflat_shape"), name="key_unflatten")
-KEY_T = scaled(Alt(Op("Transpose", split_heads("key"), name="key_transpose"),
-                   Op("Transpose", Op("Transpose", split_heads("key"), name="key_heads"), name="key_transpose"),
-                   KEY_FLATTENED_T), "key")
+# K^T as one or two 4-D Transposes; matches() composes their perms (with FusedMatMul's transB)
+KEY_4D = Alt(Op("Transpose", split_heads("key"), name="key_transpose"),
+             Op("Transpose", Op("Transpose", split_heads("key"), name="key_heads"), name="key_transpose"))
 # fused-matmul may have run first (an earlier round, while the head shapes were still computed at
 # run time) and folded the score scale -- and K's last-two-axes swap, as transB -- into FusedMatMul
-SCORES = scaled(Alt(Op("MatMul", QUERY, KEY_T, name="qk"), Op("FusedMatMul", QUERY, KEY_T, domain="com.microsoft",
-                                                              name="qk")), "score")
+NOT_SET = lambda value: not value  # noqa: E731
+SCORES = scaled(Alt(Op("MatMul", QUERY, scaled(Alt(*KEY_4D.options, KEY_FLATTENED_T), "key"), name="qk"),
+                    Op("FusedMatMul", QUERY, scaled(KEY_4D, "key"), domain="com.microsoft", name="qk",
+                       transA=NOT_SET, transBatchA=NOT_SET, transBatchB=NOT_SET)), "score")
 CAUSAL = Alt(Op("Where", Var("keep"), SCORES, Var("fill", const=True), name="causal"),
              Op("Where", Var("drop"), Var("fill", const=True), SCORES, name="causal"), SCORES)
 MASKED = Alt(Op("Add", CAUSAL, Var("mask"), name="mask_add"), CAUSAL)
@@ -52,7 +56,8 @@ SOFTMAX = Op("Softmax", MASKED, name="softmax")
 # guard is the identity; check() requires the IsNaN to read this very softmax.
 PROBS = Alt(Op("Where", Op("IsNaN", Var("guarded"), name="nan_test"), Const(lambda v: v.size == 1 and v.item() == 0),
                SOFTMAX, name="nan_guard"), SOFTMAX)
-CONTEXT = Op("MatMul", PROBS, Op("Transpose", split_heads("value"), name="value_transpose"), name="context")
+CONTEXT = Op("MatMul", PROBS, Op("Transpose", split_heads("value"), name="value_transpose", perm=HEADS_PERM),
+             name="context")
 
 
 @register
@@ -92,56 +97,40 @@ class FuseMultiHeadAttention(PatternPass):
     name = "attention"
     description = "Fuse multi-head attention (Reshape/Transpose/MatMul/Softmax) into MultiHeadAttention"
     label = "multi-head attention -> MultiHeadAttention"
-    targets = frozenset({"ort", "ort-cpu", "ort-cuda"})
+    emits = ("com.microsoft::MultiHeadAttention",)
     min_opset = 8  # Expand shapes the attention_bias (a Where is emitted only where the graph has one)
-    pattern = Op("Reshape", Op("Transpose", CONTEXT, name="merge_transpose"), Var("merge_shape"), name="merge")
+    pattern = Op("Reshape", Op("Transpose", CONTEXT, name="merge_transpose", perm=HEADS_PERM), Var("merge_shape"),
+                 name="merge")
 
     def matches(self, m: Match, g: GraphEditor) -> bool:
-        """Other transposes are other computations, not near-misses."""
-        def perm(name: str) -> list[int]:
-            return list(m.node(name).attrs.get("perm", []))
-
+        """Other transposes are other computations, not near-misses (the pattern fixes Q's, V's and
+        the merge's perms; the 3-D route's [0, 2, 1] on [B*H, S, d] is K^T once check() proves the shapes)."""
         if "nan_guard" in m.nodes and m.tensor("guarded") is not m.node("softmax").outputs[0]:
             return False
-        if "key_flatten" in m.nodes:  # the 3-D route: [0, 2, 1] on [B*H, S, d] is K^T once check() proves the shapes
-            return (perm("key_heads") == HEADS_PERM and perm("key_transpose") == [0, 2, 1]
-                    and m.node("qk").op == "MatMul"
-                    and all(perm(n) == HEADS_PERM for n in ("query_transpose", "value_transpose", "merge_transpose")))
-        key = list(range(4))  # K^T's axes: the Transposes composed, then FusedMatMul's transB
-        for name in ("key_heads", "key_transpose"):
-            if name in m.nodes:
-                key = [key[axis] for axis in perm(name)] if len(perm(name)) == 4 else []
-        qk = m.node("qk").attrs
-        if m.node("qk").op == "FusedMatMul":
-            if any(qk.get(a, 0) for a in ("transA", "transBatchA", "transBatchB")):
-                return False
-            key = [key[axis] for axis in LAST_TWO_PERM] if qk.get("transB", 0) and key else key
-        return (all(perm(n) == HEADS_PERM for n in ("query_transpose", "value_transpose", "merge_transpose"))
-                and key == KEY_PERM)
+        return "key_flatten" in m.nodes or _key_axes(m) == KEY_PERM
 
-    def check(self, m: Match, g: GraphEditor) -> str | None:
-        q = m.tensor("query_in")
-        reason = g.target_reason("MultiHeadAttention", g.dtype(q))
-        if reason:
-            return reason
+    def emitted_at(self, m: Match, g: GraphEditor) -> tuple[np.dtype | None, None]:
+        return g.dtype(m.tensor("query_in")), None
+
+    def check(self, m: Match, g: GraphEditor) -> Decline | None:
         softmax = m.node("softmax")
         axis = softmax.attrs.get("axis", -1 if g.opset >= 13 else 1)
         if axis not in (-1, 3):
-            return f"{softmax.name} normalizes axis {axis}, not the key axis 3"
+            return Decline(f"{softmax.name} normalizes axis {axis}, not the key axis 3")
         heads = {role: _heads(m, g, role) for role in ("query", "key", "value")}
         for value in heads.values():
-            if isinstance(value, str):
+            if isinstance(value, Decline):
                 return value
         (h, d), (hk, dk), (hv, dv) = heads.values()
         if (h, d) != (hk, dk) or hv != h:
-            return f"the heads differ: query {h}x{d}, key {hk}x{dk}, value {hv}x{dv}"
+            return Decline(f"the heads differ: query {h}x{d}, key {hk}x{dk}, value {hv}x{dv}")
         q_shape, k_shape, v_shape = (g.shape(m.tensor(f"{r}_in")) for r in ("query", "key", "value"))
         if "key_flatten" in m.nodes:
             reason = _flattened_key_reason(m, g, k_shape, h, d)
             if reason:
                 return reason
-        if not _same(q_shape.dims[0], k_shape.dims[0]) or not _same(k_shape.dims[0], v_shape.dims[0]):
-            return "the query, key and value batch sizes are not provably equal (MatMul would broadcast them)"
+        if not same_dim(q_shape.dims[0], k_shape.dims[0]) or not same_dim(k_shape.dims[0], v_shape.dims[0]):
+            return Decline("the query, key and value batch sizes are not provably equal (MatMul would broadcast them)")
         merged = constant_value(m.tensor("merge_shape"))
         merged = None if merged is None else [int(s) for s in merged.reshape(-1)]
         inferred = merged is None and _merge_by_inferred_shape(g, m.node("merge_transpose").outputs[0],
@@ -151,24 +140,24 @@ class FuseMultiHeadAttention(PatternPass):
         first = (0, -1) if merged is not None and len(merged) == 3 and merged[1] == q_shape.static(1) else (0,)
         if not inferred and (merged is None or len(merged) != 3 or merged[0] not in first or merged[1] not in lengths
                              or merged[2] != hv * dv or m.node("merge").attrs.get("allowzero", 0) and 0 in merged):
-            return f"{m.node('merge').name} reshapes to {merged}, not [0, 0, {hv * dv}] (merging the heads)"
+            return Decline(f"{m.node('merge').name} reshapes to {merged}, not [0, 0, {hv * dv}] (merging the heads)")
         for role in ("query", "key", "score"):
             c = constant_value(m.tensor(f"{role}_scale")) if m.tensor(f"{role}_scale") is not None else 1.0
             if np.size(c) != 1 or not np.all(np.isfinite(c)) or np.all(c == 0):
                 scaling = m.node(f"{role}_scaling").name
-                return f"{scaling} scales by {np.ravel(c)[:4].tolist()}, not a finite nonzero scalar"
+                return Decline(f"{scaling} scales by {np.ravel(c)[:4].tolist()}, not a finite nonzero scalar")
         alpha = m.node("qk").attrs.get("alpha", 1.0)
         if not (np.isfinite(alpha) and alpha != 0):
-            return f"{m.node('qk').name} scales by alpha {alpha}, not a finite nonzero scalar"
+            return Decline(f"{m.node('qk').name} scales by alpha {alpha}, not a finite nonzero scalar")
         fill = constant_value(m.tensor("fill")) if "causal" in m.nodes else None
         if fill is not None and (fill.size != 1 or not float(fill.reshape(-1)[0]) <= FILL_LIMIT):
-            return (f"{m.node('causal').name} fills masked scores with {fill.reshape(-1)[:4].tolist()}: attention_bias "
-                    f"adds, which equals the Where only for a scalar fill <= {FILL_LIMIT:g}")
+            return (Decline(f"{m.node('causal').name} fills masked scores with {fill.reshape(-1)[:4].tolist()}: attention_bias "
+                    f"adds, which equals the Where only for a scalar fill <= {FILL_LIMIT:g}"))
         for term in ("keep", "drop", "mask"):
             if m.tensor(term) is not None:
                 reason = _bias_reason(g, m.tensor(term), h, q_shape)
                 if reason:
-                    return f"the {'causal ' if term != 'mask' else ''}mask {m.tensor(term).name!r} {reason}"
+                    return Decline(f"the {'causal ' if term != 'mask' else ''}mask {m.tensor(term).name!r} {reason}")
         return None
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
@@ -196,36 +185,48 @@ class FuseMultiHeadAttention(PatternPass):
         return Replacement(nodes=nodes)
 
 
-def _heads(m: Match, g: GraphEditor, role: str) -> tuple[int, int] | str:
+def _key_axes(m: Match) -> list[int]:
+    """K's axes after its Transposes and FusedMatMul's transB, composed: [0, 2, 3, 1] is K^T."""
+    key = list(range(4))
+    for name in ("key_heads", "key_transpose"):
+        if name in m.nodes:
+            perm = list(m.node(name).attrs.get("perm", []))
+            key = [key[axis] for axis in perm] if len(perm) == 4 else []
+    if m.node("qk").attrs.get("transB", 0) and key:
+        key = [key[axis] for axis in LAST_TWO_PERM]
+    return key
+
+
+def _heads(m: Match, g: GraphEditor, role: str) -> tuple[int, int] | Decline:
     """(heads, head size) a constant Reshape shape [0, -1 or 0, H, d] gives a [B, L, H*d] input."""
     reshape, source = m.node(f"{role}_reshape"), m.tensor(f"{role}_in")
     shape = constant_value(m.tensor(f"{role}_shape"))
     if shape is None:
         split = _split_by_inferred_shape(g, source, reshape.outputs[0])
         if split is None:
-            return (f"the head count is not derivable: {reshape.name}'s shape is computed at run time "
+            return (Decline(f"the head count is not derivable: {reshape.name}'s shape is computed at run time "
                     f"(a constant [0, -1, heads, head_size], or an inferred [batch, sequence, heads, head_size] "
-                    f"output, is needed)")
+                    f"output, is needed)"))
         return _bias_size_reason(m, g, role, source, *split) or split
     dims, source_shape = [int(s) for s in shape.reshape(-1)], g.shape(source)
     # [-1, S, H, d] (dynamo) is exact when S is the static length checked below: -1 is then the batch
     if (len(dims) != 4 or dims[0] not in (0, -1) or dims[0] == -1 and dims[1] <= 0 or dims[1] < -1
             or min(dims[2:]) <= 0 or reshape.attrs.get("allowzero", 0) and 0 in dims):
-        return f"{reshape.name} reshapes to {dims}, not [0, -1 or 0, heads, head_size]"
+        return Decline(f"{reshape.name} reshapes to {dims}, not [0, -1 or 0, heads, head_size]")
     if source_shape is None or source_shape.rank != 3 or source_shape.static(2) != dims[2] * dims[3]:
-        return (f"{reshape.name} splits {source.name!r} of shape {source_shape and list(source_shape.dims)} into "
-                f"{dims[2]} heads of {dims[3]}: it must be [batch, sequence, {dims[2] * dims[3]}]")
+        return (Decline(f"{reshape.name} splits {source.name!r} of shape {source_shape and list(source_shape.dims)} into "
+                f"{dims[2]} heads of {dims[3]}: it must be [batch, sequence, {dims[2] * dims[3]}]"))
     if dims[1] > 0 and source_shape.static(1) != dims[1]:  # a written-out length must be the static one
-        return (f"{reshape.name} reshapes to {dims}: sequence length {dims[1]} is not {source.name!r}'s "
-                f"static dim 1 ({source_shape.dims[1]}), so it is not [0, -1, heads, head_size]")
+        return (Decline(f"{reshape.name} reshapes to {dims}: sequence length {dims[1]} is not {source.name!r}'s "
+                f"static dim 1 ({source_shape.dims[1]}), so it is not [0, -1, heads, head_size]"))
     return _bias_size_reason(m, g, role, source, dims[2], dims[3]) or (dims[2], dims[3])
 
 
-def _bias_size_reason(m: Match, g: GraphEditor, role: str, source: gs.Tensor, heads: int, size: int) -> str | None:
+def _bias_size_reason(m: Match, g: GraphEditor, role: str, source: gs.Tensor, heads: int, size: int) -> Decline | None:
     bias = m.tensor(f"{role}_bias")
     if bias is not None and (constant_value(bias).size != heads * size or g.dtype(bias) != g.dtype(source)):
-        return (f"{m.node(f'{role}_bias_add').name}'s bias {bias.name!r} is not a [{heads * size}] vector "
-                "of the input's type")
+        return (Decline(f"{m.node(f'{role}_bias_add').name}'s bias {bias.name!r} is not a [{heads * size}] vector "
+                "of the input's type"))
     return None
 
 
@@ -233,7 +234,7 @@ def _merge_by_inferred_shape(g: GraphEditor, heads: gs.Tensor, merged: gs.Tensor
     """[B, S, H, d] -> [B, S, H*d] by the inferred shapes (a shape computed at run time)."""
     src, out = g.shape(heads), g.shape(merged)
     return (src is not None and out is not None and src.rank == 4 and out.rank == 3 and out.static(2) == hidden
-            and _same(src.dims[0], out.dims[0]) and _same(src.dims[1], out.dims[1]))
+            and same_dim(src.dims[0], out.dims[0]) and same_dim(src.dims[1], out.dims[1]))
 
 
 def _split_by_inferred_shape(g: GraphEditor, source: gs.Tensor, split: gs.Tensor) -> tuple[int, int] | None:
@@ -245,8 +246,8 @@ def _split_by_inferred_shape(g: GraphEditor, source: gs.Tensor, split: gs.Tensor
     if src is None or out is None or src.rank != 3 or out.rank != 4:
         return None
     h, d = out.static(2), out.static(3)
-    if h is None or d is None or src.static(2) != h * d or not (_same(src.dims[0], out.dims[0])
-                                                                 and _same(src.dims[1], out.dims[1])):
+    if h is None or d is None or src.static(2) != h * d or not (same_dim(src.dims[0], out.dims[0])
+                                                                 and same_dim(src.dims[1], out.dims[1])):
         return None
     return h, d
 
@@ -257,8 +258,8 @@ def _flattened_by_inferred_shapes(m: Match, g: GraphEditor) -> bool:
     if k4 is None or flat is None or unflat is None or (k4.rank, flat.rank, unflat.rank) != (4, 3, 4):
         return False
     b, h, t, d = k4.dims
-    return (_same(flat.dims[1], t) and _same(flat.dims[2], d)
-            and all(_same(x, y) for x, y in zip(unflat.dims, (b, h, d, t))))
+    return (same_dim(flat.dims[1], t) and same_dim(flat.dims[2], d)
+            and all(same_dim(x, y) for x, y in zip(unflat.dims, (b, h, d, t))))
 
 
 def _flattened_by_read_dims(m: Match, g: GraphEditor) -> bool:
@@ -277,12 +278,12 @@ def _flattened_by_read_dims(m: Match, g: GraphEditor) -> bool:
     b, h, t, d = k4.dims
     flat, unflat = dims("key_flat_shape"), dims("key_unflat_shape")
     return (flat is not None and unflat is not None and len(flat) == 3 and len(unflat) == 4
-            and flat[0] == -1 and _same(flat[1], t) and _same(flat[2], d)
-            and (unflat[0] == -1 or _same(unflat[0], b)) and _same(unflat[1], h)
-            and _same(unflat[2], d) and _same(unflat[3], t))
+            and flat[0] == -1 and same_dim(flat[1], t) and same_dim(flat[2], d)
+            and (unflat[0] == -1 or same_dim(unflat[0], b)) and same_dim(unflat[1], h)
+            and same_dim(unflat[2], d) and same_dim(unflat[3], t))
 
 
-def _flattened_key_reason(m: Match, g: GraphEditor, k_shape: TensorShape, heads: int, size: int) -> str | None:
+def _flattened_key_reason(m: Match, g: GraphEditor, k_shape: TensorShape, heads: int, size: int) -> Decline | None:
     """The 3-D route is K^T only as Reshape [-1, T, d] of [B, H, T, d], then [-1, H, d, T]."""
     length = k_shape.static(1)
     flat, unflat = (constant_value(m.tensor(name)) for name in ("key_flat_shape", "key_unflat_shape"))
@@ -291,19 +292,19 @@ def _flattened_key_reason(m: Match, g: GraphEditor, k_shape: TensorShape, heads:
     flat = None if flat is None else [int(v) for v in flat.reshape(-1)]
     unflat = None if unflat is None else [int(v) for v in unflat.reshape(-1)]
     if length is None or flat != [-1, length, size] or unflat != [-1, heads, size, length]:
-        return (f"{m.node('key_flatten').name} and {m.node('key_unflatten').name} reshape to {flat} and {unflat}, "
-                f"not [-1, {length}, {size}] and [-1, {heads}, {size}, {length}] (K transposed per head)")
+        return (Decline(f"{m.node('key_flatten').name} and {m.node('key_unflatten').name} reshape to {flat} and {unflat}, "
+                f"not [-1, {length}, {size}] and [-1, {heads}, {size}, {length}] (K transposed per head)"))
     return None
 
 
-def _bias_reason(g: GraphEditor, t: gs.Tensor, heads: int, q: TensorShape) -> str | None:
+def _bias_reason(g: GraphEditor, t: gs.Tensor, heads: int, q: TensorShape) -> Decline | None:
     """attention_bias is [B or 1, H or 1, S, T]; dims 2 and 3 can be Expanded from 1, dims 0 and 1 cannot."""
     shape = g.shape(t)
     if shape is None or shape.rank != 4:
-        return f"has shape {shape and list(shape.dims)}; attention_bias needs rank 4 [batch or 1, heads or 1, S, T]"
+        return Decline(f"has shape {shape and list(shape.dims)}; attention_bias needs rank 4 [batch or 1, heads or 1, S, T]")
     d0, d1 = _dim(g, t, 0), _dim(g, t, 1)
-    if not (d0 == 1 or _same(d0, q.dims[0])) or d1 not in (1, heads):
-        return f"has shape {[d0, d1, *shape.dims[2:]]}: its first dims are not provably batch or 1, then {heads} or 1"
+    if not (d0 == 1 or same_dim(d0, q.dims[0])) or d1 not in (1, heads):
+        return Decline(f"has shape {[d0, d1, *shape.dims[2:]]}: its first dims are not provably batch or 1, then {heads} or 1")
     return None
 
 
@@ -336,7 +337,7 @@ def _attention_bias(m: Match, g: GraphEditor, qkv: list[gs.Tensor], nodes: list[
     bias = terms[0] if len(terms) == 1 else _node(g, nodes, "Add", terms, m.node("mask_add").name)
     given = [g.shape(m.tensor(name)).dims for name in ("keep", "drop", "mask") if m.tensor(name) is not None]
     q, k = (g.shape(t).dims[1] for t in qkv[:2])
-    if any(_same(dims[2], q) for dims in given) and any(_same(dims[3], k) for dims in given):
+    if any(same_dim(dims[2], q) for dims in given) and any(same_dim(dims[3], k) for dims in given):
         return bias
     lengths = [_node(g, nodes, "Gather", [_node(g, nodes, "Shape", [t], "attention"),
                                           g.constant("dim1", np.array([1], np.int64))], "attention") for t in qkv[:2]]
@@ -350,6 +351,3 @@ def _node(g: GraphEditor, nodes: list[gs.Node], op: str, inputs: list[gs.Tensor]
     return out
 
 
-def _same(a, b) -> bool:
-    """Provably equal dims: the same static size or the same symbolic name."""
-    return a is not None and a == b

@@ -6,9 +6,9 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Match, Op, Var, constant_value
-from fuse_cli.passes._conv_weights import batchnorm_affine, batchnorm_reason, bn_params_reason
-from fuse_cli.passes.base import PatternPass
-from fuse_cli.passes.registry import register
+from fuse_cli.toolkit.conv_weights import batchnorm_affine, batchnorm_reason, bn_params_reason
+from fuse_cli.pipeline.base import Decline, PatternPass
+from fuse_cli.pipeline.registry import register
 
 MEASURED = ("BatchNormalization runs faster than Mul+Add in onnxruntime (measured on CPU, 1 thread, fp32: "
             "Mul+Add takes 1.9-2.7x the time of BatchNormalization, e.g. 35.6 vs 18.8 us on [1,64,56,56]), "
@@ -47,17 +47,17 @@ class BatchNormToAffine(PatternPass):
     pattern = Op("BatchNormalization", Var("x"), Var("scale", const=True), Var("beta", const=True),
                  Var("mean", const=True), Var("variance", const=True), name="bn")
 
-    def check(self, m: Match, g: GraphEditor) -> str | None:
-        return self.exact_reason(m, g) or f"{m.node('bn').name}: {MEASURED}"
+    def check(self, m: Match, g: GraphEditor) -> Decline | None:
+        return self.exact_reason(m, g) or Decline(f"{m.node('bn').name}: {MEASURED}")
 
-    def exact_reason(self, m: Match, g: GraphEditor) -> str | None:
+    def exact_reason(self, m: Match, g: GraphEditor) -> Decline | None:
         bn = m.node("bn")
         reason = batchnorm_reason(bn, g)
         if reason:
             return reason
         shape = g.shape(m.tensor("x"))
         if shape is None or shape.rank < 2:
-            return f"the rank of {bn.name}'s input is unknown or below 2"
+            return Decline(f"the rank of {bn.name}'s input is unknown or below 2")
         channels = shape.static(1) or constant_value(m.tensor("scale")).size
         return bn_params_reason(m, bn, channels, f"one per channel of {bn.name}'s input")
 

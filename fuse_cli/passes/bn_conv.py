@@ -7,10 +7,10 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Match, Op, Var, constant_value
-from fuse_cli.passes._conv_weights import (FOLDABLE_DTYPES, batchnorm_affine, batchnorm_reason, bn_params_reason,
+from fuse_cli.toolkit.conv_weights import (FOLDABLE_DTYPES, batchnorm_affine, batchnorm_reason, bn_params_reason,
                                            fold_input_affine, refolded_conv)
-from fuse_cli.passes.base import PatternPass
-from fuse_cli.passes.registry import register
+from fuse_cli.pipeline.base import Decline, PatternPass
+from fuse_cli.pipeline.registry import register
 
 
 @register
@@ -39,27 +39,27 @@ class FoldBatchNormIntoNextConv(PatternPass):
                             Var("mean", const=True), Var("variance", const=True), name="bn"),
                  Var("weight", const=True), Var("bias", const=True, optional=True), name="conv")
 
-    def check(self, m: Match, g: GraphEditor) -> str | None:
+    def check(self, m: Match, g: GraphEditor) -> Decline | None:
         bn, conv = m.node("bn"), m.node("conv")
         reason = batchnorm_reason(bn, g) or _output_side_fold(bn, g)
         if reason:
             return reason
         w = constant_value(m.tensor("weight"))
         if w.dtype.type not in FOLDABLE_DTYPES:
-            return f"{conv.name}'s weight has dtype {w.dtype}, not a float type that can be folded"
+            return Decline(f"{conv.name}'s weight has dtype {w.dtype}, not a float type that can be folded")
         auto_pad = conv.attrs.get("auto_pad", "NOTSET")
         pads = conv.attrs.get("pads", [])
         if auto_pad not in ("NOTSET", "VALID") or (auto_pad == "NOTSET" and any(pads)):
             padding = f"auto_pad={auto_pad}" if auto_pad != "NOTSET" else f"pads={list(pads)}"
-            return (f"{conv.name} pads its input ({padding}): its zero padding of {bn.name}'s output is not "
-                    f"the shift {bn.name} adds, so the fold would be wrong at the borders")
+            return (Decline(f"{conv.name} pads its input ({padding}): its zero padding of {bn.name}'s output is not "
+                    f"the shift {bn.name} adds, so the fold would be wrong at the borders"))
         channels = w.shape[1] * int(conv.attrs.get("group", 1))
         reason = bn_params_reason(m, bn, channels, f"one per input channel of {conv.name}")
         if reason:
             return reason
         bias = m.tensor("bias")
         if bias is not None and constant_value(bias).size != w.shape[0]:
-            return f"{conv.name}'s bias has {constant_value(bias).size} values for {w.shape[0]} output channels"
+            return Decline(f"{conv.name}'s bias has {constant_value(bias).size} values for {w.shape[0]} output channels")
         return None
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
@@ -73,7 +73,7 @@ class FoldBatchNormIntoNextConv(PatternPass):
         return Replacement(nodes=[refolded_conv(conv, inputs, conv.outputs[0])])
 
 
-def _output_side_fold(bn: gs.Node, g: GraphEditor) -> str | None:
+def _output_side_fold(bn: gs.Node, g: GraphEditor) -> Decline | None:
     """conv-bn's case (a Conv with constant weights before the BN, read by nothing else) is
     simpler and exact whatever the padding: leave it that fold, whatever the pipeline order."""
     source = bn.inputs[0]
@@ -84,4 +84,4 @@ def _output_side_fold(bn: gs.Node, g: GraphEditor) -> str | None:
         return None
     if any(constant_value(t) is None for t in producer.inputs[1:3] if t.name):
         return None
-    return f"{bn.name} folds into {producer.name} before it instead (conv-bn)"
+    return Decline(f"{bn.name} folds into {producer.name} before it instead (conv-bn)")

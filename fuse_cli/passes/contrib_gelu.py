@@ -4,25 +4,15 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import numpy as np
 import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement, TensorShape
 from fuse_cli.match import Alt, Const, Match, Op, Var, constant_value
-from fuse_cli.passes.base import PatternPass
-from fuse_cli.passes.gelu import ERF_GATE, HALF, TANH_GATE, X
-from fuse_cli.passes.registry import register
-from fuse_cli.passes.skip_norm import bias_reason, bias_tensor
-from fuse_cli.targets import PROVIDERS_OF
+from fuse_cli.pipeline.base import Decline, PatternPass
+from fuse_cli.pipeline.registry import register
+from fuse_cli.toolkit.activations import ERF_GATE, HALF, TANH_GATE, X, bias_reason, bias_tensor
 
-ORT_TARGETS = frozenset({"ort", "ort-cpu", "ort-cuda"})
-# onnxruntime 1.31's CPU BiasGelu kernel measured 1.04-1.28x the time of the Add + Gelu it replaces
-# (profiler kernel time, one thread, fp32, graph optimizations off). After a MatMul, 200 runs:
-# [1, 128, 3072] 262-272 vs 210-216 us, [1, 197, 3072] 417 vs 333-352 us, [1, 1024, 3072]
-# 2205-2214 vs 1866-1960 us. Its 12 nodes in real exports, us a run: bert-base dynamo 2988-3423 vs
-# 2445-2796, vit-base dynamo 4650-4768 vs 3894-3966, vit-base opset 17 4558-4798 vs 3622-3844,
-# bert-base opset 17 2410-2513 vs 2321-2400.
-CPU_BIAS_GELU_SLOWER = ("onnxruntime's CPU BiasGelu measured 1.04-1.28x slower than the Add + Gelu it would "
-                        "replace, so the bias Add stays")
 # x = input + bias: named "x", the Add's output is the very x the rest of the pattern reads
 BIASED_X = Op("Add", Var("input"), Const(lambda value: True, name="bias"), name="x")
 
@@ -39,24 +29,22 @@ class _Activation(PatternPass):
 
     fused_op: ClassVar[str]
     approximate: ClassVar[str] = "none"  # the standard Gelu's attribute this pass takes
-    targets = ORT_TARGETS
 
     def matches(self, m: Match, g: GraphEditor) -> bool:
         return "gelu" not in m.nodes or _string(m.node("gelu").attrs.get("approximate", "none")) == self.approximate
 
-    def check(self, m: Match, g: GraphEditor) -> str | None:
+    def emitted_at(self, m: Match, g: GraphEditor) -> tuple[np.dtype | None, gs.Node | None]:
+        return g.dtype(m.tensor("input") if "input" in m.tensors else m.tensor("x")), None
+
+    def check(self, m: Match, g: GraphEditor) -> Decline | None:
         x = m.tensor("input") if "input" in m.tensors else m.tensor("x")
         dtype, shape = g.dtype(x), g.shape(x)
-        if dtype is None:
-            return f"the dtype of {m.root.name}'s input {x.name!r} is unknown"
-        if (reason := g.target_reason(self.fused_op, dtype)) is not None:
-            return reason
         if (reason := _rank_reason(m, x, shape)) is not None:
             return reason
         if m.tensor("bias") is None:
             return None
         if shape is None or shape.rank == 0:
-            return f"{x.name!r} has no known last axis for {m.root.name}'s bias"
+            return Decline(f"{x.name!r} has no known last axis for {m.root.name}'s bias")
         return bias_reason(g, m.tensor("bias"), m.node("x" if "x" in m.nodes else "add"), shape, dtype)
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
@@ -86,6 +74,7 @@ class FuseContribGelu(_Activation):
     description = "Fuse an Erf GELU (or a standard Gelu) into onnxruntime's Gelu"
     label = "Erf GELU -> com.microsoft Gelu"
     fused_op = "Gelu"
+    emits = ("com.microsoft::Gelu",)
     pattern = Alt(decomposed_gelu(ERF_GATE), Op("Gelu", X, name="gelu"))
 
 
@@ -105,6 +94,7 @@ class FuseFastGelu(_Activation):
     description = "Fuse a tanh GELU (and the bias Add before it) into onnxruntime's FastGelu"
     label = "tanh GELU (+ bias) -> FastGelu"
     fused_op = "FastGelu"
+    emits = ("com.microsoft::FastGelu",)
     approximate = "tanh"
     pattern = Alt(decomposed_gelu(TANH_GATE, Alt(BIASED_X, X)), Op("Gelu", Alt(BIASED_X, X), name="gelu"))
 
@@ -123,14 +113,15 @@ class FuseQuickGelu(_Activation):
     description = "Fuse x * Sigmoid(alpha * x) into onnxruntime's QuickGelu"
     label = "x * Sigmoid(alpha * x) -> QuickGelu"
     fused_op = "QuickGelu"
+    emits = ("com.microsoft::QuickGelu",)
     pattern = Op("Mul", X, Op("Sigmoid", Alt(Op("Mul", X, Var("alpha", const=True), name="scale"), X)),
                  name="mul")
 
-    def check(self, m: Match, g: GraphEditor) -> str | None:
+    def check(self, m: Match, g: GraphEditor) -> Decline | None:
         alpha = m.tensor("alpha")
         if alpha is not None and constant_value(alpha).size != 1:
             shape = list(constant_value(alpha).shape)
-            return f"{m.node('scale').name} scales by {alpha.name!r} of shape {shape}, not one alpha"
+            return Decline(f"{m.node('scale').name} scales by {alpha.name!r} of shape {shape}, not one alpha")
         return super().check(m, g)
 
     def attrs(self, m: Match) -> dict:
@@ -147,13 +138,14 @@ class FuseBiasGelu(_Activation):
     Gelu is onnxruntime's (contrib-gelu's output) or the standard one with approximate="none".
     Runs before matmul-add, which would otherwise take a rank-2 MatMul's Add into a Gemm.
     Declined where the model may run on the CPU provider (ort, ort-cpu): its kernel there is
-    slower than the two nodes it replaces (CPU_BIAS_GELU_SLOWER).
+    slower than the two nodes it replaces (targets.SLOWER).
     """
 
     name = "bias-gelu"
     description = "Fuse a bias Add and Gelu into onnxruntime's BiasGelu (declined where the CPU runs it: slower)"
     label = "Add (bias) + Gelu -> BiasGelu"
     fused_op = "BiasGelu"
+    emits = ("com.microsoft::BiasGelu",)
     pattern = Alt(*(Op("Gelu", Op("Add", Var("input"), Var("bias", const=True), name="add"), name="gelu",
                        domain=domain) for domain in ("com.microsoft", "")))
 
@@ -164,15 +156,13 @@ class FuseBiasGelu(_Activation):
             return False
         return m.node("gelu").domain == "com.microsoft" or super().matches(m, g)
 
-    def check(self, m: Match, g: GraphEditor) -> str | None:
-        # First: on the CPU no other condition matters, and each ordering of the Add's operands
-        # then gives the same reason.
-        if "cpu" in PROVIDERS_OF[g.target]:
-            return f"{m.node('gelu').name}: {CPU_BIAS_GELU_SLOWER} (target {g.target}; --target ort-cuda fuses it)"
-        return super().check(m, g)
+    def emitted_at(self, m: Match, g: GraphEditor) -> tuple[np.dtype | None, gs.Node]:
+        # the engine asks before check: on the CPU no other condition matters, and each ordering
+        # of the Add's operands then gives the same reason
+        return super().emitted_at(m, g)[0], m.node("gelu")
 
 
-def _rank_reason(m: Match, x: gs.Tensor, shape: TensorShape | None) -> str | None:
+def _rank_reason(m: Match, x: gs.Tensor, shape: TensorShape | None) -> Decline | None:
     """A one-element constant of higher rank than x broadcasts it up (0.5 of shape [1,1,1] makes
     an [N] x [1,1,N]); the fused op keeps x's shape, so that is not exact."""
     for node in m.covered:
@@ -181,7 +171,7 @@ def _rank_reason(m: Match, x: gs.Tensor, shape: TensorShape | None) -> str | Non
             if value is None or t is m.tensor("bias") or not value.ndim or (shape and value.ndim <= shape.rank):
                 continue
             rank = shape.rank if shape else "unknown rank"
-            return f"{node.name}'s constant {t.name!r} has rank {value.ndim}, more than {x.name!r}'s {rank}"
+            return Decline(f"{node.name}'s constant {t.name!r} has rank {value.ndim}, more than {x.name!r}'s {rank}")
     return None
 
 

@@ -6,10 +6,10 @@ import numpy as np
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Match, Op, Var, constant_value
-from fuse_cli.passes._conv_weights import (FOLDABLE_DTYPES, batchnorm_affine, batchnorm_reason, bn_params_reason,
+from fuse_cli.toolkit.conv_weights import (FOLDABLE_DTYPES, batchnorm_affine, batchnorm_reason, bn_params_reason,
                                            conv_bias_reason, output_channels, refolded_conv, scale_output_channels)
-from fuse_cli.passes.base import PatternPass
-from fuse_cli.passes.registry import register
+from fuse_cli.pipeline.base import Decline, PatternPass
+from fuse_cli.pipeline.registry import register
 
 
 
@@ -40,13 +40,13 @@ class FoldBatchNormIntoConv(PatternPass):
         name="bn",
     )
 
-    def check(self, m: Match, g: GraphEditor) -> str | None:
+    def check(self, m: Match, g: GraphEditor) -> Decline | None:
         bn, conv = m.node("bn"), m.node("conv")
         w = constant_value(m.tensor("weight"))
         if reason := batchnorm_reason(bn, g):
             return reason
         if w.dtype.type not in FOLDABLE_DTYPES:
-            return f"{conv.name}'s weight has dtype {w.dtype}, not a float type that can be folded"
+            return Decline(f"{conv.name}'s weight has dtype {w.dtype}, not a float type that can be folded")
         channels = output_channels(conv, w)
         return bn_params_reason(m, bn, channels, "one per output channel") or conv_bias_reason(m, conv, channels)
 

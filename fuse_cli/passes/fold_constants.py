@@ -11,8 +11,8 @@ from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from fuse_cli.errors import FuseError
 from fuse_cli.graph.edit import GraphEditor
-from fuse_cli.passes.base import GraphPass
-from fuse_cli.passes.registry import register
+from fuse_cli.pipeline.base import Decline, GraphPass
+from fuse_cli.pipeline.registry import register
 
 # Their value differs from run to run, so computing it once would change the model's meaning
 # (graphsurgeon folds any node whose inputs are all constant, including input-less RandomUniform).
@@ -53,7 +53,7 @@ class FoldConstants(GraphPass):
     description = "Fold constant subgraphs into initializers and remove dead nodes"
     label = "Constant folding / dead nodes"
 
-    def run(self, g: GraphEditor) -> list[tuple[list[str], list[str], list[str]]]:
+    def run(self, g: GraphEditor) -> list[tuple[list[Decline], list[Decline], list[Decline]]]:
         graph = g.graph
         outputs_before = {id(n): (n.name or n.op, n.op, [t.name for t in n.outputs]) for n in graph.nodes}
 

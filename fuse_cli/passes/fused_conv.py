@@ -4,24 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 import onnx_graphsurgeon as gs
-from onnx import defs, helper
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Alt, Match, Op, Var, constant_value
-from fuse_cli.passes.base import PatternPass
-from fuse_cli.passes.registry import register
-from fuse_cli.targets import PROVIDERS_OF
+from fuse_cli.pipeline.base import Decline, PatternPass
+from fuse_cli.pipeline.registry import register
+from fuse_cli.toolkit.activations import schema_attribute
 
 MS = "com.microsoft"
 # activation -> the attributes FusedConv's activation_params carries, in order (contrib_ops/cpu/fused_activation.cc)
 PARAMS = {"Relu": (), "Sigmoid": (), "Tanh": (), "LeakyRelu": ("alpha",), "HardSigmoid": ("alpha", "beta"),
           "Clip": ("min", "max")}
-# Measured on an NVIDIA H200, onnxruntime-gpu 1.31.1, batch 1 (fuse bench --provider CUDA, against
-# the same model with its BatchNormalizations folded): light_resnet50 1.87x at graph optimization
-# disabled and 2.08x at all; light_inception_v2 1.79x and 2.47x. The same folds without FusedConv
-# (--target onnx) ran 0.92x and 0.70x.
-CUDA_SLOWER = ("onnxruntime-gpu 1.31's CUDA FusedConv measured 1.8-2.5x slower than the Conv and activation "
-               "it replaces (resnet50, inception_v2 on an H200)")
 CONV = Op("Conv", Var("x"), Var("w"), Var("b", optional=True), name="conv")
 
 
@@ -38,29 +31,27 @@ class FuseConvActivation(PatternPass):
     (bounds from inputs at opset >= 11, attributes before; an absent bound is -inf/+inf, or the
     schema's +-FLT_MAX for the attribute form); LeakyRelu [alpha]; HardSigmoid [alpha, beta];
     omitted attributes take the schema defaults. float32 only. CUDA's kernel takes only Relu
-    (contrib_ops/cuda/fused_conv.cc) and runs slower than the unfused pair (CUDA_SLOWER): declined
+    (contrib_ops/cuda/fused_conv.cc) and runs slower than the unfused pair (targets.SLOWER): declined
     wherever the model may run on CUDA.
     """
 
     name = "fused-conv"
     description = "Fuse Conv (+ residual Add) + activation into com.microsoft FusedConv"
     label = "Conv (+ Add) + activation -> FusedConv"
-    targets = frozenset({"ort", "ort-cpu", "ort-cuda"})
+    emits = (f"{MS}::FusedConv",)
     pattern = Op(tuple(PARAMS), Alt(Op("Add", CONV, Var("z"), name="add"), CONV),
                  Var("min", const=True, optional=True), Var("max", const=True, optional=True), name="act")
 
-    def check(self, m: Match, g: GraphEditor) -> str | None:
-        conv, act = m.node("conv"), m.node("act")
-        dtype = g.dtype(conv.outputs[0]) or g.dtype(m.tensor("x"))
-        reason = g.target_reason("FusedConv", dtype)
-        if reason:
-            return f"{conv.name}: {reason}"
-        if "cuda" in PROVIDERS_OF[g.target]:
-            return f"{conv.name}: {CUDA_SLOWER} (target {g.target}); --target ort-cpu fuses it"
+    def emitted_at(self, m: Match, g: GraphEditor) -> tuple[np.dtype | None, gs.Node]:
+        conv = m.node("conv")
+        return g.dtype(conv.outputs[0]) or g.dtype(m.tensor("x")), conv
+
+    def check(self, m: Match, g: GraphEditor) -> Decline | None:
+        act = m.node("act")
         for role in ("min", "max"):
             bound = constant_value(m.tensor(role))
             if bound is not None and bound.size != 1:
-                return f"{act.name}'s {role} has {bound.size} values, not one"
+                return Decline(f"{act.name}'s {role} has {bound.size} values, not one")
         if "add" in m.nodes:
             return _residual_reason(m, g)
         return None
@@ -81,17 +72,17 @@ class FuseConvActivation(PatternPass):
         return Replacement(nodes=[fused])
 
 
-def _residual_reason(m: Match, g: GraphEditor) -> str | None:
+def _residual_reason(m: Match, g: GraphEditor) -> Decline | None:
     conv, add, z = m.node("conv"), m.node("add"), m.tensor("z")
     if z is conv.outputs[0]:
-        return f"{add.name} adds {conv.name}'s output to itself: there is no separate residual"
+        return Decline(f"{add.name} adds {conv.name}'s output to itself: there is no separate residual")
     out, residual = g.shape(conv.outputs[0]), g.shape(z)
     if out is None or residual is None or None in out.dims or None in residual.dims:
-        return (f"{add.name}: the shapes of {conv.name}'s output and of the residual {z.name!r} are not both known; "
-                "FusedConv needs them equal (no broadcasting)")
+        return (Decline(f"{add.name}: the shapes of {conv.name}'s output and of the residual {z.name!r} are not both known; "
+                "FusedConv needs them equal (no broadcasting)"))
     if out.dims != residual.dims:
-        return (f"{add.name} broadcasts: the residual {z.name!r} has shape {list(residual.dims)}, {conv.name}'s output "
-                f"{list(out.dims)}; FusedConv adds Z without broadcasting")
+        return (Decline(f"{add.name} broadcasts: the residual {z.name!r} has shape {list(residual.dims)}, {conv.name}'s output "
+                f"{list(out.dims)}; FusedConv adds Z without broadcasting"))
     return None
 
 
@@ -105,12 +96,3 @@ def _param(m: Match, g: GraphEditor, name: str) -> float:
     return value
 
 
-def schema_attribute(node: gs.Node, name: str, opset: int) -> float | None:
-    """A node's float attribute, else the default its operator's schema declares at `opset`
-    (None when the schema has no such attribute or no default)."""
-    if name in node.attrs:
-        return float(node.attrs[name])
-    attr = defs.get_schema(node.op, opset).attributes.get(name)
-    if attr is None or not attr.default_value.type:
-        return None
-    return float(helper.get_attribute_value(attr.default_value))

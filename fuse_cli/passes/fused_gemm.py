@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import numpy as np
 import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Match, Op, Var
-from fuse_cli.passes.base import PatternPass
-from fuse_cli.passes.fused_conv import schema_attribute
-from fuse_cli.passes.registry import register
+from fuse_cli.pipeline.base import PatternPass
+from fuse_cli.pipeline.registry import register
+from fuse_cli.toolkit.activations import schema_attribute
 
 MS = "com.microsoft"
 # activation -> its float attributes. FusedGemm hands every "activation_<name>" attribute to the
@@ -37,14 +38,12 @@ class FuseGemmActivation(PatternPass):
     name = "fused-gemm"
     description = "Fuse Gemm + activation into com.microsoft FusedGemm (onnxruntime CPU)"
     label = "Gemm + activation -> FusedGemm"
-    targets = frozenset({"ort-cpu"})
+    emits = (f"{MS}::FusedGemm",)
     pattern = Op(tuple(ACTIVATIONS), Op("Gemm", Var("a"), Var("b"), Var("c", optional=True), name="gemm"), name="act")
 
-    def check(self, m: Match, g: GraphEditor) -> str | None:
+    def emitted_at(self, m: Match, g: GraphEditor) -> tuple[np.dtype | None, gs.Node]:
         gemm = m.node("gemm")
-        dtype = g.dtype(gemm.outputs[0]) or g.dtype(m.tensor("a"))
-        reason = g.target_reason("FusedGemm", dtype)
-        return f"{gemm.name}: {reason}" if reason else None
+        return g.dtype(gemm.outputs[0]) or g.dtype(m.tensor("a")), gemm
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
         gemm, act = m.node("gemm"), m.node("act")

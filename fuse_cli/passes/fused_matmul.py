@@ -7,8 +7,8 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Alt, Const, Match, Op, Var, constant_value
-from fuse_cli.passes.base import PatternPass
-from fuse_cli.passes.registry import register
+from fuse_cli.pipeline.base import Decline, PatternPass
+from fuse_cli.pipeline.registry import register
 
 MS = "com.microsoft"
 A = Alt(Op("Transpose", Var("a"), name="transpose_a"), Var("a"))
@@ -37,7 +37,7 @@ class FuseMatMulTransposeScale(PatternPass):
     name = "fused-matmul"
     description = "Fuse Transpose of either MatMul input and a scalar Mul into com.microsoft FusedMatMul"
     label = "MatMul + Transpose / scalar Mul -> FusedMatMul"
-    targets = frozenset({"ort", "ort-cpu", "ort-cuda"})
+    emits = (f"{MS}::FusedMatMul",)
     pattern = Op(("Mul", "MatMul"), Alt(Op("MatMul", A, B, name="matmul"), A), Alt(SCALE, B), name="root")
 
     def matches(self, m: Match, g: GraphEditor) -> bool:
@@ -45,27 +45,27 @@ class FuseMatMulTransposeScale(PatternPass):
         transposed = "transpose_a" in m.nodes or "transpose_b" in m.nodes
         return scaled == ("matmul" in m.nodes) == ("scale" in m.tensors) and (scaled or transposed)
 
-    def check(self, m: Match, g: GraphEditor) -> str | None:
+    def emitted_at(self, m: Match, g: GraphEditor) -> tuple[np.dtype | None, gs.Node]:
         matmul = m.nodes.get("matmul", m.root)
-        dtype = g.dtype(matmul.outputs[0]) or g.dtype(m.tensor("a"))
-        reason = g.target_reason("FusedMatMul", dtype)
-        if reason:
-            return f"{matmul.name}: {reason}"
+        return g.dtype(matmul.outputs[0]) or g.dtype(m.tensor("a")), matmul
+
+    def check(self, m: Match, g: GraphEditor) -> Decline | None:
+        dtype, matmul = self.emitted_at(m, g)
         for side in ("a", "b"):
             transpose = m.nodes.get(f"transpose_{side}")
             if transpose is None:
                 continue
             if any(m.tensor(s) is transpose.outputs[0] for s in ("a", "b")):
-                return (f"{matmul.name} reads {transpose.name}'s output on both sides: "
-                        "a Transpose shared by both operands is not absorbed")
+                return (Decline(f"{matmul.name} reads {transpose.name}'s output on both sides: "
+                        "a Transpose shared by both operands is not absorbed"))
             reason = _not_last_two_swap(transpose, g.shape(m.tensor(side)))
             if reason:
                 return reason
         b_shape = g.shape(m.tensor("b"))
         if "transpose_a" in m.nodes and (b_shape is None or b_shape.rank < 2):
             # measured on onnxruntime 1.31 CPU: transA=1 with a vector B returns wrong values
-            return (f"{matmul.name}'s second input {m.tensor('b').name!r} is a vector or of unknown rank: "
-                    "onnxruntime's FusedMatMul computes transA wrongly then")
+            return (Decline(f"{matmul.name}'s second input {m.tensor('b').name!r} is a vector or of unknown rank: "
+                    "onnxruntime's FusedMatMul computes transA wrongly then"))
         return _scale_reason(m, g, matmul, dtype) if "scale" in m.tensors else None
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
@@ -78,29 +78,29 @@ class FuseMatMulTransposeScale(PatternPass):
         return Replacement(nodes=[fused])
 
 
-def _not_last_two_swap(transpose: gs.Node, shape) -> str | None:
+def _not_last_two_swap(transpose: gs.Node, shape) -> Decline | None:
     perm = transpose.attrs.get("perm")
     rank = len(perm) if perm is not None else (shape.rank if shape is not None else None)
     if rank is None:
-        return f"{transpose.name} has no perm and its input rank is unknown"
+        return Decline(f"{transpose.name} has no perm and its input rank is unknown")
     perm = list(perm) if perm is not None else list(range(rank))[::-1]
     swap = list(range(rank - 2)) + [rank - 1, rank - 2]
     if rank < 2 or perm != swap:
-        return f"{transpose.name} has perm {perm}; FusedMatMul absorbs only a swap of the last two axes {swap}"
+        return Decline(f"{transpose.name} has perm {perm}; FusedMatMul absorbs only a swap of the last two axes {swap}")
     return None
 
 
-def _scale_reason(m: Match, g: GraphEditor, matmul: gs.Node, dtype: np.dtype) -> str | None:
+def _scale_reason(m: Match, g: GraphEditor, matmul: gs.Node, dtype: np.dtype) -> Decline | None:
     scale = constant_value(m.tensor("scale"))
     mul = m.root
     if scale.dtype != dtype:
-        return f"{mul.name}'s scale has dtype {scale.dtype}, the product {dtype}"
+        return Decline(f"{mul.name}'s scale has dtype {scale.dtype}, the product {dtype}")
     product = g.shape(matmul.outputs[0])
     if scale.ndim and (product is None or product.rank < scale.ndim):
-        return (f"{mul.name}'s scale has rank {scale.ndim}, which may widen {matmul.name}'s product "
-                f"(rank {product.rank if product else 'unknown'})")
+        return (Decline(f"{mul.name}'s scale has rank {scale.ndim}, which may widen {matmul.name}'s product "
+                f"(rank {product.rank if product else 'unknown'})"))
     value = float(scale.reshape(-1)[0])
     if float(np.float32(value)) != value:
-        return (f"{mul.name} scales by {value!r}, which FusedMatMul's float32 alpha cannot hold exactly "
-                f"({float(np.float32(value))!r})")
+        return (Decline(f"{mul.name} scales by {value!r}, which FusedMatMul's float32 alpha cannot hold exactly "
+                f"({float(np.float32(value))!r})"))
     return None

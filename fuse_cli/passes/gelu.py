@@ -2,25 +2,16 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
-from fuse_cli.match import Alt, Const, Match, Op, Var, scalar_close
-from fuse_cli.passes.base import PatternPass
-from fuse_cli.passes.layer_norm import rank_reason
-from fuse_cli.passes.registry import register
+from fuse_cli.match import Alt, Match, Op
+from fuse_cli.pipeline.base import Decline, PatternPass
+from fuse_cli.pipeline.registry import register
+from fuse_cli.toolkit.activations import ERF_GATE, HALF, TANH_GATE, X
+from fuse_cli.toolkit.shapes import rank_reason
 
-X = Var("x")
-HALF = Const(scalar_close(0.5))
-ONE = Const(scalar_close(1.0))
-ERF_GATE = Op("Add", Op("Erf", Alt(Op("Div", X, Const(scalar_close(math.sqrt(2.0)))),
-                                   Op("Mul", X, Const(scalar_close(1.0 / math.sqrt(2.0))))), name="erf"), ONE)
-CUBE = Alt(Op("Pow", X, Const(scalar_close(3.0))), Op("Mul", X, Op("Mul", X, X)))
-TANH_GATE = Op("Add", Op("Tanh", Op("Mul", Const(scalar_close(math.sqrt(2.0 / math.pi))),
-                                    Op("Add", X, Op("Mul", Const(scalar_close(0.044715)), CUBE))), name="tanh"), ONE)
 GATE = Alt(ERF_GATE, TANH_GATE)
 
 
@@ -46,10 +37,10 @@ class FuseGelu(PatternPass):
                   Op("Mul", Op("Mul", X, HALF, name="inner"), GATE, name="outer"),
                   Op("Mul", X, Op("Mul", HALF, GATE, name="inner"), name="outer"))
 
-    def check(self, m: Match, g: GraphEditor) -> str | None:
+    def check(self, m: Match, g: GraphEditor) -> Decline | None:
         dtype = g.dtype(m.tensor("x"))
         if dtype != np.float32:
-            return f"{m.node('outer').name} computes in {dtype}; only float32 GELU is matched"
+            return Decline(f"{m.node('outer').name} computes in {dtype}; only float32 GELU is matched")
         return rank_reason(m, g)
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:

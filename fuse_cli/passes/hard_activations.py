@@ -7,9 +7,9 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Alt, Const, Match, Op, Var, constant_value, scalar_close
-from fuse_cli.passes.base import PatternPass
-from fuse_cli.passes.layer_norm import rank_reason
-from fuse_cli.passes.registry import register
+from fuse_cli.pipeline.base import Decline, PatternPass
+from fuse_cli.toolkit.shapes import rank_reason
+from fuse_cli.pipeline.registry import register
 
 X = Var("x")
 SCALAR = Const(lambda v: v.size == 1 and np.issubdtype(v.dtype, np.floating))
@@ -56,22 +56,22 @@ class FuseHardSigmoid(PatternPass):
     min_opset = 6
     pattern = Alt(RELU6_SIXTH, clamp(AFFINE))  # the scale after the clamp is the later root
 
-    def check(self, m: Match, g: GraphEditor) -> str | None:
+    def check(self, m: Match, g: GraphEditor) -> Decline | None:
         clip, x = m.node("clip"), m.tensor("x")
         if g.dtype(x) != np.float32:
-            return f"{clip.name} computes in {g.dtype(x)}; only float32 is matched"
+            return Decline(f"{clip.name} computes in {g.dtype(x)}; only float32 is matched")
         if m.node("scale_op").op == "Div" and constant_value(m.tensor("scale")).reshape(-1)[0] == 0:
-            return f"{m.node('scale_op').name} divides by zero"
+            return Decline(f"{m.node('scale_op').name} divides by zero")
         bounds = clip_bounds(m)
         if bounds is None:
-            return f"{clip.name}'s bounds are computed at run time"
+            return Decline(f"{clip.name}'s bounds are computed at run time")
         clamps = f"{clip.name} clamps to [{bounds[0]:g}, {bounds[1]:g}]"
         if m.node("scale_op") is not m.root:
-            return rank_reason(m, g) if bounds == [0.0, 1.0] else f"{clamps}; HardSigmoid clamps to [0, 1]"
+            return rank_reason(m, g) if bounds == [0.0, 1.0] else Decline(f"{clamps}; HardSigmoid clamps to [0, 1]")
         # the scale after the clamp must map [low, high] onto [0, 1]: [0, 6] * (1/6)
         high = 1.0 / _alpha(m)
         if not np.allclose(bounds, [0.0, high], rtol=1e-6, atol=0):
-            return f"{clamps} before {m.root.name} scales by {_alpha(m):g}; HardSigmoid needs [0, {high:g}] there"
+            return Decline(f"{clamps} before {m.root.name} scales by {_alpha(m):g}; HardSigmoid needs [0, {high:g}] there")
         return rank_reason(m, g)
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
@@ -106,18 +106,18 @@ class FuseHardSwish(PatternPass):
                                    Op("Div", RELU6_SHIFTED, Const(scalar_close(6.0)), name="gate"),
                                    Op("Mul", RELU6_SHIFTED, Const(scalar_close(SIXTH)), name="gate")), name="mul"))
 
-    def check(self, m: Match, g: GraphEditor) -> str | None:
+    def check(self, m: Match, g: GraphEditor) -> Decline | None:
         gate, mul = m.node("gate"), m.node("mul")
         if g.dtype(m.tensor("x")) != np.float32:
-            return f"{mul.name} computes in {g.dtype(m.tensor('x'))}; only float32 is matched"
+            return Decline(f"{mul.name} computes in {g.dtype(m.tensor('x'))}; only float32 is matched")
         alpha, beta = gate.attrs.get("alpha", 0.2), gate.attrs.get("beta", 0.5)
         if gate.op == "HardSigmoid" and not np.allclose([alpha, beta], [SIXTH, 0.5], rtol=1e-6, atol=0):
-            return f"{gate.name} has alpha={alpha:g}, beta={beta:g}; HardSwish is alpha=1/6, beta=0.5"
+            return Decline(f"{gate.name} has alpha={alpha:g}, beta={beta:g}; HardSwish is alpha=1/6, beta=0.5")
         bounds = clip_bounds(m) if "clip" in m.nodes else [0.0, 6.0]
         if bounds != [0.0, 6.0]:
             where = m.node("clip").name
-            return (f"{where}'s bounds are computed at run time" if bounds is None
-                    else f"{where} clamps x + 3 to [{bounds[0]:g}, {bounds[1]:g}]; relu6 clamps to [0, 6]")
+            return Decline(f"{where}'s bounds are computed at run time" if bounds is None
+                           else f"{where} clamps x + 3 to [{bounds[0]:g}, {bounds[1]:g}]; relu6 clamps to [0, 6]")
         return rank_reason(m, g)
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:

@@ -7,8 +7,8 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Match, Op, Var, constant_value
-from fuse_cli.passes.base import PatternPass
-from fuse_cli.passes.registry import register
+from fuse_cli.pipeline.base import Decline, PatternPass
+from fuse_cli.pipeline.registry import register
 
 GEMM_DTYPES = (np.float16, np.float32, np.float64)
 
@@ -33,25 +33,25 @@ class FuseMatMulAddIntoGemm(PatternPass):
     pattern = Op("Add", Op("MatMul", Var("x"), Var("weight", const=True), name="matmul"), Var("bias", const=True),
                  name="add")
 
-    def check(self, m: Match, g: GraphEditor) -> str | None:
+    def check(self, m: Match, g: GraphEditor) -> Decline | None:
         matmul = m.node("matmul")
         x_shape = g.shape(m.tensor("x"))
         w = constant_value(m.tensor("weight"))
         bias = constant_value(m.tensor("bias"))
         if x_shape is None:
-            return f"{matmul.name}'s input rank is unknown (Gemm needs a rank-2 activation)"
+            return Decline(f"{matmul.name}'s input rank is unknown (Gemm needs a rank-2 activation)")
         if x_shape.rank != 2:
-            return (f"{matmul.name}'s activation has rank {x_shape.rank}; Gemm takes rank 2, and Reshape -> Gemm -> "
-                    "Reshape measured no faster than MatMul + Add in onnxruntime (benchmarks/matmul_add_rank3.py)")
+            return (Decline(f"{matmul.name}'s activation has rank {x_shape.rank}; Gemm takes rank 2, and Reshape -> Gemm -> "
+                    "Reshape measured no faster than MatMul + Add in onnxruntime (benchmarks/matmul_add_rank3.py)"))
         if w.ndim != 2:
-            return f"{matmul.name}'s weight has rank {w.ndim}, Gemm needs rank 2"
+            return Decline(f"{matmul.name}'s weight has rank {w.ndim}, Gemm needs rank 2")
         if w.dtype.type not in GEMM_DTYPES:
-            return f"{matmul.name} computes in {w.dtype}; Gemm is used for float types only"
+            return Decline(f"{matmul.name} computes in {w.dtype}; Gemm is used for float types only")
         n = w.shape[1]
         if bias.dtype != w.dtype:
-            return f"the bias dtype {bias.dtype} differs from the weight dtype {w.dtype}"
+            return Decline(f"the bias dtype {bias.dtype} differs from the weight dtype {w.dtype}")
         if not _broadcasts_over_last_dim(bias.shape, n):
-            return f"the bias of shape {list(bias.shape)} does not broadcast over the last dimension [{n}] alone"
+            return Decline(f"the bias of shape {list(bias.shape)} does not broadcast over the last dimension [{n}] alone")
         return None
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:

@@ -7,9 +7,9 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Alt, Match, Op, Var, constant_value
-from fuse_cli.passes._conv_weights import batchnorm_affine, batchnorm_reason, bn_params_reason
-from fuse_cli.passes.base import PatternPass
-from fuse_cli.passes.registry import register
+from fuse_cli.toolkit.conv_weights import batchnorm_affine, batchnorm_reason, bn_params_reason
+from fuse_cli.pipeline.base import Decline, PatternPass
+from fuse_cli.pipeline.registry import register
 
 GEMM_DTYPES = (np.float16, np.float32, np.float64)
 
@@ -43,23 +43,23 @@ class FoldBatchNormIntoLinear(PatternPass):
                  Var("scale", const=True), Var("beta", const=True), Var("mean", const=True),
                  Var("variance", const=True), name="bn")
 
-    def check(self, m: Match, g: GraphEditor) -> str | None:
+    def check(self, m: Match, g: GraphEditor) -> Decline | None:
         bn, linear = m.node("bn"), m.node("linear")
         reason = batchnorm_reason(bn, g)
         if reason:
             return reason
         w = constant_value(m.tensor("weight"))
         if w.dtype.type not in GEMM_DTYPES:
-            return f"{linear.name}'s weight has dtype {w.dtype}; Gemm is used for float types only"
+            return Decline(f"{linear.name}'s weight has dtype {w.dtype}; Gemm is used for float types only")
         if w.ndim != 2:
-            return f"{linear.name}'s weight has rank {w.ndim}; only a [K, N] weight folds into a Gemm"
+            return Decline(f"{linear.name}'s weight has rank {w.ndim}; only a [K, N] weight folds into a Gemm")
         if linear.op == "MatMul":
             shape = g.shape(m.tensor("x"))
             if shape is None:
-                return f"the rank of {linear.name}'s input is unknown (the fold needs a rank-2 output)"
+                return Decline(f"the rank of {linear.name}'s input is unknown (the fold needs a rank-2 output)")
             if shape.rank != 2:
-                return (f"{linear.name}'s output has rank {shape.rank}: {bn.name} normalizes its axis 1, "
-                        f"not the feature axis {shape.rank - 1} that the weight produces")
+                return (Decline(f"{linear.name}'s output has rank {shape.rank}: {bn.name} normalizes its axis 1, "
+                        f"not the feature axis {shape.rank - 1} that the weight produces"))
         features = w.shape[0] if linear.attrs.get("transB", 0) else w.shape[1]
         return bn_params_reason(m, bn, features, f"one per output feature of {linear.name}")
 

@@ -7,8 +7,8 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Match, Op, Var, constant_value
-from fuse_cli.passes.base import PatternPass
-from fuse_cli.passes.registry import register
+from fuse_cli.pipeline.base import Decline, PatternPass
+from fuse_cli.pipeline.registry import register
 
 
 @register
@@ -34,24 +34,24 @@ class FoldPadIntoConv(PatternPass):
                             name="pad"),
                  Var("weight"), Var("bias", optional=True), name="conv")
 
-    def check(self, m: Match, g: GraphEditor) -> str | None:
+    def check(self, m: Match, g: GraphEditor) -> Decline | None:
         pad, conv = m.node("pad"), m.node("conv")
         if pad.attrs.get("mode", "constant") != "constant":
-            return f"{pad.name} pads in {pad.attrs['mode']!r} mode; Conv pads with zeros only"
+            return Decline(f"{pad.name} pads in {pad.attrs['mode']!r} mode; Conv pads with zeros only")
         value = constant_value(m.tensor("value")) if m.tensor("value") is not None else pad.attrs.get("value", 0.0)
         if np.any(np.asarray(value) != 0):
-            return f"{pad.name} pads with the value {np.asarray(value).reshape(-1)[0]}; Conv pads with zeros"
+            return Decline(f"{pad.name} pads with the value {np.asarray(value).reshape(-1)[0]}; Conv pads with zeros")
         auto_pad = conv.attrs.get("auto_pad", "NOTSET")
         if auto_pad not in ("NOTSET", "VALID"):
-            return f"{conv.name} has auto_pad={auto_pad}; only explicit pads (NOTSET) or VALID can absorb a Pad"
+            return Decline(f"{conv.name} has auto_pad={auto_pad}; only explicit pads (NOTSET) or VALID can absorb a Pad")
         per_axis = _pads_per_axis(m, g)
         if per_axis is None:
-            return f"the rank of {pad.name}'s input is unknown, so its axes cannot be resolved"
+            return Decline(f"the rank of {pad.name}'s input is unknown, so its axes cannot be resolved")
         if (per_axis < 0).any():
-            return f"{pad.name} has negative pads {per_axis.T.reshape(-1).tolist()} (it crops)"
+            return Decline(f"{pad.name} has negative pads {per_axis.T.reshape(-1).tolist()} (it crops)")
         if per_axis[:2].any():
-            return (f"{pad.name} pads the batch or channel axis (pads per axis {per_axis.tolist()}); "
-                    "Conv pads spatial axes only")
+            return (Decline(f"{pad.name} pads the batch or channel axis (pads per axis {per_axis.tolist()}); "
+                    "Conv pads spatial axes only"))
         return None
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:

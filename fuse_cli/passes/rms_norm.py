@@ -6,20 +6,11 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
-from fuse_cli.match import Alt, Const, Match, Op, Var, constant_value, producer_of, scalar_close
-from fuse_cli.passes.base import PatternPass
-from fuse_cli.passes.layer_norm import (normalized_axis, param_reason, param_tensor, rank_reason,
-                                       read_only_by_constant_op, reduce_mean)
-from fuse_cli.passes.registry import register
-
-SQUARED = Alt(Op("Pow", Var("x"), Const(scalar_close(2.0)), name="square"),
-              Op("Mul", Var("x"), Var("x"), name="square"))
-RMS = Op("Sqrt", Op("Add", reduce_mean(SQUARED, "mean_square"), Var("eps", const=True), name="add_eps"), name="sqrt")
-NORMALIZED = Alt(
-    Op("Div", Var("x"), RMS, name="normalize"),
-    Op("Mul", Var("x"), Alt(Op("Reciprocal", RMS, name="inverse"),
-                            Op("Div", Const(scalar_close(1.0)), RMS, name="inverse")), name="normalize"),
-)
+from fuse_cli.match import Alt, Match, Op, Var, constant_value, producer_of
+from fuse_cli.pipeline.base import Decline, PatternPass
+from fuse_cli.toolkit.norms import RMS_NORMALIZED, normalized_axis, param_reason, param_tensor, read_only_by_constant_op
+from fuse_cli.toolkit.shapes import rank_reason
+from fuse_cli.pipeline.registry import register
 
 
 @register
@@ -40,26 +31,26 @@ class FuseRMSNormalization(PatternPass):
     description = "Fuse a decomposed RMSNorm (Pow/ReduceMean/Sqrt/Div/Mul) into RMSNormalization"
     label = "decomposed RMSNorm -> RMSNormalization"
     min_opset = 23
-    pattern = Alt(Op("Mul", NORMALIZED, Var("gamma"), name="scale"), NORMALIZED)  # largest first
+    pattern = Alt(Op("Mul", RMS_NORMALIZED, Var("gamma"), name="scale"), RMS_NORMALIZED)  # largest first
 
     def matches(self, m: Match, g: GraphEditor) -> bool:
         """Without gamma, silent where a constant Mul reads the result: the gamma form reports there."""
         return "scale" in m.nodes or not read_only_by_constant_op(m.root.outputs[0], ("Mul",), g)
 
-    def check(self, m: Match, g: GraphEditor) -> str | None:
+    def check(self, m: Match, g: GraphEditor) -> Decline | None:
         x = m.tensor("x")
         if g.dtype(x) != np.float32:
-            return f"{m.node('normalize').name} computes in {g.dtype(x)}; RMSNormalization would compute in float32"
+            return Decline(f"{m.node('normalize').name} computes in {g.dtype(x)}; RMSNormalization would compute in float32")
         centered = producer_of(x)
         if centered is not None and centered.op == "Sub" and _is_mean_of(centered.inputs[1], centered.inputs[0]):
-            return f"{m.node('square').name} squares x - mean(x) from {centered.name}: a LayerNorm (see layer-norm)"
+            return Decline(f"{m.node('square').name} squares x - mean(x) from {centered.name}: a LayerNorm (see layer-norm)")
         shape = g.shape(x)
         axis = normalized_axis(shape, [(m.node("mean_square"), m.tensor("mean_square_axes"))])
-        if isinstance(axis, str):
+        if isinstance(axis, Decline):
             return axis
         eps = constant_value(m.tensor("eps"))
         if eps.size != 1:
-            return f"{m.node('add_eps').name} adds eps of shape {list(eps.shape)}, not a scalar"
+            return Decline(f"{m.node('add_eps').name} adds eps of shape {list(eps.shape)}, not a scalar")
         return (param_reason(g, m.tensor("gamma"), "gamma", m.nodes.get("scale"), shape, axis,
                              np.dtype(np.float32))
                 or rank_reason(m, g))

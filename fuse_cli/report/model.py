@@ -8,43 +8,10 @@ from dataclasses import dataclass, field
 from fuse_cli.analysis.measure import Measurement
 from fuse_cli.analysis.memory import MemoryProfile
 from fuse_cli.errors import EXIT_CHECK_FAILED, EXIT_OK
+from fuse_cli.pipeline.records import FusionRecord, NearMiss
 from fuse_cli.verify import MISMATCH, VerifyResult
 
 SCHEMA_VERSION = 2
-
-
-@dataclass(frozen=True)
-class RemovedTensor:
-    """An intermediate a fusion made disappear. `nbytes` is at the bound shapes, with unbound
-    symbolic dims taken as 1 (listed in Report.unbound_dims); None when a dim is truly unknown."""
-
-    name: str
-    nbytes: int | None
-
-
-@dataclass(frozen=True)
-class FusionRecord:
-    """One rewrite: which pass, which nodes it replaced, what it put there, what vanished."""
-
-    pass_name: str
-    pattern: str
-    replaced: tuple[str, ...]
-    created: tuple[str, ...]
-    removed: tuple[RemovedTensor, ...]
-
-    @property
-    def nodes_removed(self) -> int:
-        return len(self.replaced) - len(self.created)
-
-
-@dataclass(frozen=True)
-class NearMiss:
-    """A structural match that a precondition rejected, with the reason in plain words."""
-
-    pass_name: str
-    pattern: str
-    nodes: tuple[str, ...]
-    reason: str
 
 
 @dataclass(frozen=True)

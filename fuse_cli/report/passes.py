@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fuse_cli.passes import REGISTRY, pipeline_for
-from fuse_cli.passes.base import Pass
+from fuse_cli.pipeline.base import Pass
 from fuse_cli.targets import CAPABILITY_HEADERS, capability_rows
 
 

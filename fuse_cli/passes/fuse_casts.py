@@ -8,8 +8,8 @@ from onnx import TensorProto as T
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Alt, Match, Op, Var
-from fuse_cli.passes.base import PatternPass
-from fuse_cli.passes.registry import register
+from fuse_cli.pipeline.base import Decline, PatternPass
+from fuse_cli.pipeline.registry import register
 
 INTEGERS = {T.INT8, T.UINT8, T.INT16, T.UINT16, T.INT32, T.UINT32, T.INT64, T.UINT64}
 FLOATS = {T.FLOAT16, T.BFLOAT16, T.FLOAT, T.DOUBLE}
@@ -53,19 +53,19 @@ class FuseCasts(PatternPass):
             return True
         return _elem_type(g, m.tensor("x")) == _to(m.node("cast"))
 
-    def check(self, m: Match, g: GraphEditor) -> str | None:
+    def check(self, m: Match, g: GraphEditor) -> Decline | None:
         cast = m.node("cast")
         a, c = _elem_type(g, m.tensor("x")), _to(cast)
         if "first" not in m.nodes:
-            return g.reroute_reason(cast.outputs[0], m.tensor("x"))
+            return Decline.unless(g.reroute_reason(cast.outputs[0], m.tensor("x")))
         first, b = m.node("first"), _to(m.node("first"))
         if a is None:
-            return f"{first.name}'s input type is unknown, so {first.name} -> {cast.name} cannot be shown exact"
+            return Decline(f"{first.name}'s input type is unknown, so {first.name} -> {cast.name} cannot be shown exact")
         if a != b and b not in EXACT.get(a, ()):
-            return f"{first.name} casts {_name(a)} to {_name(b)}, which loses values: {cast.name} cannot skip it"
+            return Decline(f"{first.name} casts {_name(a)} to {_name(b)}, which loses values: {cast.name} cannot skip it")
         if a in INTEGERS and b in FLOATS and c in INTEGERS and c != a and c not in EXACT[a]:
-            return (f"{_name(a)} -> {_name(c)} wraps out-of-range values but {_name(b)} -> {_name(c)} does not: "
-                    f"{first.name} -> {cast.name} cannot become one Cast")
+            return (Decline(f"{_name(a)} -> {_name(c)} wraps out-of-range values but {_name(b)} -> {_name(c)} does not: "
+                    f"{first.name} -> {cast.name} cannot become one Cast"))
         return None
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:

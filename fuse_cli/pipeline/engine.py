@@ -6,9 +6,10 @@ import dataclasses
 from collections.abc import Callable, Sequence
 
 from fuse_cli.graph.edit import GraphEditor
-from fuse_cli.match import match_root, root_op_types
-from fuse_cli.passes.base import GraphPass, Pass, PatternPass
-from fuse_cli.report.model import FusionRecord, NearMiss, RemovedTensor
+from fuse_cli.match import Match, match_root, root_op_types
+from fuse_cli.pipeline.base import Decline, GraphPass, Pass, PatternPass
+from fuse_cli.pipeline.records import FusionRecord, NearMiss, RemovedTensor
+from fuse_cli.targets import emit_reason
 
 MAX_ROUNDS = 8
 
@@ -83,9 +84,11 @@ def _sweep(p: PatternPass, g: GraphEditor, size_of: SizeOf) -> tuple[list[Fusion
             if not p.matches(m, g):
                 continue
             kept = [m.nodes[name] for name in p.keeps if name in m.nodes]
-            reason = g.replace_reason(m, kept) or p.check(m, g) or _opset_reason(p, g)
-            if reason:
-                first_miss = first_miss or NearMiss(p.name, p.label, tuple(n.name for n in reversed(m.covered)), reason)
+            decline = (Decline.unless(g.replace_reason(m, kept)) or _target_decline(p, m, g) or p.check(m, g)
+                       or _opset_decline(p, g))
+            if decline:
+                first_miss = first_miss or NearMiss(p.name, p.label, tuple(n.name for n in reversed(m.covered)),
+                                                    decline.reason)
                 continue
             replacement = p.rewrite(m, g)
             replaced = [n.name for n in reversed(m.covered)]
@@ -106,12 +109,25 @@ def _sweep(p: PatternPass, g: GraphEditor, size_of: SizeOf) -> tuple[list[Fusion
     return made, missed
 
 
-def _opset_reason(p: Pass, g: GraphEditor) -> str | None:
+def _target_decline(p: PatternPass, m: Match, g: GraphEditor) -> Decline | None:
+    """May the target run what the rewrite emits, at the dtype it computes in, and is it faster there?"""
+    if not p.emits:
+        return None
+    dtype, subject = p.emitted_at(m, g)
+    for qualified in p.emits:
+        domain, _, op = qualified.rpartition("::")
+        reason = emit_reason(g.target, op, dtype, domain)
+        if reason:
+            return Decline(f"{subject.name}: {reason}" if subject is not None else reason)
+    return None
+
+
+def _opset_decline(p: Pass, g: GraphEditor) -> Decline | None:
     needed = p.required_opset(g.target)
     if g.opset >= needed:
         return None
-    return (f"the fused operator needs opset {needed}, the model has opset {g.opset}: "
-            f"pass --upgrade-opset {needed} to convert the model first")
+    return Decline(f"the fused operator needs opset {needed}, the model has opset {g.opset}: "
+                   f"pass --upgrade-opset {needed} to convert the model first")
 
 
 def _record(p: Pass, label: str, replaced, created, removed, size_of: SizeOf) -> FusionRecord:

@@ -6,8 +6,8 @@ import numpy as np
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Const, Match, Op, Var, constant_value
-from fuse_cli.passes.base import PatternPass
-from fuse_cli.passes.registry import register
+from fuse_cli.pipeline.base import Decline, PatternPass
+from fuse_cli.pipeline.registry import register
 
 IDENTITY_ELEMENT = {"Add": 0, "Sub": 0, "Mul": 1, "Div": 1}
 
@@ -38,24 +38,24 @@ class EliminateNoopArithmetic(PatternPass):
         """x*0 or x+1 is not a near-miss of x*1: only the op's own identity element counts."""
         return constant_value(m.tensor("constant")).flat[0] == IDENTITY_ELEMENT[m.node("op").op]
 
-    def check(self, m: Match, g: GraphEditor) -> str | None:
+    def check(self, m: Match, g: GraphEditor) -> Decline | None:
         node, x = m.node("op"), m.tensor("x")
         value = constant_value(m.tensor("constant"))
         x_dtype = g.dtype(x)
         if x_dtype is not None and x_dtype != value.dtype:
-            return f"{node.name}'s constant has dtype {value.dtype}, {x.name!r} has {x_dtype}"
+            return Decline(f"{node.name}'s constant has dtype {value.dtype}, {x.name!r} has {x_dtype}")
         dims = g.shape(x)
         if dims is None and value.ndim > 0:
-            return f"{node.name}: the rank of {x.name!r} is unknown, so its constant may broadcast it"
+            return Decline(f"{node.name}: the rank of {x.name!r} is unknown, so its constant may broadcast it")
         if dims is not None:
             if value.ndim > dims.rank:
-                return (f"{node.name}'s constant of shape {list(value.shape)} broadcasts {x.name!r} of shape "
-                        f"{list(dims.dims)} to a higher rank")
+                return (Decline(f"{node.name}'s constant of shape {list(value.shape)} broadcasts {x.name!r} of shape "
+                        f"{list(dims.dims)} to a higher rank"))
             trailing = dims.dims[dims.rank - value.ndim:]
             if any(c != 1 and c != d for c, d in zip(value.shape, trailing)):
-                return (f"{node.name}'s constant of shape {list(value.shape)} may broadcast {x.name!r} of shape "
-                        f"{list(dims.dims)} to a larger shape")
-        return g.reroute_reason(node.outputs[0], x)
+                return (Decline(f"{node.name}'s constant of shape {list(value.shape)} may broadcast {x.name!r} of shape "
+                        f"{list(dims.dims)} to a larger shape"))
+        return Decline.unless(g.reroute_reason(node.outputs[0], x))
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
         return Replacement(reroute=[(m.node("op").outputs[0], m.tensor("x"))])

@@ -9,10 +9,10 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Const, Match, Op, Var, constant_value
-from fuse_cli.passes._conv_weights import (FOLDABLE_DTYPES, channel_vector, conv_bias_reason, output_channels,
+from fuse_cli.toolkit.conv_weights import (FOLDABLE_DTYPES, channel_vector, conv_bias_reason, output_channels,
                                            refolded_conv, scale_output_channels)
-from fuse_cli.passes.base import PatternPass
-from fuse_cli.passes.registry import register
+from fuse_cli.pipeline.base import Decline, PatternPass
+from fuse_cli.pipeline.registry import register
 
 # The operand must be a constant to be this pattern: a Conv + Add of a computed tensor is a
 # residual connection, not a near-miss of a bias fold.
@@ -32,19 +32,19 @@ class _FoldChannelConstant(PatternPass):
         """New (weight, bias) in float64 from c per channel; None keeps the weight / adds no bias."""
         raise NotImplementedError
 
-    def check(self, m: Match, g: GraphEditor) -> str | None:
+    def check(self, m: Match, g: GraphEditor) -> Decline | None:
         conv, op = m.node("conv"), m.node("op")
         w, c = constant_value(m.tensor("weight")), constant_value(m.tensor("c"))
         if w.dtype.type not in FOLDABLE_DTYPES:
-            return f"{conv.name}'s weight has dtype {w.dtype}, not a float type that can be folded"
+            return Decline(f"{conv.name}'s weight has dtype {w.dtype}, not a float type that can be folded")
         if c.dtype != w.dtype:
-            return f"{op.name}'s constant has dtype {c.dtype}, the weight {w.dtype}"
+            return Decline(f"{op.name}'s constant has dtype {c.dtype}, the weight {w.dtype}")
         channels = output_channels(conv, w)
         if op.op == "Div" and not np.all(c):
-            return f"{op.name} divides by a constant that holds 0"
+            return Decline(f"{op.name} divides by a constant that holds 0")
         if channel_vector(c, w.ndim, channels) is None:
-            return (f"{op.name}'s constant of shape {list(c.shape)} does not broadcast over the channel axis "
-                    f"alone of {conv.name}'s rank-{w.ndim} output ({channels} channels)")
+            return (Decline(f"{op.name}'s constant of shape {list(c.shape)} does not broadcast over the channel axis "
+                    f"alone of {conv.name}'s rank-{w.ndim} output ({channels} channels)"))
         return conv_bias_reason(m, conv, channels)
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:

@@ -7,12 +7,10 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Alt, Match, Op, Var, constant_value, producer_of
-from fuse_cli.passes.base import PatternPass
-from fuse_cli.passes.layer_norm import normalized_axis, param_reason, param_tensor
-from fuse_cli.passes.registry import register
-from fuse_cli.passes.rms_norm import NORMALIZED
+from fuse_cli.pipeline.base import Decline, PatternPass
+from fuse_cli.toolkit.norms import RMS_NORMALIZED, normalized_axis, param_reason, param_tensor
+from fuse_cli.pipeline.registry import register
 
-ORT_TARGETS = frozenset({"ort", "ort-cpu", "ort-cuda"})
 
 
 @register
@@ -35,26 +33,27 @@ class FuseSimplifiedLayerNormalization(PatternPass):
     name = "simplified-layer-norm"
     description = "Fuse RMSNorm into onnxruntime's SimplifiedLayerNormalization"
     label = "RMSNorm -> SimplifiedLayerNormalization"
-    targets = ORT_TARGETS
-    pattern = Alt(Op("Mul", NORMALIZED, Var("gamma"), name="scale"),
+    emits = ("SimplifiedLayerNormalization",)
+    pattern = Alt(Op("Mul", RMS_NORMALIZED, Var("gamma"), name="scale"),
                   Op("RMSNormalization", Var("x"), Var("gamma"), name="rmsnorm"))
 
-    def check(self, m: Match, g: GraphEditor) -> str | None:
+    def emitted_at(self, m: Match, g: GraphEditor) -> tuple[np.dtype | None, None]:
+        return g.dtype(m.tensor("x")), None
+
+    def check(self, m: Match, g: GraphEditor) -> Decline | None:
         x = m.tensor("x")
         norm = m.node("rmsnorm") if "rmsnorm" in m.nodes else m.node("normalize")
         dtype = g.dtype(x)
         if dtype is None or ("rmsnorm" not in m.nodes and dtype != np.float32):
-            return f"{norm.name} computes in {dtype}; only float32 RMSNorm is matched"
+            return Decline(f"{norm.name} computes in {dtype}; only float32 RMSNorm is matched")
         if "rmsnorm" not in m.nodes and _is_centered(x):
-            return f"{m.node('square').name} squares x - mean(x): a LayerNorm (see layer-norm)"
-        if (reason := g.target_reason("SimplifiedLayerNormalization", dtype, domain="")) is not None:
-            return reason
+            return Decline(f"{m.node('square').name} squares x - mean(x): a LayerNorm (see layer-norm)")
         shape = g.shape(x)
         axis = rms_axis(m, g)
-        if isinstance(axis, str):
+        if isinstance(axis, Decline):
             return axis
         if "rmsnorm" not in m.nodes and constant_value(m.tensor("eps")).size != 1:
-            return f"{m.node('add_eps').name} adds an eps that is not a scalar"
+            return Decline(f"{m.node('add_eps').name} adds an eps that is not a scalar")
         owner = m.node("rmsnorm") if "rmsnorm" in m.nodes else m.node("scale")
         return param_reason(g, m.tensor("gamma"), "gamma", owner, shape, axis, dtype)
 
@@ -74,18 +73,20 @@ class FuseSimplifiedLayerNormalization(PatternPass):
         return Replacement(nodes=[node])
 
 
-def rms_axis(m: Match, g: GraphEditor) -> int | str:
+def rms_axis(m: Match, g: GraphEditor) -> int | Decline:
     """The first normalized axis (non-negative), or why it is not known."""
     shape = g.shape(m.tensor("x"))
     if "rmsnorm" not in m.nodes:
         return normalized_axis(shape, [(m.node("mean_square"), m.tensor("mean_square_axes"))])
     node = m.node("rmsnorm")
     if shape is None:
-        return f"the rank of {node.name}'s input is unknown"
+        return Decline(f"the rank of {node.name}'s input is unknown")
     if len([t for t in node.outputs if t.name]) > 1:
-        return f"{node.name} has more than one output"
+        return Decline(f"{node.name} has more than one output")
     axis = int(node.attrs.get("axis", -1))
-    return axis % shape.rank if -shape.rank <= axis < shape.rank else f"{node.name}'s axis {axis} is out of range"
+    if not -shape.rank <= axis < shape.rank:
+        return Decline(f"{node.name}'s axis {axis} is out of range")
+    return axis % shape.rank
 
 
 def _is_centered(x: gs.Tensor) -> bool:

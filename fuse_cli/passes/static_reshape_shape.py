@@ -6,19 +6,10 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement, label
-from fuse_cli.match import Alt, Match, Op, Var, constant_value, match_root
-from fuse_cli.passes.base import PatternPass
-from fuse_cli.passes.registry import register
-
-SHAPE = Op("Shape", Var("source"), name="shape_of")  # opset 15 adds start/end attributes
-GATHER = Op("Gather", SHAPE, Var("index"), name="gather")
-# A piece of a shape vector that reads dims of `source`: a scalar Gather made 1-D, a Gather of
-# several indices, a Slice (inputs from opset 10, attributes before) or the whole Shape.
-DIMS = Alt(Op(("Unsqueeze", "Reshape"), GATHER, Var("axes", optional=True)), GATHER,
-           Op("Slice", SHAPE, *(Var(v, optional=True) for v in ("starts", "ends", "slice_axes", "steps")),
-              name="slice"),
-           SHAPE)
-Entry = int | tuple[gs.Tensor, int] | None  # a constant, dim `axis` of a tensor, or unknown
+from fuse_cli.match import Match, Op, Var, constant_value
+from fuse_cli.pipeline.base import Decline, PatternPass
+from fuse_cli.pipeline.registry import register
+from fuse_cli.toolkit.shapes import piece_dims, piece_entries, shape_pieces
 
 
 @register
@@ -54,21 +45,21 @@ class StaticReshapeShape(PatternPass):
     def matches(self, m: Match, g: GraphEditor) -> bool:
         """Only shapes that read some tensor's Shape; other run-time shapes depend on data."""
         shape = m.tensor("shape")
-        if constant_value(shape) is not None or not any(_dims_of(piece) for piece in _pieces(shape)):
+        if constant_value(shape) is not None or not any(piece_dims(piece) for piece in shape_pieces(shape)):
             return False
         # already as short as it gets (e.g. this pass's own output): nothing to say
-        leading = _leading_dims(m, g) if isinstance(_static_shape(m, g), str) else None
+        leading = _leading_dims(m, g) if isinstance(_static_shape(m, g), Decline) else None
         return leading is None or _dead_with(m, g, leading[0]) > 2
 
-    def check(self, m: Match, g: GraphEditor) -> str | None:
+    def check(self, m: Match, g: GraphEditor) -> Decline | None:
         shape = _static_shape(m, g)
-        return shape if isinstance(shape, str) and _leading_dims(m, g) is None else None
+        return shape if isinstance(shape, Decline) and _leading_dims(m, g) is None else None
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
         reshape = m.node("reshape")
         base = reshape.name or "reshape"
         shape, nodes = _static_shape(m, g), []
-        if isinstance(shape, str):  # check passed: the leading-dims form
+        if isinstance(shape, Decline):  # check passed: the leading-dims form
             t, k, rest = _leading_dims(m, g)
             dims, shape = g.variable(f"{base}_leading_dims"), g.variable(f"{base}_shape")
             dims.dtype = shape.dtype = np.int64
@@ -87,7 +78,7 @@ def _leading_dims(m: Match, g: GraphEditor) -> tuple[gs.Tensor, int, list[int]] 
     shape = m.tensor("shape")
     if g.opset < 15 or len(shape.inputs) != 1 or shape.inputs[0].op != "Concat":
         return None
-    entries = [e for piece in _pieces(shape) for e in (_entries(piece, g) or [None])]
+    entries = [e for piece in shape_pieces(shape) for e in (piece_entries(piece, g) or [None])]
     k = next((j for j, e in enumerate(entries) if not isinstance(e, tuple)), len(entries))
     rest = entries[k:]
     if k < 2 or not rest or not all(isinstance(e, int) for e in rest):
@@ -117,16 +108,16 @@ def _dead_with(m: Match, g: GraphEditor, source: gs.Tensor) -> int:
     return len(dead) - 1
 
 
-def _static_shape(m: Match, g: GraphEditor) -> np.ndarray | str:
+def _static_shape(m: Match, g: GraphEditor) -> np.ndarray | Decline:
     reshape, x = m.node("reshape"), m.tensor("x")
     allowzero = reshape.attrs.get("allowzero", 0)
     x_dims = g.shape(x)
     shape: list[int | None] = []
     unknown: list[str] = []
-    for piece in _pieces(m.tensor("shape")):
-        entries = _entries(piece, g)
+    for piece in shape_pieces(m.tensor("shape")):
+        entries = piece_entries(piece, g)
         if entries is None:
-            return f"{label(reshape)}'s shape piece {piece.name!r} has a length unknown before run time"
+            return Decline(f"{label(reshape)}'s shape piece {piece.name!r} has a length unknown before run time")
         for entry in entries:
             j = len(shape)
             if isinstance(entry, tuple):
@@ -147,7 +138,7 @@ def _static_shape(m: Match, g: GraphEditor) -> np.ndarray | str:
     if len(unknown) > 1 or (unknown and -1 in shape):
         why = "allowzero=1, so 0 cannot copy a dim; " if allowzero else ""
         taken = "the shape already has a -1" if -1 in shape else "at most one can be left to -1"
-        return f"{label(reshape)}'s shape is known only at run time in {'; '.join(unknown)} ({why}{taken})"
+        return Decline(f"{label(reshape)}'s shape is known only at run time in {'; '.join(unknown)} ({why}{taken})")
     return np.array(_inferred([-1 if s is None else s for s in shape], x_dims, allowzero), np.int64)
 
 
@@ -166,65 +157,3 @@ def _inferred(shape: list[int], x_dims, allowzero: int) -> list[int]:
     return [total // part if s == -1 else s for s in shape]
 
 
-def shape_entries(shape: gs.Tensor, g: GraphEditor) -> list[Entry] | None:
-    """A shape vector's values as entries (constants, or dim `axis` of a tensor read through
-    Shape), when it is a constant or a Concat of such pieces; None where a piece's length is unknown."""
-    entries: list[Entry] = []
-    for piece in _pieces(shape):
-        part = _entries(piece, g)
-        if part is None:
-            return None
-        entries += part
-    return entries
-
-
-def _pieces(shape: gs.Tensor) -> list[gs.Tensor]:
-    producer = shape.inputs[0] if len(shape.inputs) == 1 else None
-    return list(producer.inputs) if producer is not None and producer.op == "Concat" else [shape]
-
-
-def _dims_of(piece: gs.Tensor) -> Match | None:
-    producer = piece.inputs[0] if len(piece.inputs) == 1 else None
-    return next(match_root(DIMS, producer), None) if producer is not None else None
-
-
-def _entries(piece: gs.Tensor, g: GraphEditor) -> list[Entry] | None:
-    """The piece's values as entries; None when even its length is unknown."""
-    value = constant_value(piece)
-    if value is not None:
-        return [int(v) for v in value.reshape(-1)]
-    m = _dims_of(piece)
-    axes = _axes_read(m, g) if m is not None else None
-    if axes is not None:
-        return [(m.tensor("source"), axis) for axis in axes]
-    shape = g.shape(piece)
-    length = shape.static(0) if shape is not None and shape.rank == 1 else None
-    return None if length is None else [None] * length
-
-
-def _axes_read(m: Match, g: GraphEditor) -> list[int] | None:
-    """Which dims of `source` the piece reads, in order; None if that needs an unknown rank or value."""
-    source = g.shape(m.tensor("source"))
-    rank = source.rank if source is not None else None
-    if "gather" in m.nodes:
-        index = constant_value(m.tensor("index"))
-        if index is None or (rank is None and (index < 0).any()):
-            return None
-        return [int(i) + (rank if i < 0 else 0) for i in index.reshape(-1)]
-    if rank is None:
-        return None
-    shape_of = m.node("shape_of")
-    axes = list(range(rank))[shape_of.attrs.get("start", 0):shape_of.attrs.get("end", rank)]
-    if "slice" not in m.nodes:
-        return axes
-    node = m.node("slice")
-    if len(node.inputs) == 1:  # Slice-1: starts/ends attributes
-        bounds = [node.attrs.get("starts"), node.attrs.get("ends"), [1]]
-    else:
-        steps = m.tensor("steps")
-        bounds = [constant_value(m.tensor("starts")), constant_value(m.tensor("ends")),
-                  constant_value(steps) if steps is not None else [1]]
-    if any(b is None or np.size(b) != 1 for b in bounds):
-        return None
-    start, end, step = (int(np.ravel(b)[0]) for b in bounds)
-    return axes[start:end:step]  # Python's clamping of out-of-range bounds is ONNX Slice's

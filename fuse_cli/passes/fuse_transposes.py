@@ -6,8 +6,8 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Match, Op, Var
-from fuse_cli.passes.base import PatternPass
-from fuse_cli.passes.registry import register
+from fuse_cli.pipeline.base import Decline, PatternPass
+from fuse_cli.pipeline.registry import register
 
 
 @register
@@ -25,14 +25,14 @@ class FuseTransposes(PatternPass):
     label = "Transpose + Transpose"
     pattern = Op("Transpose", Op("Transpose", Var("x"), name="first"), name="second")
 
-    def check(self, m: Match, g: GraphEditor) -> str | None:
+    def check(self, m: Match, g: GraphEditor) -> Decline | None:
         first, second = m.node("first"), m.node("second")
         p1, p2 = first.attrs.get("perm"), second.attrs.get("perm")
         if p1 is not None and p2 is not None and len(p1) != len(p2):
-            return f"{first.name} permutes {len(p1)} axes but {second.name} permutes {len(p2)}"
+            return Decline(f"{first.name} permutes {len(p1)} axes but {second.name} permutes {len(p2)}")
         composed = _compose(p1, p2)
         if composed is None or composed == list(range(len(composed))):
-            return g.reroute_reason(second.outputs[0], m.tensor("x"))
+            return Decline.unless(g.reroute_reason(second.outputs[0], m.tensor("x")))
         return None
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:

@@ -1,27 +1,12 @@
-"""Remove nodes that compute nothing at inference time: Identity, and Dropout in inference mode."""
+"""Remove Dropout in inference mode: it computes nothing at inference time."""
+
 
 from __future__ import annotations
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Match, Op, Var, constant_value
-from fuse_cli.passes.base import PatternPass
-from fuse_cli.passes.registry import register
-
-
-@register
-class EliminateIdentity(PatternPass):
-    """x ── Identity ── y   =>   readers of y read x."""
-
-    name = "eliminate-identity"
-    description = "Remove Identity nodes"
-    label = "Identity"
-    pattern = Op("Identity", Var("x"), name="identity")
-
-    def check(self, m: Match, g: GraphEditor) -> str | None:
-        return g.reroute_reason(m.node("identity").outputs[0], m.tensor("x"))
-
-    def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
-        return Replacement(reroute=[(m.node("identity").outputs[0], m.tensor("x"))])
+from fuse_cli.pipeline.base import Decline, PatternPass
+from fuse_cli.pipeline.registry import register
 
 
 @register
@@ -38,21 +23,21 @@ class EliminateDropout(PatternPass):
     label = "Dropout (inference)"
     pattern = Op("Dropout", Var("x"), Var("ratio", optional=True), Var("training_mode", optional=True), name="dropout")
 
-    def check(self, m: Match, g: GraphEditor) -> str | None:
+    def check(self, m: Match, g: GraphEditor) -> Decline | None:
         dropout = m.node("dropout")
         training = m.tensor("training_mode")
         if training is not None:
             value = constant_value(training)
             if value is None:
-                return f"{dropout.name}'s training_mode is not a constant"
+                return Decline(f"{dropout.name}'s training_mode is not a constant")
             if bool(value.reshape(-1)[0]):
-                return f"{dropout.name} is in training mode (training_mode=true)"
+                return Decline(f"{dropout.name} is in training mode (training_mode=true)")
         if g.opset < 7 and dropout.attrs.get("is_test", 0) != 1:
-            return f"{dropout.name} has is_test=0 (training mode)"
+            return Decline(f"{dropout.name} has is_test=0 (training mode)")
         mask = dropout.outputs[1] if len(dropout.outputs) > 1 else None
         if mask is not None and (mask.outputs or g.is_graph_output(mask)):
-            return f"{dropout.name}'s mask output {mask.name!r} is used"
-        return g.reroute_reason(dropout.outputs[0], m.tensor("x"))
+            return Decline(f"{dropout.name}'s mask output {mask.name!r} is used")
+        return Decline.unless(g.reroute_reason(dropout.outputs[0], m.tensor("x")))
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
         return Replacement(reroute=[(m.node("dropout").outputs[0], m.tensor("x"))])

@@ -11,8 +11,8 @@ import difflib
 from collections.abc import Iterable
 
 from fuse_cli.errors import UsageError
-from fuse_cli.passes.base import Pass
-from fuse_cli.targets import TARGETS
+from fuse_cli.pipeline.base import Pass
+from fuse_cli.targets import TARGETS, usable_targets
 
 REGISTRY: dict[str, Pass] = {}
 
@@ -87,6 +87,9 @@ DEFAULT_PIPELINE = PORTABLE_PIPELINE
 
 
 def register(cls: type[Pass]) -> type[Pass]:
+    """Adds the pass; one that emits non-standard operators belongs to the targets that run them."""
+    if cls.emits:
+        cls.targets = usable_targets(cls.emits)
     instance = cls()
     if instance.name in REGISTRY:
         raise RuntimeError(f"pass {instance.name!r} registered twice")

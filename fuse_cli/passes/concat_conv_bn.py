@@ -7,10 +7,10 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Alt, Match, Op, Var, constant_value
-from fuse_cli.passes._conv_weights import (FOLDABLE_DTYPES, batchnorm_affine, batchnorm_reason, bn_params_reason,
+from fuse_cli.toolkit.conv_weights import (FOLDABLE_DTYPES, batchnorm_affine, batchnorm_reason, bn_params_reason,
                                            output_channels, refolded_conv, scale_output_channels)
-from fuse_cli.passes.base import PatternPass
-from fuse_cli.passes.registry import register
+from fuse_cli.pipeline.base import Decline, PatternPass
+from fuse_cli.pipeline.registry import register
 
 MAX_INPUTS = 32  # Concat is variadic and the matcher's Op has a fixed arity: one option per count
 
@@ -49,7 +49,7 @@ class FoldBatchNormIntoConcatenatedConvs(PatternPass):
     pattern = Op("BatchNormalization", Alt(*ALL_CONVS, ANY_CONCAT), Var("scale", const=True), Var("beta", const=True),
                  Var("mean", const=True), Var("variance", const=True), name="bn")
 
-    def check(self, m: Match, g: GraphEditor) -> str | None:
+    def check(self, m: Match, g: GraphEditor) -> Decline | None:
         bn, concat = m.node("bn"), m.node("concat")
         if "conv0" not in m.nodes:
             return _not_all_convs(concat)
@@ -60,14 +60,14 @@ class FoldBatchNormIntoConcatenatedConvs(PatternPass):
         weights = [constant_value(m.tensor(f"weight{i}")) for i in range(len(convs))]
         rank = weights[0].ndim
         if int(concat.attrs.get("axis", 0)) % rank != 1:
-            return f"{concat.name} concatenates on axis {concat.attrs.get('axis', 0)}, not the channel axis 1"
+            return Decline(f"{concat.name} concatenates on axis {concat.attrs.get('axis', 0)}, not the channel axis 1")
         for i, (conv, w) in enumerate(zip(convs, weights)):
             if w.dtype.type not in FOLDABLE_DTYPES:
-                return f"{conv.name}'s weight has dtype {w.dtype}, not a float type that can be folded"
+                return Decline(f"{conv.name}'s weight has dtype {w.dtype}, not a float type that can be folded")
             bias = m.tensor(f"bias{i}")
             if bias is not None and constant_value(bias).size != output_channels(conv, w):
-                return (f"{conv.name}'s bias has {constant_value(bias).size} values for "
-                        f"{output_channels(conv, w)} channels")
+                return (Decline(f"{conv.name}'s bias has {constant_value(bias).size} values for "
+                        f"{output_channels(conv, w)} channels"))
         total = sum(output_channels(c, w) for c, w in zip(convs, weights))
         return bn_params_reason(m, bn, total, f"one per channel of {concat.name}'s output")
 
@@ -96,15 +96,15 @@ def _convs(m: Match) -> list[gs.Node]:
     return [m.nodes[f"conv{i}"] for i in range(MAX_INPUTS) if f"conv{i}" in m.nodes]
 
 
-def _not_all_convs(concat: gs.Node) -> str:
+def _not_all_convs(concat: gs.Node) -> Decline:
     """Why the all-Conv alternative did not fit: always a reason (this match is never rewritten)."""
     seen: list[gs.Tensor] = []
     for tensor in concat.inputs:
         producer = tensor.inputs[0] if len(tensor.inputs) == 1 else None
         if producer is None or producer.op not in ("Conv", "ConvTranspose") or producer.domain:
             what = f"produced by {producer.name} ({producer.op})" if producer is not None else "not computed by a node"
-            return f"{concat.name}'s input {tensor.name!r} is {what}, not a Conv/ConvTranspose"
+            return Decline(f"{concat.name}'s input {tensor.name!r} is {what}, not a Conv/ConvTranspose")
         if any(tensor is t for t in seen):
-            return f"{concat.name} reads {tensor.name!r} more than once"
+            return Decline(f"{concat.name} reads {tensor.name!r} more than once")
         seen.append(tensor)
-    return f"{concat.name}'s inputs do not all fit Conv(x, W, b?)"
+    return Decline(f"{concat.name}'s inputs do not all fit Conv(x, W, b?)")

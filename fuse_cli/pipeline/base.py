@@ -3,7 +3,11 @@ whole-graph transformation such as constant folding."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
+
+import numpy as np
+import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Alt, Match, Op
@@ -12,12 +16,30 @@ from fuse_cli.targets import TARGETS
 ALL_TARGETS = frozenset(TARGETS)
 
 
+@dataclass(frozen=True)
+class Decline:
+    """Why a check does not fuse a match, in plain words: the near-miss the report shows. A check
+    returns None or a Decline; helpers that compute a value return the value or a Decline."""
+
+    reason: str
+
+    def __str__(self) -> str:
+        return self.reason
+
+    @classmethod
+    def unless(cls, reason: str | None) -> Decline | None:
+        """A Decline from a reason GraphEditor or the target table gives (None: no decline)."""
+        return cls(reason) if reason else None
+
+
 class Pass:
-    """Common declaration: a stable kebab-case name, a one-line description, the targets it may
-    emit for, and the opset its output needs."""
+    """Common declaration: a stable kebab-case name, a one-line description, the non-standard
+    operators it emits (from which `register` derives the targets it belongs to, see
+    fuse_cli/targets.py), and the opset its output needs."""
 
     name: ClassVar[str]
     description: ClassVar[str]
+    emits: ClassVar[tuple[str, ...]] = ()  # "domain::op", or "op" in the default domain
     targets: ClassVar[frozenset[str]] = ALL_TARGETS
     min_opset: ClassVar[int] = 1
     # Where onnxruntime runs the emitted operator at older opsets than the standard defines it
@@ -51,7 +73,12 @@ class PatternPass(Pass):
         shape"). False means "not this pattern" and is silent; a near-miss comes from `check`."""
         return True
 
-    def check(self, m: Match, g: GraphEditor) -> str | None:
+    def emitted_at(self, m: Match, g: GraphEditor) -> tuple[np.dtype | None, gs.Node | None]:
+        """The dtype the emitted operators compute in (the engine asks targets.emit_reason at it,
+        before `check`), and the node a target decline names (None: the reason alone)."""
+        return g.dtype(m.root.outputs[0]), None
+
+    def check(self, m: Match, g: GraphEditor) -> Decline | None:
         return None
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:

@@ -8,16 +8,14 @@ from typing import ClassVar
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from fuse_cli.graph.edit import GraphEditor, Replacement, TensorShape
-from fuse_cli.match import Alt, Const, Match, Op, Var, constant_value
-from fuse_cli.passes.base import PatternPass
-from fuse_cli.passes.layer_norm import param_reason, param_tensor
-from fuse_cli.passes.registry import register
+from fuse_cli.graph.edit import GraphEditor, Replacement
+from fuse_cli.match import Alt, Const, Match, Op, Var
+from fuse_cli.pipeline.base import Decline, PatternPass
+from fuse_cli.pipeline.registry import register
+from fuse_cli.toolkit.activations import bias_reason, bias_tensor
+from fuse_cli.toolkit.norms import param_reason, param_tensor
+from fuse_cli.toolkit.shapes import dims_list
 
-# CUDA only: onnxruntime 1.31's CPU kernels for both skip operators measured 6.6x slower than the
-# Add + Add + LayerNormalization they replace (390 vs 59 us at [1, 128, 768], one thread), so a
-# target that may run on the CPU (ort, ort-cpu) keeps the unfused form.
-ORT_TARGETS = frozenset({"ort-cuda"})
 # Exporters write Linear + residual as Add(Add(MatMul, bias), residual): the bias rides along.
 SUM = Alt(Op("Add", Op("Add", Var("input"), Const(lambda value: True, name="bias"), name="add_bias"), Var("skip"),
              name="add"),
@@ -28,27 +26,28 @@ class _SkipNorm(PatternPass):
     """The checks and the rewrite both skip fusions share; subclasses name the ops."""
 
     fused_op: ClassVar[str]
-    targets = ORT_TARGETS
     keeps = ("add",)  # the sum, when read elsewhere, becomes the fused op's 4th output
 
-    def check(self, m: Match, g: GraphEditor) -> str | None:
+    def emitted_at(self, m: Match, g: GraphEditor) -> tuple[np.dtype | None, None]:
+        return g.dtype(m.tensor("input")), None
+
+    def check(self, m: Match, g: GraphEditor) -> Decline | None:
         norm, x, skip = m.node("norm"), m.tensor("input"), m.tensor("skip")
         shape, dtype = g.shape(x), g.dtype(x)
         if len([t for t in norm.outputs if t.name]) > 1:
-            return f"{norm.name} also outputs its statistics"
+            return Decline(f"{norm.name} also outputs its statistics")
         if shape is None or shape.rank not in (2, 3):
-            return f"{m.node('add').name}'s input has rank {shape and shape.rank}; {self.fused_op} takes rank 2 or 3"
+            return Decline(f"{m.node('add').name}'s input has rank {shape and shape.rank}; {self.fused_op} takes rank 2 or 3")
         if g.shape(skip) != shape or None in shape.dims:
-            return (f"{m.node('add').name} adds {skip.name!r} of shape {_dims(g.shape(skip))} to {x.name!r} of "
-                    f"shape {_dims(shape)}: the shapes must be known and equal")
+            return (Decline(f"{m.node('add').name} adds {skip.name!r} of shape {dims_list(g.shape(skip))} to {x.name!r} of "
+                    f"shape {dims_list(shape)}: the shapes must be known and equal"))
         if int(norm.attrs.get("axis", -1)) not in (-1, shape.rank - 1):
-            return f"{norm.name} normalizes from axis {norm.attrs['axis']}; {self.fused_op} normalizes the last only"
+            return Decline(f"{norm.name} normalizes from axis {norm.attrs['axis']}; {self.fused_op} normalizes the last only")
         if dtype is None or g.dtype(skip) != dtype:
-            return f"{m.node('add').name} adds {g.dtype(skip)} to {dtype}"
+            return Decline(f"{m.node('add').name} adds {g.dtype(skip)} to {dtype}")
         if dtype != np.float32 and int(norm.attrs.get("stash_type", 1)) != 1:
-            return f"{norm.name} computes in {dtype} (stash_type=0); {self.fused_op} computes in float32"
-        return (g.target_reason(self.fused_op, dtype)
-                or bias_reason(g, m.tensor("bias"), m.nodes.get("add_bias"), shape, dtype)
+            return Decline(f"{norm.name} computes in {dtype} (stash_type=0); {self.fused_op} computes in float32")
+        return (bias_reason(g, m.tensor("bias"), m.nodes.get("add_bias"), shape, dtype)
                 or next(filter(None, (param_reason(g, m.tensor(p), p, norm, shape, shape.rank - 1, dtype)
                                       for p in ("gamma", "beta"))), None))
 
@@ -88,6 +87,7 @@ class FuseSkipLayerNormalization(_SkipNorm):
     description = "Fuse a residual Add (+ bias) and LayerNormalization into SkipLayerNormalization"
     label = "Add + LayerNormalization -> SkipLayerNormalization"
     fused_op = "SkipLayerNormalization"
+    emits = ("com.microsoft::SkipLayerNormalization",)  # CUDA only: measured slower on the CPU (targets.SLOWER)
     pattern = Op("LayerNormalization", SUM, Var("gamma"), Var("beta", optional=True), name="norm")
 
 
@@ -107,35 +107,8 @@ class FuseSkipSimplifiedLayerNormalization(_SkipNorm):
     description = "Fuse a residual Add (+ bias) and an RMSNorm into SkipSimplifiedLayerNormalization"
     label = "Add + RMSNorm -> SkipSimplifiedLayerNormalization"
     fused_op = "SkipSimplifiedLayerNormalization"
+    emits = ("com.microsoft::SkipSimplifiedLayerNormalization",)  # CUDA only, as skip-layer-norm
     pattern = Alt(Op("SimplifiedLayerNormalization", SUM, Var("gamma"), name="norm"),
                   Op("RMSNormalization", SUM, Var("gamma"), name="norm"))
 
 
-def bias_reason(g: GraphEditor, bias: gs.Tensor | None, add: gs.Node | None, shape: TensorShape,
-                dtype: np.dtype) -> str | None:
-    """None if `bias` (added to a tensor of `shape` and `dtype`) is a constant over the last axis
-    only, which onnxruntime's fused ops take as a 1-D bias; else why not."""
-    if bias is None:
-        return None
-    value, hidden = constant_value(bias), shape.dims[-1]
-    where = f"{add.name}'s bias {bias.name!r} of shape {list(value.shape)}"
-    if not isinstance(hidden, int):
-        return f"{where}: the last axis of {_dims(shape)} is not static"
-    leading_ones = all(d == 1 for d in value.shape[:-1])
-    if value.ndim > shape.rank or not leading_ones or value.shape[-1:] not in ((), (1,), (hidden,)):
-        return f"{where} does not broadcast over the last axis [{hidden}] alone of {_dims(shape)}"
-    if value.dtype != dtype:
-        return f"{where} has dtype {value.dtype}, the input {dtype}"
-    return None
-
-
-def bias_tensor(g: GraphEditor, bias: gs.Tensor, hidden: int) -> gs.Tensor:
-    """The bias as the 1-D [hidden] tensor onnxruntime requires (a new constant when reshaped)."""
-    value = constant_value(bias)
-    if value.shape == (hidden,):
-        return bias
-    return g.constant(f"{bias.name}_1d", np.broadcast_to(value.reshape(-1), (hidden,)).astype(value.dtype))
-
-
-def _dims(shape: TensorShape | None) -> list | None:
-    return list(shape.dims) if shape is not None else None

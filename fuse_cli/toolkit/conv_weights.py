@@ -1,6 +1,5 @@
 """Weight arithmetic shared by the passes that fold per-channel affine maps into Conv, Gemm and
-MatMul weights. No passes live here (the package auto-imports every module; this one registers
-nothing). Everything computes in float64; callers round once to the weight dtype."""
+MatMul weights. Everything computes in float64; callers round once to the weight dtype."""
 
 from __future__ import annotations
 
@@ -9,6 +8,7 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor
 from fuse_cli.match import Match, constant_value
+from fuse_cli.pipeline.base import Decline
 
 FOLDABLE_DTYPES = (np.float16, np.float32, np.float64)
 BN_PARAMS = ("scale", "beta", "mean", "variance")
@@ -39,10 +39,10 @@ def refolded_conv(conv: gs.Node, inputs: list[gs.Tensor], output: gs.Tensor) -> 
                    outputs=[output])
 
 
-def conv_bias_reason(m: Match, conv: gs.Node, channels: int) -> str | None:
+def conv_bias_reason(m: Match, conv: gs.Node, channels: int) -> Decline | None:
     bias = m.tensor("bias")
     if bias is not None and constant_value(bias).size != channels:
-        return f"{conv.name}'s bias has {constant_value(bias).size} values for {channels} output channels"
+        return Decline(f"{conv.name}'s bias has {constant_value(bias).size} values for {channels} output channels")
     return None
 
 
@@ -50,25 +50,25 @@ __all__ = ["FOLDABLE_DTYPES", "BN_PARAMS", "output_channels", "scale_output_chan
            "conv_bias_reason", "batchnorm_reason", "batchnorm_affine", "channel_vector", "fold_input_affine"]
 
 
-def batchnorm_reason(bn: gs.Node, g: GraphEditor) -> str | None:
+def batchnorm_reason(bn: gs.Node, g: GraphEditor) -> Decline | None:
     """Why this BatchNormalization is not a fixed per-channel affine map, or None."""
     if bn.attrs.get("training_mode", 0) == 1:
-        return f"{bn.name} is in training mode (training_mode=1): its statistics change per batch"
+        return Decline(f"{bn.name} is in training mode (training_mode=1): its statistics change per batch")
     if g.opset < 7 and bn.attrs.get("is_test", 0) != 1:
-        return f"{bn.name} has is_test=0 (training mode before opset 7)"
+        return Decline(f"{bn.name} has is_test=0 (training mode before opset 7)")
     if any(out.outputs or g.is_graph_output(out) for out in bn.outputs[1:]):
-        return f"{bn.name} exposes running statistics (training-mode outputs are read)"
+        return Decline(f"{bn.name} exposes running statistics (training-mode outputs are read)")
     if bn.attrs.get("spatial", 1) == 0:
-        return f"{bn.name} has spatial=0 (per-activation statistics), which does not fold per channel"
+        return Decline(f"{bn.name} has spatial=0 (per-activation statistics), which does not fold per channel")
     return None
 
 
-def bn_params_reason(m: Match, bn: gs.Node, channels: int, what: str) -> str | None:
+def bn_params_reason(m: Match, bn: gs.Node, channels: int, what: str) -> Decline | None:
     """The four BN parameters must hold one value per channel (`what` names the channels)."""
     for role in BN_PARAMS:
         value = constant_value(m.tensor(role))
         if value.ndim != 1 or value.size != channels:
-            return f"{bn.name}'s {role} has shape {list(value.shape)}, expected [{channels}] ({what})"
+            return Decline(f"{bn.name}'s {role} has shape {list(value.shape)}, expected [{channels}] ({what})")
     return None
 
 

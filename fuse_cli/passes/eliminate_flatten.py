@@ -6,8 +6,8 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Match, Op, Var
-from fuse_cli.passes.base import PatternPass
-from fuse_cli.passes.registry import register
+from fuse_cli.pipeline.base import Decline, PatternPass
+from fuse_cli.pipeline.registry import register
 
 
 @register
@@ -32,7 +32,7 @@ class EliminateFlattenBeforeGemm(PatternPass):
         dims = g.shape(m.tensor("x"))
         return dims is not None and dims.rank == 2
 
-    def check(self, m: Match, g: GraphEditor) -> str | None:
+    def check(self, m: Match, g: GraphEditor) -> Decline | None:
         flatten = m.node("flatten")
         dims = g.shape(m.tensor("x"))
         axis = flatten.attrs.get("axis", 1)
@@ -40,7 +40,7 @@ class EliminateFlattenBeforeGemm(PatternPass):
         # [N, C] -> [1, N*C] at axis 0 and [N*C, 1] at axis 2: no-ops only when N (or C) is 1
         must_be_one = {0: 0, 2: 1}.get(axis)
         if must_be_one is not None and dims.static(must_be_one) != 1:
-            return f"{flatten.name} with axis={axis} changes the shape {list(dims.dims)}"
+            return Decline(f"{flatten.name} with axis={axis} changes the shape {list(dims.dims)}")
         return None
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
