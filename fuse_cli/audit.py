@@ -19,6 +19,7 @@ from fuse_cli.analysis.measure import measure_peak
 from fuse_cli.analysis.memory import MemoryProfile, profile_memory
 from fuse_cli.analysis.shapes import ShapeTable, infer_shapes
 from fuse_cli.config import FuseConfig
+from fuse_cli.core.domains import has_contrib_nodes
 from fuse_cli.errors import UsageError
 from fuse_cli.graph.io import LoadedModel
 from fuse_cli.input_domain import integer_ranges
@@ -78,7 +79,7 @@ class PeakEstimate:
         infer from its symbolic inference, only then (on a 12k-node graph it takes longer than the
         whole pipeline)."""
         if self._symbolic is None or self._symbolic[0] is not model:
-            self._symbolic = (model, infer_shapes(model, symbolic=_has_contrib_nodes(model)))
+            self._symbolic = (model, infer_shapes(model, symbolic=has_contrib_nodes(model)))
         return self._symbolic[1]
 
     def growth(self, model: onnx.ModelProto) -> tuple[PeakGrowth, ...]:
@@ -142,10 +143,6 @@ def _unknowns(info) -> int:
     if info.elem_type == 0 or info.shape is None:
         return 1_000
     return sum(1 for d in info.shape if d is None)
-
-
-def _has_contrib_nodes(model: onnx.ModelProto) -> bool:
-    return any(node.domain not in ("", "ai.onnx") for node in model.graph.node)
 
 
 def _fill_from(table: ShapeTable, fallback: ShapeTable) -> ShapeTable:

@@ -27,6 +27,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from fuse_cli.core.domains import is_default_domain
+
 DEFAULT_INT_RANGE = (0, 10)
 MASK_RANGE = (0, 2)
 
@@ -198,7 +200,7 @@ def _constant_tensors(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
     """Initializers and Constant nodes' values, as TensorProtos (nothing is decoded here)."""
     tensors = {t.name: t for t in graph.initializer}
     for node in graph.node:
-        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+        if node.op_type == "Constant" and is_default_domain(node.domain):
             for attr in node.attribute:
                 if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
                     tensors[node.output[0]] = attr.t
@@ -216,7 +218,7 @@ def _gather_bound(start: str, consumers, constants, tables) -> tuple[int, int] |
             continue
         seen.add((name, offset))
         for node in consumers.get(name, ()):
-            if node.domain not in ("", "ai.onnx"):
+            if not is_default_domain(node.domain):
                 continue
             if node.op_type == "Gather" and len(node.input) > 1 and node.input[1] == name:
                 rows = _rows(node, tables)

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 from onnx import defs, helper
 
+from fuse_cli.core.domains import is_default_domain
+
 TARGETS = ("onnx", "ort", "ort-cpu", "ort-cuda")
 PROVIDERS_OF: dict[str, tuple[str, ...]] = {
     "onnx": (), "ort": ("cpu", "cuda"), "ort-cpu": ("cpu",), "ort-cuda": ("cuda",)}
@@ -207,7 +209,7 @@ def usable_targets(emits: tuple[str, ...]) -> frozenset[str]:
     usable = set(TARGETS)
     for qualified in emits:
         domain, _, op = qualified.rpartition("::")
-        if _is_standard(op) and domain in ("", "ai.onnx"):
+        if _is_standard(op) and is_default_domain(domain):
             continue
         cap = capability(op, domain)
         usable -= {t for t in TARGETS if t == "onnx" or cap is None

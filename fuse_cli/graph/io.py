@@ -30,6 +30,7 @@ from onnx.external_data_helper import ExternalDataInfo, load_external_data_for_t
 from fuse_cli import __version__
 from fuse_cli.analysis.order import execution_order
 from fuse_cli.analysis.shapes import element_size_bits
+from fuse_cli.core.domains import default_opset_or_none, is_default_domain
 from fuse_cli.errors import FuseError, ModelLoadError
 
 # protobuf refuses to serialize a message of 2 GiB or more; leave headroom for the graph itself.
@@ -242,11 +243,11 @@ def _check_tensor_payloads(model: onnx.ModelProto, path: Path) -> None:
 def _check_attribute_types(model: onnx.ModelProto, path: Path) -> None:
     """A standard operator's input count and attribute types must fit its schema (passes read them
     as such). Operators without a schema here (custom domains, onnxruntime's own) are left alone."""
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    opset = default_opset_or_none(model)
     if opset is None:
         return
     for node in model.graph.node:
-        if node.domain not in ("", "ai.onnx"):
+        if not is_default_domain(node.domain):
             continue
         try:
             schema = onnx.defs.get_schema(node.op_type, opset, "")
@@ -332,7 +333,7 @@ def _all_graphs(*bodies):
 def _check_opsets(model: onnx.ModelProto, path: Path) -> None:
     known = onnx.defs.onnx_opset_version()
     for opset in model.opset_import:
-        if opset.domain in ("", "ai.onnx") and opset.version > known:
+        if is_default_domain(opset.domain) and opset.version > known:
             raise ModelLoadError(
                 f"{path}: model uses ONNX opset {opset.version}, newer than the installed onnx "
                 f"{onnx.__version__} knows (up to {known}); upgrade onnx"

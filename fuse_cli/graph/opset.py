@@ -5,14 +5,15 @@ from __future__ import annotations
 import onnx
 from onnx import version_converter
 
+from fuse_cli.core.domains import default_opset_or_none, is_default_domain
 from fuse_cli.errors import FuseError
 
 
 def default_opset(model: onnx.ModelProto) -> int:
-    for opset in model.opset_import:
-        if opset.domain in ("", "ai.onnx"):
-            return opset.version
-    raise FuseError("model imports no default-domain (ai.onnx) opset")
+    opset = default_opset_or_none(model)
+    if opset is None:
+        raise FuseError("model imports no default-domain (ai.onnx) opset")
+    return opset
 
 
 def minimum_ir_version(opset: int) -> int:
@@ -46,7 +47,7 @@ def ensure_domain_imports(model: onnx.ModelProto) -> None:
     """Fused operators from onnxruntime's contrib domain need that domain imported, or the model
     does not load; add the imports the rewrites made necessary, and only those."""
     imported = {o.domain for o in model.opset_import}
-    used = {n.domain for n in model.graph.node if n.domain not in ("", "ai.onnx")}
+    used = {n.domain for n in model.graph.node if not is_default_domain(n.domain)}
     for domain in sorted(used - imported):
         if domain in CONTRIB_DOMAIN_VERSIONS:
             model.opset_import.append(onnx.helper.make_opsetid(domain, CONTRIB_DOMAIN_VERSIONS[domain]))

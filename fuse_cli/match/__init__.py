@@ -23,6 +23,8 @@ from typing import Union
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from fuse_cli.core.domains import is_default_domain
+
 COMMUTATIVE_OPS = frozenset({"Add", "Mul", "Max", "Min", "Sum", "Equal", "And", "Or", "Xor"})
 
 Pattern = Union["Op", "Var", "Alt", "Const"]
@@ -107,7 +109,7 @@ def constant_value(tensor: gs.Tensor | None) -> np.ndarray | None:
         return tensor.values
     if isinstance(tensor, gs.Variable) and len(tensor.inputs) == 1:
         producer = tensor.inputs[0]
-        if producer.op == "Constant" and producer.domain in ("", "ai.onnx") and "value" in producer.attrs:
+        if producer.op == "Constant" and is_default_domain(producer.domain) and "value" in producer.attrs:
             value = producer.attrs["value"]
             return value.values if isinstance(value, gs.Constant) else np.asarray(value)
     return None

@@ -9,6 +9,7 @@ import onnx_graphsurgeon as gs
 import onnxruntime
 from onnx_graphsurgeon.ir.tensor import LazyValues
 
+from fuse_cli.core.domains import is_default_domain
 from fuse_cli.errors import FuseError
 from fuse_cli.graph.edit import GraphEditor
 from fuse_cli.pipeline.base import Decline, GraphPass
@@ -136,4 +137,4 @@ def _reads_constant_over(node: gs.Node, limit: int) -> bool:
 def _is_random(node: gs.Node) -> bool:
     """Not foldable: random ops (their value changes per run), quantization boundaries, and
     producers of sequences and optionals."""
-    return node.op in NONDETERMINISTIC_OPS | QUANTIZATION_OPS | NON_TENSOR_OPS and (node.domain or "") in ("", "ai.onnx")
+    return node.op in NONDETERMINISTIC_OPS | QUANTIZATION_OPS | NON_TENSOR_OPS and is_default_domain(node.domain)
