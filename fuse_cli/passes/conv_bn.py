@@ -6,11 +6,10 @@ import numpy as np
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Match, Op, Var, constant_value
-from fuse_cli.toolkit.conv_weights import (FOLDABLE_DTYPES, batchnorm_affine, batchnorm_reason, bn_params_reason,
-                                           conv_bias_reason, output_channels, refolded_conv, scale_output_channels)
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
-
+from fuse_cli.toolkit.conv_weights import (FOLDABLE_DTYPES, batchnorm_affine, batchnorm_reason, bn_params_reason,
+                                           conv_bias_reason, output_channels, refolded_conv, scale_output_channels)
 
 
 @register

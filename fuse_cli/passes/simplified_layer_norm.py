@@ -12,7 +12,6 @@ from fuse_cli.toolkit.norms import RMS_NORMALIZED, normalized_axis, param_reason
 from fuse_cli.pipeline.registry import register
 
 
-
 @register
 class FuseSimplifiedLayerNormalization(PatternPass):
     """y = x / sqrt(mean(x^2) + eps) * gamma   over trailing axes [axis, rank)
