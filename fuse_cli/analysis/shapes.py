@@ -231,12 +231,12 @@ def _with_evaluated_dims(model: onnx.ModelProto, table: ShapeTable,
     from fuse_cli.input_domain import shape_settings  # the distinct primes verification binds
 
     settings = shape_settings(model, table.bound_dims)[0]
-    evaluated = []
-    for setting in settings:
-        runtime = _runtime_symbolic_inference(model, setting, input_shapes)
-        if runtime is None:
-            return table
-        evaluated.append(_collect(model.graph, runtime.graph, setting, set()))
+    try:
+        # With every input dim a number, onnx's data propagation resolves most computed shapes;
+        # onnxruntime's inference runs only for what it leaves unknown (and merges numbers only).
+        evaluated = [infer_shapes(model, setting, input_shapes, symbolic=True).tensors for setting in settings]
+    except ValueError:  # a setting that contradicts a fixed input dim
+        return table
     by_sizes = {tuple(s[name] for s in settings): name for name in settings[0] if name not in table.bound_dims}
 
     def named(sizes: tuple) -> Dim:
