@@ -48,7 +48,7 @@ import onnx
 
 from fuse_cli import api
 from fuse_cli.analysis.measure import measure_peak
-from fuse_cli.config import FuseConfig
+from fuse_cli.config import UNBOUND_DIM, FuseConfig
 from fuse_cli.core import sessions
 from fuse_cli.errors import FuseError, ModelLoadError, UsageError
 from fuse_cli.graph.io import save_model
@@ -278,7 +278,7 @@ def random_inputs_for(session, *, dims: Mapping[str, int], seed: int = 0) -> dic
     """verify.random_inputs with symbolic dims from `dims`, 1 where unbound."""
     from fuse_cli.verify import random_inputs
 
-    return random_inputs(session, dims=dims, seed=seed, default_dim=1)
+    return random_inputs(session, dims=dims, seed=seed, default_dim=UNBOUND_DIM)
 
 
 def feeds_for(session, feeds: Mapping[str, np.ndarray], *, dims: Mapping[str, int], seed: int = 0) -> dict[str, np.ndarray]:

@@ -24,6 +24,11 @@ else:  # pragma: no cover
 DEFAULT_FOLD_LIMIT_BYTES = 64 * 2**20
 
 
+# What a symbolic dim nobody bound stands for in the memory estimate and in benchmarks: 1, and the
+# report lists it. Verification does not use it: it binds distinct primes (input_domain.py).
+UNBOUND_DIM = 1
+
+
 @dataclass(frozen=True)
 class FuseConfig:
     target: str = "onnx"

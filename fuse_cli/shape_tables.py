@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import onnx
 
 from fuse_cli.analysis.shapes import ShapeTable, infer_shapes, with_runtime_dims
-from fuse_cli.config import FuseConfig
+from fuse_cli.config import UNBOUND_DIM, FuseConfig
 from fuse_cli.errors import UsageError
 
 
@@ -52,7 +52,7 @@ def _bound_shapes(model: onnx.ModelProto, config: FuseConfig, assumed: tuple[str
         if assumed is None:
             assumed = tuple(sorted({u.symbol for u in table.unknown_dims if u.symbol} - set(table.bound_dims)))
         if assumed:
-            table = infer_shapes(model, {**{name: 1 for name in assumed}, **table.bound_dims}, config.input_shapes,
+            table = infer_shapes(model, {**{name: UNBOUND_DIM for name in assumed}, **table.bound_dims}, config.input_shapes,
                                  symbolic=True)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc

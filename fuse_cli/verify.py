@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from fuse_cli.config import UNBOUND_DIM
 from fuse_cli.core import sessions
 from fuse_cli.core.sessions import run
 from fuse_cli.errors import FuseError
@@ -71,7 +72,6 @@ class VerifyResult:
         return tuple(o for o in self.outputs if not o.passed)
 
 
-DEFAULT_DIM = 2  # a symbolic dim's value in random inputs when a caller gives none
 
 
 def make_session(model: onnx.ModelProto | str, *, optimize: bool = False, providers=("CPUExecutionProvider",),
@@ -83,7 +83,7 @@ def make_session(model: onnx.ModelProto | str, *, optimize: bool = False, provid
 
 def random_inputs(session, *, dims: Mapping[str, int] | None = None, seed: int = 0,
                   int_ranges: Mapping[str, tuple[int, int] | None] | None = None,
-                  default_dim: int = DEFAULT_DIM) -> dict[str, np.ndarray]:
+                  default_dim: int = UNBOUND_DIM) -> dict[str, np.ndarray]:
     """Seeded random data for every input, respecting dtype and shape. Symbolic dims come from
     `dims`, else `default_dim`; integers from `int_ranges[name]` (low inclusive, high exclusive;
     None: [0, the input's last dim), as position ids take), else 0..9, masks 0/1."""

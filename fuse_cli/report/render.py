@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fuse_cli.report.model import SCHEMA_VERSION, Report
+from fuse_cli.config import UNBOUND_DIM
 from fuse_cli.input_domain import describe_setting
 from fuse_cli.verify import INCONCLUSIVE, MATCH, MISMATCH, UNVERIFIABLE, VerifyResult
 
@@ -148,7 +149,7 @@ def summary_lines(report: Report) -> list[str]:
         f"Weights: {human_bytes(report.weight_bytes_before)} -> {human_bytes(report.weight_bytes_after)}",
     ]
     if report.unbound_dims:
-        lines.append(f"Symbolic dims taken as 1 for the estimate: {', '.join(report.unbound_dims)} "
+        lines.append(f"Symbolic dims taken as {UNBOUND_DIM} for the estimate: {', '.join(report.unbound_dims)} "
                      "(bind them with --dim NAME=VALUE)")
     if report.dims:
         lines.append("Bound dims: " + ", ".join(f"{k}={v}" for k, v in report.dims))
@@ -301,7 +302,7 @@ def _memory_json(report: Report) -> dict[str, Any] | None:
         "weight_bytes": {"before": audit.before.weight_bytes, "after": audit.after.weight_bytes},
         "unknown_dims": list(audit.unknown_dims),
         "peak_delta_other": audit.peak_delta_other,
-        "assumed_dims": {name: 1 for name in report.unbound_dims},
+        "assumed_dims": {name: UNBOUND_DIM for name in report.unbound_dims},
         "before": side(audit.before),
         "after": side(audit.after),
     }
