@@ -20,7 +20,7 @@ from fuse_cli.verify import MISMATCH, VerifyResult, compare_with_reference, refe
 
 
 def keep_promises(source: Path, loaded: LoadedModel, passes: list[Pass], fuse, estimate: PeakEstimate,
-                   config: FuseConfig, writer: CandidateWriter):
+                  config: FuseConfig, writer: CandidateWriter):
     """The pipeline less the passes that break fuse's promises: the outputs are the original's
     (verification; a candidate that fails where the original runs breaks it too) and the
     estimated peak is not above the original's (the peak guard, unless --allow-peak-growth).

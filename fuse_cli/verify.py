@@ -223,7 +223,8 @@ def reference_outputs(original: onnx.ModelProto | str, settings: Sequence[Mappin
             inputs = dict(feeds) if feeds else random_inputs(session, dims=dims, seed=seed, int_ranges=int_ranges)
             runs.append((dict(dims), inputs, run(session, inputs)))
         except FuseError as exc:
-            return Reference((), f"the original model cannot run at {describe_setting(dims)}: {exc}")
+            where = "on the given inputs" if feeds else f"at {describe_setting(dims)}"
+            return Reference((), f"the original model cannot run {where}: {exc}")
         finally:
             session = None
     return Reference(tuple(runs))
