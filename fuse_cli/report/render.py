@@ -81,6 +81,8 @@ def verification_lines(report: Report) -> list[str]:
     result = report.verification
     if result is not None:
         lines.append(verdict_line(result))
+    elif not report.dry_run:
+        lines.append("NOT VERIFIED (--no-verify): the output was written unchecked")
     return lines
 
 
