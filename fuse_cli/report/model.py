@@ -32,8 +32,8 @@ class FusionRow:
 class MemoryAudit:
     """Liveness before and after fusion at the bound shapes, and each fusion kind's part of the
     peak change: taken in order, what its removed intermediates vanishing too does to the
-    original's peak. `peak_delta_other` is the rest (the new operators' buffers and scratch), so
-    the parts add up to after - before."""
+    original's peak. `peak_delta_other` is the rest (tensors that became weights, the new
+    operators' buffers and scratch), so the parts add up to after - before."""
 
     before: MemoryProfile
     after: MemoryProfile

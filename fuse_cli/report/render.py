@@ -38,8 +38,8 @@ def human_bytes(n: int | None) -> str:
 
 def savings_rows(report: Report) -> list[tuple[str, ...]]:
     """The table body plus a total line, as display strings. The peak column adds up: each kind's
-    part, the new operators' part (their buffers and scratch), and the passes the peak guard left
-    out (what they would have added; not in the total)."""
+    part, then the rest (tensors that became weights, the new operators' buffers and scratch);
+    the passes the peak guard left out show what they would have added (not in the total)."""
     rows = []
     for row in report.rows():
         saved = human_bytes(row.removed_bytes)
@@ -48,12 +48,12 @@ def savings_rows(report: Report) -> list[tuple[str, ...]]:
         rows.append((row.pattern, row.pass_name, str(row.count), str(row.nodes_removed),
                      str(row.intermediates_removed), saved, _signed_bytes(row.peak_delta_bytes)))
     if rows and report.memory is not None and report.memory.peak_delta_other:
-        rows.append(("New operators' buffers and scratch", "", "", "", "", "",
+        rows.append(("Rest: folded weights, new operators' buffers and scratch", "", "", "", "", "",
                      _signed_bytes(report.memory.peak_delta_other)))
     for decline in report.peak_guard:
         worst = max(decline.growth, key=lambda g: g.after_bytes - g.before_bytes)
-        rows.append((f"{decline.pattern} (left out: raises the peak)", decline.pass_name, "0", "0", "0", "-",
-                     f"would be {_signed_bytes(worst.after_bytes - worst.before_bytes)}"))
+        rows.append((decline.pattern, decline.pass_name, "-", "-", "-", "-",
+                     f"left out: {_signed_bytes(worst.after_bytes - worst.before_bytes)}"))
     if report.rows():
         all_rows = report.rows()
         total_peak = report.memory.after.peak_bytes - report.memory.before.peak_bytes if report.memory else None
@@ -172,7 +172,8 @@ def render_rich(report: Report, console: Console) -> None:
     title = f"fuse {'report' if report.dry_run else 'optimize'}: {report.model_path} (target {report.target})"
     table = Table(title=title, title_justify="left")
     for i, header in enumerate(SAVINGS_HEADERS):
-        table.add_column(header, justify="left" if i < 2 else "right", no_wrap=i < 2)
+        # the pattern wraps; the figures never do (a squeezed number shows as an ellipsis)
+        table.add_column(header, justify="left" if i < 2 else "right", no_wrap=i > 0, overflow="fold")
     rows = savings_rows(report)
     for i, row in enumerate(rows):
         table.add_row(*row, style="bold" if i == len(rows) - 1 else None)
