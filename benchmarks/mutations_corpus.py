@@ -62,8 +62,11 @@ def main(argv=None) -> int:
                     continue
                 tried += 1
                 caught = report.exit_code == 1 and [r.pass_name for r in report.rolled_back] == [mutant.name]
-                rows.append({"mutation": mutation.name, "model": path.stem, "caught": caught,
-                             "verification": report.verification.status if report.verification else None})
+                row = {"mutation": mutation.name, "model": path.stem, "caught": caught}
+                if not caught:  # what the mutant did to the outputs: below tolerance, no comparison can see it
+                    worst = max(report.verification.outputs, key=lambda o: o.max_abs_diff / max(o.atol, 1e-30))
+                    row.update(output=worst.name, max_abs_diff=worst.max_abs_diff, atol=worst.atol, rtol=worst.rtol)
+                rows.append(row)
                 print(json.dumps(rows[-1]), flush=True)
             del REGISTRY[mutant.name]
     caught = sum(r["caught"] for r in rows)
