@@ -37,8 +37,9 @@ MASK_RANGE = (0, 2)
 
 def shape_settings(model: onnx.ModelProto, bound: Mapping[str, int] | None = None) -> list[list[dict[str, int]]]:
     """Candidate dims for verification, best first: each candidate is the list of settings to
-    run (one when every symbol is bound, else two in which distinct free symbols have distinct
-    sizes). Keys are the dim_param strings of the graph inputs, as onnxruntime's free-dimension
+    run: two in which distinct free symbols have distinct sizes; when the user bound every
+    symbol, the bound setting and one at distinct primes (the bound one alone last); one for a
+    model without symbols. Keys are the dim_param strings of the graph inputs, as onnxruntime's free-dimension
     overrides and random inputs look them up.
 
     The later candidates set one free symbol to 1: a model may broadcast one input against
@@ -53,7 +54,16 @@ def shape_settings(model: onnx.ModelProto, bound: Mapping[str, int] | None = Non
             if name not in symbols and name not in bound:
                 symbols.append(name)
     if not symbols:
-        return [[_evaluate_all(expressions, bound)]]
+        named = [name for name in bound if any(name == p or (e is not None and name in _names(e))
+                                               for p, e in expressions.items())]
+        if not named:
+            return [[_evaluate_all(expressions, bound)]]
+        # every symbol bound (--dim): that setting, and a second at distinct primes, which a model
+        # needing exactly the bound sizes may refuse (then the bound setting alone)
+        avoid = set(bound.values()) | _static_input_dims(model)
+        primes = dict(zip(named, (p for p in _primes() if p not in avoid)))
+        return [[_evaluate_all(expressions, bound), _evaluate_all(expressions, {**bound, **primes})],
+                [_evaluate_all(expressions, bound)]]
     avoid = set(bound.values()) | _static_input_dims(model)
     primes = (p for p in _primes() if p not in avoid)
     first = dict(zip(symbols, primes))
