@@ -25,6 +25,7 @@ FORMS = {
     "three-groups": (dict(heads=6, kv_heads=2), 6, 2),
     "custom-scale": (dict(scale="div"), 4, 2),
     "no-repeat": (dict(kv_heads=4, repeat="none"), 4, 4),
+    "dynamo-sdpa": (dict(dynamo=True), 4, 2),
 }
 
 
@@ -53,6 +54,8 @@ DECLINES = {
     "tiled-not-repeated": (dict(repeat="tile"), "is not provably repeat_kv"),
     "head-size-not-a-multiple-of-8": (dict(head_size=4), "not a multiple of 8"),
     "rank-2-mask": (dict(mask="causal-2d"), "is not provably [batch or 1, 1 or 4, sequence, sequence]"),
+    "dynamo-flattened-to-d-first": (dict(dynamo=True, flat_shape="d-first", seq=8),
+                                    "are not provably K^T through a batch-flattened view"),
 }
 
 

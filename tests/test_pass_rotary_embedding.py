@@ -26,6 +26,7 @@ FORMS = {
     "inv-freq-matmul": dict(freqs="matmul"),
     "constant-bounds": dict(half_bounds="const"),
     "grouped-kv-heads": dict(heads=6, kv_heads=2),
+    "dynamo-run-time-split": dict(dynamo=True),
 }
 
 

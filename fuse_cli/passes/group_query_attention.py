@@ -7,11 +7,12 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
-from fuse_cli.match import Alt, Match, Op, Var, constant_value
+from fuse_cli.match import Alt, Const, Match, Op, Var, constant_value
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
 from fuse_cli.targets import PROVIDERS_OF
-from fuse_cli.toolkit.shapes import same_dim
+from fuse_cli.toolkit.heads import head_split
+from fuse_cli.toolkit.shapes import same_dim, shape_entries
 
 HEADS_PERM = [0, 2, 1, 3]
 NOT_SET = lambda value: not value  # noqa: E731
@@ -33,12 +34,19 @@ def scaled(x, role: str) -> Alt:
     return Alt(Op(("Mul", "Div"), x, Var(f"{role}_scale", const=True), name=f"{role}_scaling"), x)
 
 
-SCORES = scaled(Alt(Op("MatMul", heads("query"), Op("Transpose", repeated("key"), name="key_t", perm=[0, 1, 3, 2]),
-                       name="qk"),
+# K^T: a Transpose, FusedMatMul's transB, or (torch's dynamo) a batch-flattened view: Reshape [-1, S, d],
+# Transpose [0, 2, 1], Reshape [B, H, d, S], which check() proves from the shape vectors
+KEY_T = Alt(Op("Transpose", repeated("key"), name="key_t", perm=[0, 1, 3, 2]),
+            Op("Reshape", Op("Transpose", Op("Reshape", repeated("key"), Var("key_flat_shape"), name="key_flatten"),
+                             name="key_t", perm=[0, 2, 1]), Var("key_unflat_shape"), name="key_unflatten"))
+SCORES = scaled(Alt(Op("MatMul", scaled(heads("query"), "query"), scaled(KEY_T, "key"), name="qk"),
                     Op("FusedMatMul", heads("query"), repeated("key"), domain="com.microsoft", name="qk", transB=1,
                        transA=NOT_SET, transBatchA=NOT_SET, transBatchB=NOT_SET)), "score")
 SOFTMAX = Op("Softmax", Alt(Op("Add", SCORES, Var("mask"), name="mask_add"), SCORES), name="softmax")
-CONTEXT = Op("MatMul", SOFTMAX, repeated("value"), name="context")
+# dynamo's SDPA zeroes NaN probabilities, Where(IsNaN(p), 0, p): the identity on a softmax of finite scores
+PROBS = Alt(Op("Where", Op("IsNaN", Var("softmax"), name="nan_test"), Const(lambda v: v.size == 1 and v.item() == 0),
+               SOFTMAX, name="nan_guard"), SOFTMAX)
+CONTEXT = Op("MatMul", PROBS, repeated("value"), name="context")
 
 
 @register
@@ -99,10 +107,16 @@ class FuseGroupQueryAttention(PatternPass):
                 and same_dim(k.dims[1], v.dims[1])):
             return Decline(f"query {list(q.dims)}, key {list(k.dims)} and value {list(v.dims)} are not provably one "
                            f"batch of one sequence (self-attention without a past)")
-        merged = constant_value(m.tensor("merge_shape"))
-        if merged is None or [int(s) for s in merged.reshape(-1)] not in ([0, 0, h * d], [0, -1, h * d]):
+        merged, merged_out = constant_value(m.tensor("merge_shape")), g.shape(m.root.outputs[0])
+        by_inference = (merged is None and merged_out is not None and merged_out.rank == 3 and merged_out.static(2) == h * d
+                        and same_dim(merged_out.dims[0], q.dims[0]) and same_dim(merged_out.dims[1], q.dims[1]))
+        if not by_inference and (merged is None or [int(s) for s in merged.reshape(-1)] not in ([0, 0, h * d], [0, -1, h * d])
+                                 or m.root.attrs.get("allowzero", 0)):
             return Decline(f"{m.node('merge').name} reshapes to {merged}, not [0, 0, {h * d}] (merging the heads)")
-        for role in ("score",):
+        if "key_flatten" in m.nodes and not _flattened_key_t(m, g, d):
+            return Decline(f"{m.node('key_flatten').name} and {m.node('key_unflatten').name} are not provably K^T through "
+                           f"a batch-flattened view ([-1, S, {d}], Transpose [0, 2, 1], [B, H, {d}, S])")
+        for role in ("query", "key", "score"):
             if m.tensor(f"{role}_scale") is not None:
                 c = constant_value(m.tensor(f"{role}_scale"))
                 if c.size != 1 or not np.isfinite(c).all() or not c.any():
@@ -121,10 +135,11 @@ class FuseGroupQueryAttention(PatternPass):
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
         h, d = _split(m, g, "query")
         kv, _ = _split(m, g, "key")
-        scale = float(m.node("qk").attrs.get("alpha", 1.0))
-        if m.tensor("score_scale") is not None:
-            c = float(constant_value(m.tensor("score_scale")).reshape(-1)[0])
-            scale *= c if m.node("score_scaling").op == "Mul" else 1.0 / c
+        scale = float(m.node("qk").attrs.get("alpha", 1.0))  # float64 product, rounded once into the attribute
+        for role in ("query", "key", "score"):
+            if m.tensor(f"{role}_scale") is not None:
+                c = float(constant_value(m.tensor(f"{role}_scale")).reshape(-1)[0])
+                scale *= c if m.node(f"{role}_scaling").op == "Mul" else 1.0 / c
         attrs = {"num_heads": h, "kv_num_heads": kv, "causal": 0}
         if not np.isclose(scale, d**-0.5, rtol=1e-6, atol=0):
             attrs["scale"] = scale
@@ -147,16 +162,38 @@ class FuseGroupQueryAttention(PatternPass):
 
 
 def _split(m: Match, g: GraphEditor, role: str) -> tuple[int, int] | Decline:
-    """(heads, head size) of a constant Reshape [0, 0|-1, heads, head_size] of a [B, S, heads*head_size] input."""
-    reshape, shape = m.node(f"{role}_split"), constant_value(m.tensor(f"{role}_shape"))
-    source = g.shape(m.tensor(role))
-    dims = [int(s) for s in shape.reshape(-1)] if shape is not None else None
-    if (dims is None or len(dims) != 4 or dims[0] != 0 or dims[1] not in (0, -1) or min(dims[2:]) <= 0
-            or reshape.attrs.get("allowzero", 0) or source is None or source.rank != 3
-            or source.static(2) != dims[2] * dims[3]):
-        return Decline(f"{reshape.name} reshapes {m.tensor(role).name!r} ({source and list(source.dims)}) to {dims}: "
-                       f"not a constant [0, 0, heads, head_size] split of [batch, sequence, heads*head_size]")
-    return dims[2], dims[3]
+    """(heads, head size) of the Reshape splitting the [B, S, heads*head_size] input (toolkit.heads)."""
+    reshape = m.node(f"{role}_split")
+    split = head_split(reshape, g)
+    if split is None:
+        source = g.shape(m.tensor(role))
+        return Decline(f"{reshape.name} is not provably a split of {m.tensor(role).name!r} "
+                       f"({source and list(source.dims)}) into [batch, sequence, heads, head_size]")
+    return split
+
+
+def _flattened_key_t(m: Match, g: GraphEditor, d: int) -> bool:
+    """Reshape(K [B, H, S, d], [-1, S, d]), Transpose [0, 2, 1], Reshape([B, H, d, S]) is K^T: the
+    shape vectors read K's own dims (or give them statically)."""
+    k = m.node("key_flatten").inputs[0]
+    dims = g.shape(k)
+    if dims is None or dims.rank != 4:
+        return False
+
+    def is_dim(entry, axis: int) -> bool:
+        return entry == (k, axis) or isinstance(entry, tuple) and entry[1] == axis and same_dim(g.dim(entry[0], axis),
+                                                                                                dims.dims[axis]) \
+            or isinstance(entry, int) and entry == dims.dims[axis]
+
+    flat = shape_entries(m.tensor("key_flat_shape"), g)
+    unflat = shape_entries(m.tensor("key_unflat_shape"), g)
+    if flat is None or unflat is None or len(flat) != 3 or len(unflat) != 4:
+        return False
+    return (flat[0] == -1 and is_dim(flat[1], 2) and flat[2] == d and is_dim(unflat[0], 0) and is_dim(unflat[1], 1)
+            and unflat[2] == d and is_dim(unflat[3], 2) and not any(n.attrs.get("allowzero", 0) and 0 in
+                                                                  [e for e in entries if isinstance(e, int)]
+                                                                  for n, entries in ((m.node("key_flatten"), flat),
+                                                                                     (m.node("key_unflatten"), unflat))))
 
 
 def _repeat_reason(m: Match, g: GraphEditor, role: str, h: int, kv: int) -> str | None:

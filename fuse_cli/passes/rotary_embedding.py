@@ -9,6 +9,7 @@ from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Match, Op, Var, constant_value, producer_of
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
+from fuse_cli.toolkit.heads import head_split
 from fuse_cli.toolkit.shapes import same_dim
 from fuse_cli.toolkit.values import INT_MAX, int_value
 
@@ -38,7 +39,7 @@ class FuseRotaryEmbedding(PatternPass):
     no table of max positions is materialized, and any position ids the graph used stay exact.
     The kernel rotates with the first half of each row only, so the two halves must be provably
     equal: Cos/Sin of Concat(f, f) (times a constant scalar), or a constant checked entrywise.
-    Where x is Transpose[0,2,1,3](Reshape(x3, [0, 0|-1, H, d])), the kernel runs on the 3-D x3
+    Where x is Transpose[0,2,1,3](Reshape(x3) to [B, S, H, d]) (toolkit.heads), the kernel runs on the 3-D x3
     (num_heads H) and the split is redone after it: attention then finds Q and K in their
     projected [B, S, H*d] form. RotaryEmbedding's CPU kernel: float32 and float16.
     """
@@ -87,14 +88,14 @@ class FuseRotaryEmbedding(PatternPass):
             nodes.append(gs.Node("RotaryEmbedding", g.unique_name(base), attrs, [x, start, *caches], [m.root.outputs[0]],
                                  domain="com.microsoft"))
             return Replacement(nodes=nodes)
-        x3, shape, reshape, transpose = split
-        heads = int(constant_value(shape)[2])
+        x3, heads, reshape, transpose = split
         rotated = _node(g, nodes, "RotaryEmbedding", [x3, start, *caches], base, num_heads=heads, rotary_embedding_dim=d,
                         **attrs)
         nodes[-1].domain = "com.microsoft"
         rotated.shape = list(g.shape(x3).dims)  # what later passes of this run read (the tables predate it)
-        nodes.append(gs.Node("Reshape", g.unique_name(f"{base}_split"), dict(reshape.attrs), [rotated, shape],
+        nodes.append(gs.Node("Reshape", g.unique_name(f"{base}_split"), dict(reshape.attrs), [rotated, reshape.inputs[1]],
                              [split_out := g.variable(f"{base}_split_out", like=x)]))
+        split_out.shape = list(g.shape(reshape.outputs[0]).dims)
         nodes.append(gs.Node("Transpose", g.unique_name(f"{base}_heads"), dict(transpose.attrs), [split_out],
                              [m.root.outputs[0]]))
         return Replacement(nodes=nodes)
@@ -150,21 +151,13 @@ def _equal_halves(t: gs.Tensor, g: GraphEditor) -> bool:
 
 
 def _split_heads(x: gs.Tensor, g: GraphEditor):
-    """(x3, shape, Reshape, Transpose) when x = Transpose[0,2,1,3](Reshape(x3 [B, S, H*d], [0, 0|-1, H, d]))."""
+    """(x3, H, Reshape, Transpose) when x = Transpose[0,2,1,3](Reshape(x3 [B, S, H*d]) to [B, S, H, d])."""
     transpose = producer_of(x)
     if transpose is None or transpose.op != "Transpose" or list(transpose.attrs.get("perm", [])) != [0, 2, 1, 3]:
         return None
     reshape = producer_of(transpose.inputs[0])
-    if reshape is None or reshape.op != "Reshape":
-        return None
-    x3, shape = reshape.inputs
-    dims = constant_value(shape)
-    source = g.shape(x3)
-    if (dims is None or dims.size != 4 or dims[0] != 0 or dims[1] not in (0, -1) or min(dims[2:]) <= 0
-            or reshape.attrs.get("allowzero", 0) or source is None or source.rank != 3
-            or source.static(2) != dims[2] * dims[3]):
-        return None
-    return x3, shape, reshape, transpose
+    split = head_split(reshape, g) if reshape is not None and reshape.op == "Reshape" else None
+    return None if split is None else (reshape.inputs[0], split[0], reshape, transpose)
 
 
 def _node(g: GraphEditor, nodes: list[gs.Node], op: str, inputs: list[gs.Tensor], base: str, **attrs) -> gs.Variable:
