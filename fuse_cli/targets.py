@@ -78,9 +78,15 @@ CAPABILITIES: tuple[Capability, ...] = (
     _cap("Attention", "float32", "float32 float16 bfloat16", "num_heads required; packed QKV weights"),
     _cap("MultiHeadAttention", "float32", "float32 float16 bfloat16", "num_heads required"),
     _cap("GroupQueryAttention", "float32 float16", "float16 bfloat16",
-         "head size % 8 == 0 on CPU; num_heads and kv_num_heads required"),
+         "head size % 8 == 0 on CPU; num_heads and kv_num_heads required; seqlens_k [B] int32 and "
+         "total_sequence_length int32 inputs. With causal=0 and attention_bias (the graph's own mask) the 1.31 CPU "
+         "kernel equals softmax(QK^T*scale + bias)V over repeat_kv'd K/V, fully masked rows included "
+         "(one-node check, 2026-12-01); CUDA with causal=0 unverified: group-query-attention declines there"),
     _cap("RotaryEmbedding", "float32 float16", "float32 float16 bfloat16",
-         "inputs (input, position_ids, cos, sin): not the order of the standard opset-23 RotaryEmbedding"),
+         "inputs (input, position_ids, cos, sin): not the order of the standard opset-23 RotaryEmbedding. input "
+         "[B, S, H*d] (with num_heads) or [B, H, S, d]; position_ids [1] (row start + s) or [B, S]; caches "
+         "[rows, d/2]: rotary-embedding passes the graph's own per-position cos/sin rows with position_ids [0], so "
+         "no table of max positions is built"),
     _cap("BiasAdd", "", "float32 float16", "CUDA only"),
     _cap("BiasSplitGelu", "", "float32 float16", "CUDA only"),
     _cap("BiasSoftmax", "", "float32 float16 float64", "CUDA only"),

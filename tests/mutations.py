@@ -187,6 +187,16 @@ MUTATIONS: tuple[Mutation, ...] = (
              ("transformer_block_opset17",), after=set_attr("MultiHeadAttention", "unidirectional", lambda v: 1)),
     Mutation("attention-value-is-key", "attention", "keys passed as values", "ort-cpu", ("transformer_block_opset17",),
              after=replace_input_with("MultiHeadAttention", 2, 1)),
+    # Decoder LLMs: rotary embedding, grouped-query attention
+    Mutation("rotary-interleaved", "rotary-embedding", "rotates interleaved pairs, not the two halves", "ort-cpu",
+             ("llama_attention",), after=set_attr("RotaryEmbedding", "interleaved", lambda v: 1)),
+    Mutation("rotary-cos-sin-swapped", "rotary-embedding", "cos and sin caches swapped", "ort-cpu",
+             ("llama_attention",), after=swap_inputs("RotaryEmbedding", 2, 3)),
+    Mutation("gqa-mask-dropped", "group-query-attention", "the graph's causal + padding mask not passed", "ort-cpu",
+             ("llama_attention",), first=("rotary-embedding",), after=drop_input("GroupQueryAttention", 10)),
+    Mutation("gqa-wrong-scale", "group-query-attention", "scores scaled by 1/d instead of 1/sqrt(d)", "ort-cpu",
+             ("llama_attention",), first=("rotary-embedding",),
+             after=set_attr("GroupQueryAttention", "scale", lambda v: (v or 8**-0.5) ** 2)),
     # Skip normalization
     Mutation("skip-layer-norm-residual-dropped", "skip-layer-norm", "x + x instead of x + skip", "ort-cuda",
              ("transformer_block_opset17",), after=replace_input_with("SkipLayerNormalization", 1, 0)),

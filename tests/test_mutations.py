@@ -14,6 +14,7 @@ from fuse_cli.passes import REGISTRY
 from tests.conftest import LIGHT_MODELS, SAMPLES
 from tests.mutations import MUTATIONS
 from tests.graphs import GraphBuilder
+from tests.llama_graphs import llama_attention_model
 from tests.test_pass_fused_conv import conv
 from tests.test_pass_fused_matmul import attention_scores
 from tests.test_pass_pad_conv import pad_conv
@@ -34,6 +35,7 @@ BUILT = {
     "transpose_chain": lambda: transposes([0, 2, 1, 3], [0, 1, 3, 2]),
     "pad_conv": lambda: pad_conv([0, 0, 1, 1, 0, 0, 1, 1]),
     "attention_scores": lambda: attention_scores(GraphBuilder()),
+    "llama_attention": llama_attention_model,
 }
 
 

@@ -62,6 +62,8 @@ RUNTIME_PIPELINE: tuple[str, ...] = (
     "simplified-layer-norm",
     "skip-layer-norm",
     "skip-simplified-layer-norm",
+    "rotary-embedding",  # before the attentions, which then find Q and K rotated in their [B, S, H*d] form
+    "group-query-attention",
     "attention",
     "gelu",
     "contrib-gelu",

@@ -1,0 +1,30 @@
+"""Attention head splits: a Reshape of [B, S, H*d] into [B, S, H, d], proved from a constant shape
+or from the inferred shapes when the exporter computes the shape at run time (torch's dynamo)."""
+
+from __future__ import annotations
+
+import onnx_graphsurgeon as gs
+
+from fuse_cli.graph.edit import GraphEditor
+from fuse_cli.match import constant_value
+from fuse_cli.toolkit.shapes import same_dim
+
+
+def head_split(reshape: gs.Node, g: GraphEditor) -> tuple[int, int] | None:
+    """(H, d) when `reshape` takes a [B, S, H*d] tensor to [B, S, H, d]: its shape is a constant
+    [0, 0|-1, H, d] (allowzero 0), or its inferred output is [B, S, H, d] with B and S provably
+    the input's (row-major, the split into heads whatever computed the shape)."""
+    source, out = g.shape(reshape.inputs[0]), g.shape(reshape.outputs[0])
+    if source is None or source.rank != 3 or source.static(2) is None:
+        return None
+    dims = constant_value(reshape.inputs[1])
+    if dims is not None:
+        dims = [int(v) for v in dims.reshape(-1)]
+        if (len(dims) == 4 and dims[0] == 0 and dims[1] in (0, -1) and min(dims[2:]) > 0
+                and not reshape.attrs.get("allowzero", 0) and source.static(2) == dims[2] * dims[3]):
+            return dims[2], dims[3]
+        return None
+    if (out is not None and out.rank == 4 and out.static(2) and out.static(3) and same_dim(out.dims[0], source.dims[0])
+            and same_dim(out.dims[1], source.dims[1]) and out.static(2) * out.static(3) == source.static(2)):
+        return out.static(2), out.static(3)
+    return None

@@ -1,0 +1,127 @@
+"""A decoder LLM's self-attention block in the form transformers' TorchScript export writes it
+(Llama, Qwen2: rotate-half rotary embedding, grouped K/V heads repeated by repeat_kv, an additive
+causal + padding mask), with switches for the variants and near-misses the tests need."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+from tests.graphs import GraphBuilder
+
+F32_MIN = float(np.finfo(np.float32).min)
+
+
+def llama_attention_model(*, heads: int = 4, kv_heads: int = 2, head_size: int = 8, freqs: str = "mul",
+                          tables: str = "computed", half_bounds: str = "shape", mask: str = "causal-padding",
+                          repeat: str = "expand", scale: str = "mul", seq: str | int = "sequence",
+                          rotate_order: str = "neg-upper", dynamo: bool = False,
+                          flat_shape: str = "key") -> onnx.ModelProto:
+    """freqs: positions times inv_freq by "mul" ([1, S, 1] * [d/2]) or "matmul" ([1, d/2, 1] @ [1, 1, S],
+    transposed). tables: "computed" (Cos/Sin of Concat(f, f)), "uneven" (Concat(f, 2f): halves differ),
+    "inputs" (cos/sin graph inputs [1, sequence, d]) or "constant" (a static-length table; seq must be
+    an int). half_bounds: the Slice split "shape" (Shape(x)[3] // 2, as torch writes it) or "const";
+    "wrong" splits at d/2 - 1. mask: "causal-padding" ([B, 1, S, S] from attention_mask), "none", or
+    "causal-2d" (the causal [S, S] alone, not the [B or 1, H or 1, S, S] attention_bias wants). repeat: "expand" (repeat_kv), "none" (kv_heads must equal heads) or
+    "tile" (Expand at axis 1: heads kv0,kv1,kv0,kv1, not repeat_kv's kv0,kv0,kv1,kv1).
+    rotate_order "neg-lower" builds Concat(-x1, x2), not rotate_half. dynamo: as torch.onnx.export(dynamo=True)
+    writes scaled_dot_product_attention: split and merge shapes computed from Shape (allowzero=1), d^-1/4 on Q
+    and on K^T, K^T through a batch-flattened view [-1, S, d] -> Transpose [0, 2, 1] -> [B, H, d, S], and
+    Where(IsNaN(p), 0, p) after the softmax. flat_shape "d-first" flattens to [-1, d, S] instead: the same
+    sizes when S == d, but a reinterpretation, not K^T."""
+    b = GraphBuilder(opset=17, seed=5)
+    hidden, kv_hidden, half = heads * head_size, kv_heads * head_size, head_size // 2
+    x = b.input("hidden", ["batch", seq, hidden])
+
+    def ints(*values: int) -> str:
+        return b.const(np.array(values, np.int64))
+
+    def linear(width: int) -> str:
+        return b.op("MatMul", x, b.const(b.rand(hidden, width) * hidden**-0.5))
+
+    length = b.op("Gather", b.op("Shape", x), b.const(np.array(1, np.int64)), axis=0)
+    positions = b.op("Unsqueeze", b.op("Range", b.const(np.array(0, np.int64)), length, b.const(np.array(1, np.int64))),
+                     ints(0))  # [1, S]
+    inv_freq = (10000.0 ** (-np.arange(half) / half)).astype(np.float32)
+    if freqs == "mul":
+        f = b.op("Mul", b.op("Cast", b.op("Unsqueeze", positions, ints(2)), to=TensorProto.FLOAT), b.const(inv_freq))
+    else:
+        p = b.op("Cast", b.op("Unsqueeze", positions, ints(1)), to=TensorProto.FLOAT)  # [1, 1, S]
+        f = b.op("Transpose", b.op("MatMul", b.const(inv_freq.reshape(1, half, 1)), p), perm=[0, 2, 1])
+    if tables in ("computed", "uneven"):
+        other = f if tables == "computed" else b.op("Mul", f, b.const(np.float32(2.0)))
+        emb = b.op("Concat", f, other, axis=-1)
+        cos, sin = b.op("Cos", emb), b.op("Sin", emb)
+    elif tables == "inputs":
+        cos, sin = b.input("cos", [1, seq, head_size]), b.input("sin", [1, seq, head_size])
+    else:
+        angles = np.arange(seq)[:, None] * inv_freq[None]
+        angles = np.concatenate([angles, angles], -1)[None].astype(np.float32)
+        cos, sin = b.const(np.cos(angles)), b.const(np.sin(angles))
+    cos, sin = b.op("Unsqueeze", cos, ints(1)), b.op("Unsqueeze", sin, ints(1))
+
+    batch_seq = b.op("Slice", b.op("Shape", x), ints(0), ints(2))
+
+    def split(t: str, n: int) -> str:
+        if dynamo:
+            return b.op("Transpose", b.op("Reshape", t, b.op("Concat", batch_seq, ints(n, head_size), axis=0),
+                                          allowzero=1), perm=[0, 2, 1, 3])
+        return b.op("Transpose", b.op("Reshape", t, ints(0, 0, n, head_size)), perm=[0, 2, 1, 3])
+
+    def rotary(t: str) -> str:
+        if half_bounds == "shape":
+            mid = b.op("Unsqueeze", b.op("Div", b.op("Gather", b.op("Shape", t), b.const(np.array(3, np.int64)), axis=0),
+                                         b.const(np.array(2, np.int64))), ints(0))
+        else:
+            mid = ints(half - 1 if half_bounds == "wrong" else half)
+        lower = b.op("Slice", t, ints(0), mid, ints(3), ints(1))
+        upper = b.op("Slice", t, mid, ints(2**63 - 1), ints(3), ints(1))
+        first, second = (b.op("Neg", upper), lower) if rotate_order == "neg-upper" else (b.op("Neg", lower), upper)
+        rotated = b.op("Concat", first, second, axis=-1)
+        return b.op("Add", b.op("Mul", t, cos), b.op("Mul", rotated, sin))
+
+    def repeat_kv(t: str) -> str:
+        if repeat == "none":
+            return t
+        n = heads // kv_heads
+        dims = b.op("Shape", t)
+        bs, rest = b.op("Slice", dims, ints(0), ints(1)), b.op("Slice", dims, ints(2), ints(4))
+        if repeat == "tile":
+            unsq = b.op("Unsqueeze", t, ints(1))
+            to = b.op("Concat", bs, ints(n, kv_heads), rest, axis=0)
+        else:
+            unsq = b.op("Unsqueeze", t, ints(2))
+            to = b.op("Concat", bs, ints(kv_heads, n), rest, axis=0)
+        return b.op("Reshape", b.op("Expand", unsq, to), b.op("Concat", bs, ints(heads), rest, axis=0))
+
+    q = rotary(split(linear(hidden), heads))
+    k = repeat_kv(rotary(split(linear(kv_hidden), kv_heads)))
+    v = repeat_kv(split(linear(kv_hidden), kv_heads))
+    if dynamo:
+        quarter = b.const(np.float32(head_size**-0.25))
+        k_dims = b.op("Shape", k)
+        k_len = b.op("Slice", k_dims, ints(-2), ints(-1))
+        flat_to = (b.op("Concat", ints(-1), k_len, ints(head_size), axis=0) if flat_shape == "key"
+                   else b.op("Concat", ints(-1, head_size), k_len, axis=0))
+        unflat = b.op("Concat", b.op("Slice", k_dims, ints(0), ints(-2)), ints(head_size), k_len, axis=0)
+        k_t = b.op("Reshape", b.op("Transpose", b.op("Reshape", k, flat_to), perm=[0, 2, 1]), unflat)
+        scores = b.op("MatMul", b.op("Mul", q, quarter), b.op("Mul", k_t, quarter))
+    else:
+        scores = b.op("MatMul", q, b.op("Transpose", k, perm=[0, 1, 3, 2]))
+        scores = (b.op("Mul", scores, b.const(np.float32(head_size**-0.5))) if scale == "mul"
+                  else b.op("Div", scores, b.const(np.float32(3.0))))
+    if mask != "none":
+        m = b.input("attention_mask", ["batch", seq], TensorProto.INT64)
+        rows = b.op("Range", b.const(np.array(0, np.int64)), length, b.const(np.array(1, np.int64)))
+        causal = b.op("LessOrEqual", b.op("Unsqueeze", rows, ints(0)), b.op("Unsqueeze", rows, ints(1)))  # [S, S]
+        keep = b.op("And", causal, b.op("Unsqueeze", b.op("Cast", m, to=TensorProto.BOOL), ints(1)))  # [B, S, S]
+        keep = causal if mask == "causal-2d" else b.op("Unsqueeze", keep, ints(1))
+        scores = b.op("Add", scores, b.op("Where", keep, b.const(np.float32(0)), b.const(np.float32(F32_MIN))))
+    probs = b.op("Softmax", scores, axis=-1)
+    if dynamo:
+        probs = b.op("Where", b.op("IsNaN", probs), b.const(np.float32(0)), probs)
+    context = b.op("Transpose", b.op("MatMul", probs, v), perm=[0, 2, 1, 3])
+    merged = (b.op("Reshape", context, b.op("Concat", batch_seq, ints(-1), axis=0), allowzero=1) if dynamo
+              else b.op("Reshape", context, ints(0, 0, hidden)))
+    return b.build(b.op("MatMul", merged, b.const(b.rand(hidden, hidden) * hidden**-0.5)), output_names=["y"])

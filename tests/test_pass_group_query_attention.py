@@ -1,0 +1,78 @@
+"""group-query-attention: Llama/Qwen2 prefill attention (repeat_kv'd K/V) -> com.microsoft GroupQueryAttention."""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+
+from tests.conftest import optimize_model
+from tests.graphs import assert_declined, op_counts
+from tests.llama_graphs import llama_attention_model
+from tests.test_pass_rotary_embedding import assert_same_outputs
+
+GQA = "com.microsoft::GroupQueryAttention"
+PASSES = ("rotary-embedding", "group-query-attention")
+
+
+def gqa_attrs(model: onnx.ModelProto) -> dict:
+    (node,) = [n for n in model.graph.node if n.op_type == "GroupQueryAttention"]
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+
+
+FORMS = {
+    "causal-padding-mask": (dict(), 4, 2),
+    "no-mask": (dict(mask="none"), 4, 2),
+    "three-groups": (dict(heads=6, kv_heads=2), 6, 2),
+    "custom-scale": (dict(scale="div"), 4, 2),
+    "no-repeat": (dict(kv_heads=4, repeat="none"), 4, 4),
+    "dynamo-sdpa": (dict(dynamo=True), 4, 2),
+}
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_llama_attention_fuses_into_group_query_attention(form, tmp_path):
+    kwargs, heads, kv_heads = FORMS[form]
+    model = llama_attention_model(**kwargs)
+    result = optimize_model(model, tmp_path, target="ort-cpu", passes=PASSES)
+    counts = op_counts(result.model)
+    assert counts[GQA] == 1 and counts["Expand"] == 1 and not {"Softmax", "Transpose"} & set(counts), counts  # seqlens_k
+    attrs = gqa_attrs(result.model)
+    assert (attrs["num_heads"], attrs["kv_num_heads"], attrs["causal"]) == (heads, kv_heads, 0)
+    assert attrs.get("scale") == (pytest.approx(1 / 3) if kwargs.get("scale") == "div" else None)
+    assert_same_outputs(model, result.model)
+
+
+def test_the_full_runtime_pipeline_fuses_it(tmp_path):
+    model = llama_attention_model()
+    result = optimize_model(model, tmp_path, target="ort-cpu")
+    counts = op_counts(result.model)
+    assert counts[GQA] == 1 and counts["com.microsoft::RotaryEmbedding"] == 2, counts
+    assert_same_outputs(model, result.model)
+
+
+DECLINES = {
+    "tiled-not-repeated": (dict(repeat="tile"), "is not provably repeat_kv"),
+    "head-size-not-a-multiple-of-8": (dict(head_size=4), "not a multiple of 8"),
+    "rank-2-mask": (dict(mask="causal-2d"), "is not provably [batch or 1, 1 or 4, sequence, sequence]"),
+    "dynamo-flattened-to-d-first": (dict(dynamo=True, flat_shape="d-first", seq=8),
+                                    "are not provably K^T through a batch-flattened view"),
+}
+
+
+@pytest.mark.parametrize("case", DECLINES)
+def test_near_forms_decline_with_the_reason(case, tmp_path):
+    kwargs, reason = DECLINES[case]
+    rotated = optimize_model(llama_attention_model(**kwargs), tmp_path, name="rotated", target="ort-cpu",
+                             passes=("rotary-embedding",)).model
+    result = optimize_model(rotated, tmp_path, target="ort-cpu", passes=("group-query-attention",))
+    assert_declined(rotated, result, "group-query-attention", reason)
+    assert_same_outputs(rotated, result.model)
+
+
+def test_targets_with_cuda_decline(tmp_path):
+    rotated = optimize_model(llama_attention_model(), tmp_path, name="rotated", target="ort",
+                             passes=("rotary-embedding",)).model
+    result = optimize_model(rotated, tmp_path, target="ort", passes=("group-query-attention",))
+    assert GQA not in op_counts(result.model)
+    assert any("CPU provider only" in m.reason or "no float32 kernel" in m.reason
+               for m in result.report.near_misses if m.pass_name == "group-query-attention")

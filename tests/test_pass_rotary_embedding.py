@@ -1,0 +1,79 @@
+"""rotary-embedding: the rotate-half RoPE of Llama/Qwen2 exports -> com.microsoft RotaryEmbedding."""
+
+from __future__ import annotations
+
+import pytest
+
+from fuse_cli.verify import verify_models
+from tests.conftest import optimize_model
+from tests.graphs import op_counts
+from tests.llama_graphs import llama_attention_model
+
+ROPE = "com.microsoft::RotaryEmbedding"
+SIZES = ({"batch": 1, "sequence": 3}, {"batch": 3, "sequence": 7})
+MASK_VALUES = {"attention_mask": (0, 2)}
+
+
+def assert_same_outputs(original, fused, sizes=SIZES) -> None:
+    for dims in sizes:
+        for seed in (0, 1):
+            result = verify_models(original, fused, dims=dims, seed=seed, rtol=1e-4, atol=1e-5, int_ranges=MASK_VALUES)
+            assert result.passed, result.outputs
+
+
+FORMS = {
+    "positions-times-inv-freq": dict(),
+    "inv-freq-matmul": dict(freqs="matmul"),
+    "constant-bounds": dict(half_bounds="const"),
+    "grouped-kv-heads": dict(heads=6, kv_heads=2),
+    "dynamo-run-time-split": dict(dynamo=True),
+}
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_rotate_half_fuses_into_rotary_embedding(form, tmp_path):
+    model = llama_attention_model(**FORMS[form])
+    result = optimize_model(model, tmp_path, target="ort-cpu", passes=("rotary-embedding",))
+    counts = op_counts(result.model)
+    assert counts[ROPE] == 2 and "Neg" not in counts, counts  # Q and K
+    heads = [next(a.i for a in n.attribute if a.name == "num_heads") for n in result.model.graph.node
+             if n.op_type == "RotaryEmbedding"]  # run on the [B, S, H*d] projections
+    assert sorted(heads) == sorted([FORMS[form].get("heads", 4), FORMS[form].get("kv_heads", 2)])
+    assert_same_outputs(model, result.model)
+    again = optimize_model(result.model, tmp_path, name="again", target="ort-cpu", passes=("rotary-embedding",))
+    assert not again.report.fusions
+
+
+def test_a_constant_table_with_equal_halves_fuses(tmp_path):
+    model = llama_attention_model(tables="constant", seq=6, mask="none")
+    result = optimize_model(model, tmp_path, target="ort-cpu", passes=("rotary-embedding",))
+    assert op_counts(result.model)[ROPE] == 2
+    assert_same_outputs(model, result.model, sizes=({"batch": 2},))
+
+
+DECLINES = {
+    "uneven-halves": (dict(tables="uneven"), "are not provably equal"),
+    "tables-are-inputs": (dict(tables="inputs"), "are not provably equal"),
+    "split-off-center": (dict(half_bounds="wrong"), "not [0:4] of the last axis"),
+}
+
+
+@pytest.mark.parametrize("case", DECLINES)
+def test_near_forms_decline_with_the_reason(case, tmp_path):
+    kwargs, reason = DECLINES[case]
+    model = llama_attention_model(**kwargs)
+    result = optimize_model(model, tmp_path, target="ort-cpu", passes=("rotary-embedding",))
+    assert not result.report.fusions and ROPE not in op_counts(result.model)
+    misses = [m.reason for m in result.report.near_misses if m.pass_name == "rotary-embedding"]
+    assert len(misses) == 2 and all(reason in miss for miss in misses), misses  # Q's and K's
+
+
+def test_rotating_the_wrong_half_is_not_rotate_half(tmp_path):
+    model = llama_attention_model(rotate_order="neg-lower")
+    result = optimize_model(model, tmp_path, target="ort-cpu", passes=("rotary-embedding",))
+    assert ROPE not in op_counts(result.model)
+
+
+def test_the_portable_target_leaves_it(tmp_path):
+    result = optimize_model(llama_attention_model(), tmp_path, target="onnx")
+    assert ROPE not in op_counts(result.model)
