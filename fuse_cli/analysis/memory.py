@@ -38,13 +38,25 @@ from onnx's (`infer_shapes`) in ways that decide whether buffers are shared (`pl
   an unknown dim with `batch` is `batch` in onnxruntime, unk__N in onnx, and so is everything
   downstream. fuse redoes Concat's and broadcasting's merges on the placeholder dims and passes
   the result through (`ShapeTable.placeholders` says which unknown dim onnx copied from which);
-- not modelled: onnx's data propagation names the dims of a Reshape whose shape vector is
-  computed at run time; onnxruntime 1.31 left them unknown in gpt2-small's opset-14 export (fused
-  for ort-cpu: estimate 1.29x measured) but not in bert-small's dynamo export (treating them as
-  unknown there made it 0.39x): which shape chains onnxruntime propagates is still open.
-Evidence (onnxruntime 1.31.1 CPU, DISABLE_ALL): each node output made a graph output without a
-declared shape and read back from the session: equal to `planner_shapes` for every tensor whose
-planner key is known on timm deit-tiny opset 13 fused for onnx and ort-cpu (503 tensors).
+- onnx's data propagation reads the values of shape tensors computed at run time (Shape ->
+  Gather -> Concat -> Reshape) and names the result's dims; onnxruntime's graph inference reads
+  no such values: a runtime-shaped Reshape is [?, ?, ?] there, and so is whatever is inferred
+  from it. Where a model has such a node, onnx's inference runs once more without data
+  propagation and its unknown dims are marked as placeholders to redo;
+- a shape the model declares (value_info, graph outputs) is where onnxruntime's inference merges
+  into (NodeArg::UpdateTypeAndShape, onnx's mergeInShapeInfo: an inferred value fills or wins,
+  a declared name stands where the inference knows nothing): declared dims are never redone.
+  Exporters that write value_info (torch's dynamo exporter) thus keep `batch` through attention
+  blocks whose inference alone would lose it.
+Evidence (onnxruntime 1.31.1 CPU, DISABLE_ALL): each node output made a graph output (with no
+shape but what value_info declares) and read back from the session: equal to `planner_shapes` for every tensor whose
+planner key is known on timm deit-tiny opset 13 fused for onnx and ort-cpu (503 tensors); for
+every float tensor of 64 KiB or more at batch 1 on the held-out hf-vit-tiny, bert-small,
+gpt2-small, llama-gqa (opset 14 and dynamo), qwen2-small dynamo, t5-encoder opset 14 and
+whisper-encoder dynamo exports, before fusion and fused for onnx and ort-cpu, but one tensor
+of gpt2-small opset 14 (onnxruntime does fold shape values that are wholly static, such as
+Shape of a [4] tensor: not modelled). Dynamo exports of hf-vit-tiny, gpt2-small, qwen2-small
+and llama-gqa went from 0.75-0.89x (0.35-0.5x fused) to 1.00x at their large settings.
 deit-tiny's fused form at batch 1 measured 4.8 MiB, which
 the old table put at 2.45 (it found no buffer to share) and this one at 4.92.
 
@@ -83,6 +95,18 @@ Workspace. Kernel scratch, live while its node runs:
   with a key padding mask, no [B, S, T] mask buffer stayed resident. Measured on onnxruntime
   1.31 for batch, sequence, key length, heads and head size: within 0.2 MiB of the formula.
 
+- LRN on float (cpu/nn/lrn.cc) takes two buffers from the temp-space allocator: the scale, as
+  big as its input, and one image's padded squares, (C + size - 1) x H x W floats. Measured on
+  onnxruntime 1.31.1 at [4, 64, 64, 64]: input + output + 5.06 MiB (tests/test_analysis_measure.py);
+  it was what kept the zoo's inception_v1 at 0.67x (192 channels at 55 x 55: 4.4 MiB);
+
+- Where (cpu/tensor/where_op.cc) broadcasts in two steps: condition with X into a selection
+  tensor, condition with Y into another, both allocated from the kernel's tensor allocator and
+  held until it returns, then merges them into the output: scratch of broadcast(condition, X)
+  plus broadcast(condition, Y) elements of the output's type. Measured on onnxruntime 1.31.1
+  (tests/test_analysis_measure.py); it is the attention mask guard of torch's dynamo exports
+  (Where(IsNaN(softmax), 0, softmax)), which left hf-vit-tiny's dynamo export at 0.85x;
+
 - HardSwish and Mish have no CPU kernel: onnxruntime runs their function bodies (HardSigmoid,
   Mul; Softplus, Tanh, Mul), which hold one intermediate of the output's size: measured on
   onnxruntime 1.31.1, [16, 256, 256] float: input + output + 4 MiB (tests/test_analysis_measure.py).
@@ -98,6 +122,7 @@ excluded from every sum and listed, never counted as 0 silently.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -219,7 +244,7 @@ def profile_memory(model: onnx.ModelProto, shapes: ShapeTable, *, extra_weights:
 
     opset = _default_opset(model)
     reads = [_reads(stored[i], consumed[i]) for i in order]
-    planner_shapes = _planner_shapes(nodes, symbolic)
+    planner_shapes = _planner_shapes(nodes, _without_data_propagation(model, nodes, symbolic), _declared_dims(graph))
     plan = _Planner(graph, nodes, reads, set(producer), absent, planner_shapes, opset).run()
     workspace = [_workspace_bytes(node, shapes, opset) for node in nodes]
     timeline = _timeline(len(nodes), plan.buffers, known, workspace)
@@ -463,13 +488,25 @@ def planner_shapes(model: onnx.ModelProto, symbolic: ShapeTable | None = None) -
     graph = model.graph
     stored = list(graph.node)
     nodes = [stored[i] for i in execution_order(graph)]
-    return _planner_shapes(nodes, symbolic if symbolic is not None else infer_shapes(model))
+    symbolic = symbolic if symbolic is not None else infer_shapes(model)
+    return _planner_shapes(nodes, _without_data_propagation(model, nodes, symbolic), _declared_dims(graph))
 
 
-def _planner_shapes(nodes: Sequence[onnx.NodeProto], symbolic: ShapeTable) -> dict[str, TensorInfo]:
+def _declared_dims(graph: onnx.GraphProto) -> dict[str, tuple[bool, ...]]:
+    """Per tensor the model declares a shape for (value_info, graph outputs): which dims it
+    names or gives a value."""
+    declared = {}
+    for vi in (*graph.value_info, *graph.output):
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
+            declared[vi.name] = tuple(d.HasField("dim_value") or bool(d.dim_param) for d in vi.type.tensor_type.shape.dim)
+    return declared
+
+
+def _planner_shapes(nodes: Sequence[onnx.NodeProto], symbolic: ShapeTable,
+                    declared: Mapping[str, tuple[bool, ...]]) -> dict[str, TensorInfo]:
     """Shapes as onnxruntime's own graph inference leaves them (see "Shapes" in the module
     docstring): `symbolic`, less what onnx's placeholders added, redone downstream of every
-    tensor that changed."""
+    tensor that changed, except the dims the model declares."""
     shapes = dict(symbolic.tensors)
     raw = symbolic.placeholders
     changed: set[str] = set()
@@ -479,15 +516,50 @@ def _planner_shapes(nodes: Sequence[onnx.NodeProto], symbolic: ShapeTable) -> di
             info = shapes.get(name)
             if info is None or info.shape is None or (name not in raw and not touched):
                 continue
+            kept = declared.get(name)
+            if kept is not None and (len(kept) != len(info.shape) or all(kept)):
+                continue
             if name in raw and raw[name] is None:
                 dims = None
             else:
                 placeholders = raw.get(name) or (None,) * len(info.shape)
                 dims = _runtime_dims(node, placeholders, info.shape, shapes, raw, touched)
+                if kept is not None:
+                    dims = tuple(d if keep else new for d, new, keep in zip(info.shape, dims, kept))
             if dims != info.shape:
                 changed.add(name)
                 shapes[name] = TensorInfo(name, info.elem_type, dims)
     return shapes
+
+
+# Operators whose output shape is read from the values of an input (its index): where that
+# input is computed at run time, onnx's data propagation names the output's dims and
+# onnxruntime's inference does not.
+_SHAPE_VALUE_INPUT: Mapping[str, int] = MappingProxyType({
+    "Reshape": 1, "Expand": 1, "Tile": 1, "ConstantOfShape": 0, "Slice": 2, "Range": 1, "Resize": 3,
+})
+
+
+def _without_data_propagation(model: onnx.ModelProto, nodes: Sequence[onnx.NodeProto],
+                              symbolic: ShapeTable) -> ShapeTable:
+    """`symbolic` with the dims onnx's data propagation named, and onnxruntime's inference does
+    not, marked as placeholders (so `_planner_shapes` redoes them): onnx inferred once more without
+    data propagation, only when some shape is read from a value computed at run time."""
+    computed = {name for node in nodes if not (node.op_type == "Constant" and _domain(node) == "")
+                for name in node.output}
+    if not any(len(node.input) > index and node.input[index] in computed for node in nodes
+               for index in [_SHAPE_VALUE_INPUT.get(node.op_type) if _domain(node) == "" else None]
+               if index is not None):
+        return symbolic
+    plain = infer_shapes(model, data_propagation=False)
+    placeholders = dict(symbolic.placeholders)
+    for name, raw in plain.placeholders.items():
+        info = symbolic.get(name)
+        # The run's own unk__N names, kept apart from those of the table's inference.
+        placeholders[name] = None if raw is None else tuple(None if r is None else f"~{r}" for r in raw)
+        if info is not None and info.shape is not None and raw is not None and len(raw) != len(info.shape):
+            placeholders[name] = None
+    return dataclasses.replace(symbolic, placeholders=MappingProxyType(placeholders))
 
 
 def _runtime_dims(node: onnx.NodeProto, raw: tuple, known: tuple, shapes: Mapping[str, TensorInfo],
@@ -602,6 +674,10 @@ def _workspace_bytes(node: onnx.NodeProto, shapes: ShapeTable, opset: int) -> in
         return shapes.nbytes(node.output[0]) or 0
     if domain == "" and node.op_type in _FUNCTION_EXPANDED_OPS:
         return shapes.nbytes(node.output[0]) or 0
+    if domain == "" and node.op_type == "Where":
+        return _where_workspace(node, shapes)
+    if domain == "" and node.op_type == "LRN":
+        return _lrn_workspace(node, shapes)
     if domain == _MS_DOMAIN and node.op_type == "MultiHeadAttention":
         return _attention_workspace(node, shapes)
     if node.op_type == "Dropout" and domain == "" and opset >= 12 and (len(node.output) < 2 or not node.output[1]):
@@ -609,6 +685,37 @@ def _workspace_bytes(node: onnx.NodeProto, shapes: ShapeTable, opset: int) -> in
         if info is not None and info.shape is not None and all(isinstance(d, int) for d in info.shape):
             return math.prod(info.shape)  # a bool per element
     return 0
+
+
+def _where_workspace(node: onnx.NodeProto, shapes: ShapeTable) -> int:
+    """Where's two selection tensors, in bytes; 0 when unknown."""
+    infos = [shapes.get(name) for name in node.input[:3]]
+    out = shapes.get(node.output[0])
+    if len(infos) < 3 or out is None or any(i is None or i.shape is None or not all(isinstance(d, int) for d in i.shape)
+                                            for i in infos):
+        return 0
+    bits = element_size_bits(out.elem_type)
+    if bits is None or bits % 8:
+        return 0
+    condition = infos[0].shape
+    return bits // 8 * sum(math.prod(_broadcast_static(condition, values.shape)) for values in infos[1:])
+
+
+def _broadcast_static(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
+    rank = max(len(a), len(b))
+    a, b = (1,) * (rank - len(a)) + tuple(a), (1,) * (rank - len(b)) + tuple(b)
+    return tuple(x if y == 1 else y for x, y in zip(a, b))
+
+
+def _lrn_workspace(node: onnx.NodeProto, shapes: ShapeTable) -> int:
+    """LRN's scale (the input's size) and one image's padded squares, in bytes; 0 when unknown."""
+    info = shapes.get(node.input[0])
+    if (info is None or info.elem_type != TensorProto.FLOAT or info.shape is None or len(info.shape) != 4
+            or not all(isinstance(d, int) for d in info.shape)):
+        return 0
+    size = next((a.i for a in node.attribute if a.name == "size"), 1)
+    batch, channels, height, width = info.shape
+    return 4 * (batch * channels + channels + size - 1) * height * width
 
 
 def _conv_workspace(node: onnx.NodeProto, shapes: ShapeTable) -> int:

@@ -147,6 +147,7 @@ def infer_shapes(
     input_shapes: Mapping[str, Sequence[int]] = _NO_BINDINGS,
     *,
     symbolic: bool = False,
+    data_propagation: bool = True,
 ) -> ShapeTable:
     """Infer every top-level tensor's shape after binding the user's dims; `model` is not modified.
 
@@ -164,6 +165,9 @@ def infer_shapes(
     against each other are equal, which is wrong where one of them may be 1 ([batch, 3] * [2, 3]
     would make batch 2), so onnx's dims stand wherever onnx has them. `fuse optimize` verifies
     every rewrite numerically besides.
+
+    `data_propagation=False` infers as onnxruntime's own graph inference does (what its memory
+    planner compares): shapes read from the values of tensors computed at run time stay unknown.
     """
     declared = _declared_symbols(model.graph)
     bindings = _resolve_bindings(model.graph, dims, input_shapes)
@@ -171,7 +175,7 @@ def infer_shapes(
 
     copy = _inference_copy(model)
     _bind(copy.graph, bindings, input_shapes)
-    inferred, warnings = _run_inference(copy)
+    inferred, warnings = _run_inference(copy, data_propagation)
 
     placeholders: dict[str, tuple[Dim, ...]] = {}
     tensors = _collect(model.graph, inferred.graph, bindings, declared, placeholders)
@@ -599,7 +603,7 @@ def _bind(
                 shape.dim.add(dim_value=value)
 
 
-def _run_inference(model: onnx.ModelProto) -> tuple[onnx.ModelProto, tuple[str, ...]]:
+def _run_inference(model: onnx.ModelProto, data_propagation: bool = True) -> tuple[onnx.ModelProto, tuple[str, ...]]:
     """Best effort, never raising: data propagation first (it resolves Shape->Gather->Reshape
     chains to concrete dims), then plain inference, then the declared types alone.
 
@@ -607,7 +611,7 @@ def _run_inference(model: onnx.ModelProto) -> tuple[onnx.ModelProto, tuple[str, 
     non-strict mode just leaves that node's outputs unknown.
     """
     warnings: list[str] = []
-    for options in ({"data_prop": True}, {}):
+    for options in ({"data_prop": True}, {}) if data_propagation else ({},):
         try:
             return onnx.shape_inference.infer_shapes(model, **options), tuple(warnings)
         # onnx's C++ layer raises InferenceError, ValidationError, SchemaError, RuntimeError or
