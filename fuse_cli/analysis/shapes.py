@@ -206,8 +206,11 @@ def with_runtime_dims(model: onnx.ModelProto, table: ShapeTable,
     if inferred is None:
         return table
     runtime, merged, merged_into_number = inferred
-    declared = _declared_symbols(model.graph) | _all_symbols(runtime.graph)
-    more = _collect(model.graph, runtime.graph, table.bound_dims, declared)
+    own = _declared_symbols(model.graph)
+    more = _collect(model.graph, runtime.graph, table.bound_dims, own | _all_symbols(runtime.graph))
+    # A dim it could not compute it names after the node (Pad_49_o0__d1): no symbol of the model,
+    # nothing a user can bind, so unknown; and so is arithmetic over such names.
+    more = {name: _only_symbols_of(info, own) for name, info in more.items()}
     if proofs and (merged or merged_into_number):
         more = {name: _without_merged(info, merged, merged_into_number) for name, info in more.items()}
     tensors = {name: _fill_unknown(info, more.get(name)) for name, info in table.tensors.items()}
@@ -226,6 +229,18 @@ def with_runtime_dims(model: onnx.ModelProto, table: ShapeTable,
                                        for k, (d, r) in enumerate(zip(info.shape, raw)))
     return dataclasses.replace(table, tensors=MappingProxyType(tensors), unknown_dims=_all_unknown_dims(tensors),
                                placeholders=MappingProxyType(placeholders))
+
+
+_FUNCTIONS = frozenset({"Min", "Max", "floor", "ceiling", "Mod", "Abs", "sqrt"})
+
+
+def _only_symbols_of(info: TensorInfo, symbols: set[str]) -> TensorInfo:
+    if info.shape is None or all(not isinstance(d, str) for d in info.shape):
+        return info
+    return TensorInfo(info.name, info.elem_type, tuple(
+        d if not isinstance(d, str) or d in symbols or all(word in symbols or word in _FUNCTIONS
+                                           for word in re.findall(r"[A-Za-z_][\w.]*", d)) else None
+        for d in info.shape))
 
 
 def _without_merged(info: TensorInfo, merged: set[str], merged_into_number: bool) -> TensorInfo:
