@@ -123,6 +123,7 @@ excluded from every sum and listed, never counted as 0 silently.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import heapq
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -133,7 +134,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from fuse_cli.analysis.order import consumed_names, execution_order, node_label
-from fuse_cli.analysis.shapes import ShapeTable, TensorInfo, element_size_bits, infer_shapes
+from fuse_cli.analysis.shapes import ShapeTable, TensorInfo, element_size_bits, infer_shapes, paused_gc
 
 INPUT_PRODUCER = "<input>"
 WORKSPACE = "<workspace>"
@@ -217,36 +218,23 @@ def profile_memory(model: onnx.ModelProto, shapes: ShapeTable, *, extra_weights:
     absent: tensors that take no memory, for "what if these intermediates did not exist".
     Raises ValueError when the graph has a cycle.
     """
-    graph = model.graph
-    # A list: indexing a protobuf repeated field builds a wrapper per access (35 us at 12k nodes).
-    stored = list(graph.node)
-    consumed = [consumed_names(node) for node in stored]
-    execution_order(graph, consumed)  # the one place that reports a cycle
-    order = _runtime_order(stored, consumed)
-    nodes = [stored[i] for i in order]
-    labels = [node_label(node, index) for node, index in zip(nodes, order)]
-    symbolic = symbolic_shapes if symbolic_shapes is not None else infer_shapes(model)
-    weights = _weight_names(graph) | set(extra_weights)
+    with paused_gc():
+        return _profile_memory(model, shapes, extra_weights, absent, symbolic_shapes)
 
-    producer: dict[str, str] = {}
-    for vi in graph.input:
-        if vi.name and vi.name not in weights:
-            producer[vi.name] = INPUT_PRODUCER
-    for node, label in zip(nodes, labels):
-        for name in node.output:
-            if name and name not in weights:
-                producer[name] = label
 
+def _profile_memory(model: onnx.ModelProto, shapes: ShapeTable, extra_weights: Iterable[str],
+                    absent: Iterable[str], symbolic_shapes: ShapeTable | None) -> MemoryProfile:
+    setup = _setup(model, symbolic_shapes, extra_weights)
+    graph, nodes, labels, producer = model.graph, setup.nodes, setup.labels, setup.producer
+    sized = setup.sized(shapes)
     absent = set(absent)
-    sizes = {name: 0 if name in absent else shapes.nbytes(name) for name in producer}
-    known = {name: size for name, size in sizes.items() if size is not None}
-    unknown = tuple(name for name, size in sizes.items() if size is None)
-
-    opset = _default_opset(model)
-    reads = [_reads(stored[i], consumed[i]) for i in order]
-    planner_shapes = _planner_shapes(nodes, _without_data_propagation(model, nodes, symbolic), _declared_dims(graph))
-    plan = _Planner(graph, nodes, reads, set(producer), absent, planner_shapes, opset).run()
-    workspace = [_workspace_bytes(node, shapes, opset) for node in nodes]
+    if absent:
+        known = {name: 0 if name in absent else size for name, size in sized.known.items()}
+        unknown = tuple(name for name in sized.unknown if name not in absent)
+    else:
+        known, unknown = sized.known, sized.unknown
+    workspace = sized.workspace
+    plan = _Planner(setup, absent).run()
     timeline = _timeline(len(nodes), plan.buffers, known, workspace)
     if timeline:
         peak_bytes = max(timeline)
@@ -287,8 +275,126 @@ def profile_memory(model: onnx.ModelProto, shapes: ShapeTable, *, extra_weights:
         largest=tuple(LiveTensor(n, known[n], producer[n])
                       for n in heapq.nlargest(_LARGEST_COUNT, (n for n in producer if n in known), key=known.__getitem__)),
         unknown_tensors=unknown,
-        weight_bytes=_weight_bytes(graph, shapes),
+        weight_bytes=sized.weight_bytes,
     )
+
+
+@dataclass
+class _Sized:
+    """What a model's walk needs from one shape table."""
+
+    known: dict[str, int]
+    unknown: tuple[str, ...]
+    workspace: list[int]
+    weight_bytes: int
+
+
+@dataclass
+class _Setup:
+    """Everything a walk of one model needs that does not depend on `absent`: built once per model,
+    symbolic table and weights, and reused by the audit's repeated walks (one per fusion pattern)."""
+
+    model: onnx.ModelProto
+    symbolic: ShapeTable | None
+    fingerprint: bytes
+    nodes: list[onnx.NodeProto]
+    labels: list[str]
+    reads: list[list[str]]
+    producer: dict[str, str]
+    activations: set[str]
+    planner_shapes: dict[str, TensorInfo]
+    planner_keys: dict[str, tuple | None]
+    opset: int
+    inputs: list[list[str]]
+    outputs: list[list[str]]
+    alias: list[bool]                    # output 0 is a view of input 0 (_ALIAS_OPS)
+    in_place: list[tuple | None]         # the node's _INPLACE_OPS rule
+    count: dict[str, int]                # the planner's static reference counts (see _Planner)
+    last_read: dict[str, int]
+    graph_inputs: list[str]
+    graph_outputs: set[str]
+    by_table: dict[int, tuple[ShapeTable, _Sized]] = field(default_factory=dict)
+
+    def sized(self, shapes: ShapeTable) -> _Sized:
+        held = self.by_table.get(id(shapes))
+        if held is not None and held[0] is shapes:
+            return held[1]
+        sizes = {name: shapes.nbytes(name) for name in self.producer}
+        result = _Sized({name: size for name, size in sizes.items() if size is not None},
+                        tuple(name for name, size in sizes.items() if size is None),
+                        [_workspace_bytes(node, shapes, self.opset) for node in self.nodes],
+                        _weight_bytes(self.model.graph, shapes))
+        self.by_table[id(shapes)] = (shapes, result)  # the table is held: its id stays its own
+        return result
+
+
+# The last few models walked. A model is recognised by identity and by a fingerprint of its nodes
+# and names (a model edited in place is set up again); its tables are immutable.
+_SETUPS: list[_Setup] = []
+_SETUPS_KEPT = 4
+
+
+def _setup(model: onnx.ModelProto, symbolic_shapes: ShapeTable | None, extra_weights: Iterable[str]) -> _Setup:
+    graph = model.graph
+    # A list: indexing a protobuf repeated field builds a wrapper per access (35 us at 12k nodes).
+    stored = list(graph.node)
+    extra = frozenset(extra_weights)
+    fingerprint = _fingerprint(model, stored, extra)
+    for setup in _SETUPS:
+        if setup.model is model and setup.symbolic is symbolic_shapes and setup.fingerprint == fingerprint:
+            return setup
+    consumed = [consumed_names(node) for node in stored]
+    execution_order(graph, consumed)  # the one place that reports a cycle
+    order = _runtime_order(stored, consumed)
+    nodes = [stored[i] for i in order]
+    labels = [node_label(node, index) for node, index in zip(nodes, order)]
+    symbolic = symbolic_shapes if symbolic_shapes is not None else infer_shapes(model)
+    weights = _weight_names(graph) | extra
+
+    producer: dict[str, str] = {}
+    for vi in graph.input:
+        if vi.name and vi.name not in weights:
+            producer[vi.name] = INPUT_PRODUCER
+    for node, label in zip(nodes, labels):
+        for name in node.output:
+            if name and name not in weights:
+                producer[name] = label
+    reads = [_reads(stored[i], consumed[i]) for i in order]
+    planner = _planner_shapes(nodes, _without_data_propagation(model, nodes, symbolic), _declared_dims(graph))
+    keys = {name: _planner_key(planner.get(name)) for name in producer}
+    opset = _default_opset(model)
+    inputs = [list(node.input) for node in nodes]
+    outputs = [list(node.output) for node in nodes]
+    kinds = [(_domain(node), node.op_type) for node in nodes]
+    alias = [kind in _ALIAS_OPS and _ALIAS_OPS[kind][0] <= opset <= _ALIAS_OPS[kind][1] for kind in kinds]
+    in_place = [_INPLACE_OPS.get(kind) for kind in kinds]
+    graph_inputs = [vi.name for vi in graph.input if vi.name in producer]
+    graph_outputs = {vi.name for vi in graph.output}
+    count: dict[str, int] = {}
+    for name in (*graph_inputs, *(n for names in reads for n in names), *(n for names in outputs for n in names),
+                 *graph_outputs):
+        count[name] = count.get(name, 0) + 1
+    last_read = {name: step for step, names in enumerate(reads) for name in names}
+    setup = _Setup(model, symbolic_shapes, fingerprint, nodes, labels, reads, producer, set(producer),
+                   planner, keys, opset, inputs, outputs, alias, in_place, count, last_read, graph_inputs,
+                   graph_outputs)
+    _SETUPS.insert(0, setup)
+    del _SETUPS[_SETUPS_KEPT:]
+    return setup
+
+
+def _fingerprint(model: onnx.ModelProto, stored: Sequence[onnx.NodeProto], extra: frozenset[str]) -> bytes:
+    """A digest of what a walk reads from the model: nodes (serialized: 2 ms at 12k), graph inputs,
+    outputs, value_info and initializer names, opsets, and the extra weights."""
+    graph = model.graph
+    digest = hashlib.blake2b(digest_size=16)
+    for node in stored:
+        digest.update(node.SerializeToString())
+    for part in (graph.input, graph.output, graph.value_info, model.opset_import):
+        for item in part:
+            digest.update(item.SerializeToString())
+    digest.update("\0".join([t.name for t in graph.initializer] + sorted(extra)).encode())
+    return digest.digest()
 
 
 def runtime_order(graph: onnx.GraphProto) -> list[int]:
@@ -351,34 +457,19 @@ class _Planner:
     so it reaches 0 exactly when the planner puts the buffer on its free list.
     """
 
-    graph: onnx.GraphProto
-    nodes: Sequence[onnx.NodeProto]
-    reads: Sequence[list[str]]
-    activations: set[str]
+    setup: _Setup
     absent: set[str]
-    symbolic: Mapping[str, TensorInfo]
-    opset: int
     buffer_of: dict[str, _Buffer] = field(default_factory=dict)
-    count: dict[str, int] = field(default_factory=dict)
     free: dict[tuple, list[_Buffer]] = field(default_factory=dict)
-    keys: dict[str, tuple | None] = field(default_factory=dict)
-
-    def _key(self, name: str) -> tuple | None:
-        try:
-            return self.keys[name]
-        except KeyError:
-            key = self.keys[name] = _planner_key(self.symbolic.get(name))
-            return key
+    count: Mapping[str, int] = field(default_factory=dict)
+    keys: Mapping[str, tuple | None] = field(default_factory=dict)
 
     def run(self) -> _Plan:
-        reads = self.reads
-        last = len(self.nodes) - 1
-        graph_inputs = [vi.name for vi in self.graph.input if vi.name in self.activations]
-        graph_outputs = {vi.name for vi in self.graph.output}
-        for name in (*graph_inputs, *(n for names in reads for n in names),
-                     *(n for node in self.nodes for n in node.output), *graph_outputs):
-            self.count[name] = self.count.get(name, 0) + 1
-
+        setup = self.setup
+        reads, count, keys, activations = setup.reads, setup.count, setup.planner_keys, setup.activations
+        self.count, self.keys = count, keys
+        last = len(setup.nodes) - 1
+        graph_inputs, graph_outputs = setup.graph_inputs, setup.graph_outputs
         buffers: list[_Buffer] = []
         views: set[str] = set()
         weight_views: set[str] = set()  # views of weights: no activation bytes at all
@@ -387,9 +478,9 @@ class _Planner:
             birth[name] = 0
             if name not in self.absent:
                 buffers.append(self._new(name, 0))
-        for step, node in enumerate(self.nodes):
-            for index, name in enumerate(node.output):
-                if name not in self.activations:
+        for step, (inputs, outputs) in enumerate(zip(setup.inputs, setup.outputs)):
+            for index, name in enumerate(outputs):
+                if name not in activations:
                     continue
                 birth[name] = step
                 if name in self.absent:
@@ -397,29 +488,31 @@ class _Planner:
                 if name in graph_outputs:
                     buffers.append(self._new(name, step))
                     continue
-                source = node.input[0] if node.input else ""
-                if self._is_alias(node, index) and source:
+                source = inputs[0] if inputs else ""
+                if index == 0 and setup.alias[step] and source:
                     if source in self.buffer_of:
                         views.add(name)
                         self._join(self.buffer_of[source], name)
                         continue
-                    if source not in self.activations or source in weight_views:
+                    if source not in activations or source in weight_views:
                         views.add(name)
                         weight_views.add(name)
                         continue
-                shared = self._in_place(node, index, name)
+                shared = self._in_place(setup.in_place[step], inputs, name) if index == 0 else None
                 if shared is None:
                     shared = self._reusable(name)
                 if shared is not None:
                     self._join(shared, name)
                 else:
                     buffers.append(self._new(name, step))
-            for name in (*reads[step], *node.output):
+            for name in reads[step]:
+                self._release(name)
+            for name in outputs:
                 self._release(name)
 
         # Released after the last read of any tenant; the caller's inputs and outputs, and
         # tensors nobody reads (no release action is planned for them), stay to the end.
-        last_read = {name: step for step, names in enumerate(reads) for name in names}
+        last_read = setup.last_read
         held = graph_outputs | set(graph_inputs)
         for buffer in buffers:
             buffer.death = max(
@@ -445,31 +538,27 @@ class _Planner:
         buffer.uses -= 1
         if buffer.uses:
             return
-        key = self._key(buffer.tenants[0])
+        key = self.keys.get(buffer.tenants[0])
         if key is not None and key[1]:  # scalars are never reused
             self.free.setdefault(key, []).append(buffer)
 
-    def _is_alias(self, node: onnx.NodeProto, index: int) -> bool:
-        versions = _ALIAS_OPS.get((_domain(node), node.op_type))
-        return index == 0 and versions is not None and versions[0] <= self.opset <= versions[1]
-
-    def _in_place(self, node: onnx.NodeProto, index: int, name: str) -> _Buffer | None:
+    def _in_place(self, rule: tuple[int, frozenset[int] | None] | None, inputs: Sequence[str],
+                  name: str) -> _Buffer | None:
         """The input buffer a MayInplace kernel computes this output in, if the planner allows."""
-        rule = _INPLACE_OPS.get((_domain(node), node.op_type))
-        if rule is None or index != 0 or len(node.input) <= rule[0]:
+        if rule is None or len(inputs) <= rule[0]:
             return None
         source, types = rule
-        buffer = self.buffer_of.get(node.input[source])
+        buffer = self.buffer_of.get(inputs[source])
         if buffer is None or buffer.uses != 1:
             return None  # read again later, or the caller's: not the last use
-        info = self.symbolic.get(node.input[source])
+        info = self.setup.planner_shapes.get(inputs[source])
         if types is not None and (info is None or info.elem_type not in types):
             return None
-        key = self._key(node.input[source])
-        return buffer if key is not None and key == self._key(name) else None
+        key = self.keys.get(inputs[source])
+        return buffer if key is not None and key == self.keys.get(name) else None
 
     def _reusable(self, name: str) -> _Buffer | None:
-        key = self._key(name)
+        key = self.keys.get(name)
         stack = self.free.get(key) if key is not None else None
         return stack.pop() if stack else None
 

@@ -14,8 +14,10 @@ onnx's shape inference does the work. Around it this module
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import gc
 import logging
 import math
 import os
@@ -55,6 +57,20 @@ _EXPLICIT_BITS: dict[int, int] = {
     **_bits_by_name(["INT2", "UINT2"], 2),
     TensorProto.BFLOAT16: 16,
 }
+
+
+@contextlib.contextmanager
+def paused_gc():
+    """The cyclic garbage collector off for a walk that allocates many small acyclic objects
+    (per-tensor tuples and dicts): its collections rescan everything the process holds and cost
+    a third of the memory audit at 12k nodes. Reference counting still frees everything."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 @functools.lru_cache(maxsize=None)
@@ -169,6 +185,12 @@ def infer_shapes(
     `data_propagation=False` infers as onnxruntime's own graph inference does (what its memory
     planner compares): shapes read from the values of tensors computed at run time stay unknown.
     """
+    with paused_gc():
+        return _infer_shapes(model, dims, input_shapes, symbolic, data_propagation)
+
+
+def _infer_shapes(model: onnx.ModelProto, dims: Mapping[str, int], input_shapes: Mapping[str, Sequence[int]],
+                  symbolic: bool, data_propagation: bool) -> ShapeTable:
     declared = _declared_symbols(model.graph)
     bindings = _resolve_bindings(model.graph, dims, input_shapes)
     unused = tuple(name for name in dims if name not in declared)
@@ -381,11 +403,13 @@ def _declared_dims(vi: onnx.ValueInfoProto) -> list[Dim] | None:
 
 
 def _dim(d: onnx.TensorShapeProto.Dimension) -> Dim:
-    if d.HasField("dim_value"):
+    kind = d.WhichOneof("value")  # one call: HasField twice costs twice (24k tensors at 12k nodes)
+    if kind == "dim_value":
         # A negative dim_value is malformed; treat it as unknown rather than trust it.
-        return d.dim_value if d.dim_value >= 0 else None
-    if d.HasField("dim_param") and d.dim_param:
-        return d.dim_param
+        value = d.dim_value
+        return value if value >= 0 else None
+    if kind == "dim_param":
+        return d.dim_param or None
     return None
 
 
@@ -465,8 +489,16 @@ def _light_graph(graph: onnx.GraphProto, opset: int) -> onnx.GraphProto:
     light.sparse_initializer.extend(graph.sparse_initializer)
     light.initializer.extend(_light_tensor(t) for t in graph.initializer)
     stored = list(graph.node)
+    nodes: list[onnx.NodeProto] = []
     for i in _inference_order(graph):
-        light.node.extend(_stand_ins(stored[i], opset) or [_light_node(stored[i], opset)])
+        node = stored[i]
+        if node.domain not in ("", "ai.onnx") or node.op_type in _DEFAULT_DOMAIN_STAND_INS:
+            replaced = _stand_ins(node, opset)
+            if replaced:
+                nodes.extend(replaced)
+                continue
+        nodes.append(_light_node(node, opset) if node.attribute else node)
+    light.node.extend(nodes)  # one extend: per-node extends cost a third of the copy at 12k nodes
     return light
 
 
@@ -480,6 +512,7 @@ _SAME_AS_INPUT_0 = frozenset({
     (_MS, "SkipLayerNormalization"), (_MS, "SkipSimplifiedLayerNormalization"),
     (_MS, "GroupQueryAttention"), ("", "SimplifiedLayerNormalization"),
 })
+_DEFAULT_DOMAIN_STAND_INS = frozenset(op for domain, op in _SAME_AS_INPUT_0 if domain == "") | {"LayerNormalization"}
 _CONV_ATTRIBUTES = frozenset({"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"})
 
 
