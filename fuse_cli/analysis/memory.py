@@ -123,7 +123,6 @@ excluded from every sum and listed, never counted as 0 silently.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import heapq
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -133,7 +132,7 @@ from types import MappingProxyType
 import onnx
 from onnx import TensorProto, helper
 
-from fuse_cli.analysis.order import consumed_names, execution_order, node_label
+from fuse_cli.analysis.order import consumed_names, execution_order, model_fingerprint, node_label
 from fuse_cli.analysis.shapes import ShapeTable, TensorInfo, element_size_bits, infer_shapes, paused_gc
 
 INPUT_PRODUCER = "<input>"
@@ -225,7 +224,7 @@ def profile_memory(model: onnx.ModelProto, shapes: ShapeTable, *, extra_weights:
 def _profile_memory(model: onnx.ModelProto, shapes: ShapeTable, extra_weights: Iterable[str],
                     absent: Iterable[str], symbolic_shapes: ShapeTable | None) -> MemoryProfile:
     setup = _setup(model, symbolic_shapes, extra_weights)
-    graph, nodes, labels, producer = model.graph, setup.nodes, setup.labels, setup.producer
+    labels, producer = setup.labels, setup.producer
     sized = setup.sized(shapes)
     absent = set(absent)
     if absent:
@@ -235,7 +234,7 @@ def _profile_memory(model: onnx.ModelProto, shapes: ShapeTable, extra_weights: I
         known, unknown = sized.known, sized.unknown
     workspace = sized.workspace
     plan = _Planner(setup, absent).run()
-    timeline = _timeline(len(nodes), plan.buffers, known, workspace)
+    timeline = _timeline(len(labels), plan.buffers, known, workspace)
     if timeline:
         peak_bytes = max(timeline)
         peak_step = timeline.index(peak_bytes)
@@ -258,10 +257,10 @@ def _profile_memory(model: onnx.ModelProto, shapes: ShapeTable, extra_weights: I
         live.append(LiveTensor(WORKSPACE, workspace[peak_step], peak_node))
 
     written: dict[str, int] = {}
-    for node in nodes:
-        for name in node.output:
+    for op_type, outputs in zip(setup.op_types, setup.outputs):
+        for name in outputs:
             if name in known and name not in plan.views:
-                written[node.op_type] = written.get(node.op_type, 0) + known[name]
+                written[op_type] = written.get(op_type, 0) + known[name]
 
     return MemoryProfile(
         peak_bytes=peak_bytes,
@@ -294,11 +293,11 @@ class _Setup:
     """Everything a walk of one model needs that does not depend on `absent`: built once per model,
     symbolic table and weights, and reused by the audit's repeated walks (one per fusion pattern)."""
 
-    model: onnx.ModelProto
+    model_id: int
     symbolic: ShapeTable | None
     fingerprint: bytes
-    nodes: list[onnx.NodeProto]
     labels: list[str]
+    op_types: list[str]
     reads: list[list[str]]
     producer: dict[str, str]
     activations: set[str]
@@ -313,6 +312,12 @@ class _Setup:
     last_read: dict[str, int]
     graph_inputs: list[str]
     graph_outputs: set[str]
+    # What sizing needs, copied out: a setup holds no part of the model, whose weights it would
+    # otherwise keep alive. Nodes with kernel scratch (by step), resident weight bytes, and each
+    # Constant's output with its `value` size for when the table has none.
+    scratch_nodes: list[tuple[int, onnx.NodeProto]]
+    initializer_bytes: int
+    constants: list[tuple[str, int | None]]
     by_table: dict[int, tuple[ShapeTable, _Sized]] = field(default_factory=dict)
 
     def sized(self, shapes: ShapeTable) -> _Sized:
@@ -320,10 +325,13 @@ class _Setup:
         if held is not None and held[0] is shapes:
             return held[1]
         sizes = {name: shapes.nbytes(name) for name in self.producer}
+        workspace = [0] * len(self.labels)
+        for step, node in self.scratch_nodes:
+            workspace[step] = _workspace_bytes(node, shapes, self.opset)
+        weight_bytes = self.initializer_bytes + sum(
+            size or 0 for name, fallback in self.constants for size in [shapes.nbytes(name) or fallback])
         result = _Sized({name: size for name, size in sizes.items() if size is not None},
-                        tuple(name for name, size in sizes.items() if size is None),
-                        [_workspace_bytes(node, shapes, self.opset) for node in self.nodes],
-                        _weight_bytes(self.model.graph, shapes))
+                        tuple(name for name, size in sizes.items() if size is None), workspace, weight_bytes)
         self.by_table[id(shapes)] = (shapes, result)  # the table is held: its id stays its own
         return result
 
@@ -339,9 +347,11 @@ def _setup(model: onnx.ModelProto, symbolic_shapes: ShapeTable | None, extra_wei
     # A list: indexing a protobuf repeated field builds a wrapper per access (35 us at 12k nodes).
     stored = list(graph.node)
     extra = frozenset(extra_weights)
-    fingerprint = _fingerprint(model, stored, extra)
+    fingerprint = model_fingerprint(model, stored, extra)
     for setup in _SETUPS:
-        if setup.model is model and setup.symbolic is symbolic_shapes and setup.fingerprint == fingerprint:
+        # An id is reused once its model is gone; the fingerprint then says whether the new model
+        # has the same structure, for which the setup holds as well.
+        if setup.model_id == id(model) and setup.symbolic is symbolic_shapes and setup.fingerprint == fingerprint:
             return setup
     consumed = [consumed_names(node) for node in stored]
     execution_order(graph, consumed)  # the one place that reports a cycle
@@ -375,26 +385,20 @@ def _setup(model: onnx.ModelProto, symbolic_shapes: ShapeTable | None, extra_wei
                  *graph_outputs):
         count[name] = count.get(name, 0) + 1
     last_read = {name: step for step, names in enumerate(reads) for name in names}
-    setup = _Setup(model, symbolic_shapes, fingerprint, nodes, labels, reads, producer, set(producer),
-                   planner, keys, opset, inputs, outputs, alias, in_place, count, last_read, graph_inputs,
-                   graph_outputs)
+    scratch_nodes = [(step, _detached(node)) for step, (kind, node) in enumerate(zip(kinds, nodes))
+                     if kind in _SCRATCH_OPS]
+    initializer_bytes = sum(_tensor_nbytes(t) or 0 for t in graph.initializer) + sum(
+        (_tensor_nbytes(t.values) or 0) + (_tensor_nbytes(t.indices) or 0) for t in graph.sparse_initializer)
+    constants = [(node.output[0], _constant_value_bytes(node)) for node in stored
+                 if node.op_type == "Constant" and node.domain in _DEFAULT_DOMAINS and node.output]
+    setup = _Setup(id(model), symbolic_shapes, fingerprint, labels, [node.op_type for node in nodes], reads,
+                   producer, set(producer), planner, keys, opset, inputs, outputs, alias, in_place, count, last_read,
+                   graph_inputs, graph_outputs, scratch_nodes, initializer_bytes, constants)
     _SETUPS.insert(0, setup)
     del _SETUPS[_SETUPS_KEPT:]
     return setup
 
 
-def _fingerprint(model: onnx.ModelProto, stored: Sequence[onnx.NodeProto], extra: frozenset[str]) -> bytes:
-    """A digest of what a walk reads from the model: nodes (serialized: 2 ms at 12k), graph inputs,
-    outputs, value_info and initializer names, opsets, and the extra weights."""
-    graph = model.graph
-    digest = hashlib.blake2b(digest_size=16)
-    for node in stored:
-        digest.update(node.SerializeToString())
-    for part in (graph.input, graph.output, graph.value_info, model.opset_import):
-        for item in part:
-            digest.update(item.SerializeToString())
-    digest.update("\0".join([t.name for t in graph.initializer] + sorted(extra)).encode())
-    return digest.digest()
 
 
 def runtime_order(graph: onnx.GraphProto) -> list[int]:
@@ -468,7 +472,7 @@ class _Planner:
         setup = self.setup
         reads, count, keys, activations = setup.reads, setup.count, setup.planner_keys, setup.activations
         self.count, self.keys = count, keys
-        last = len(setup.nodes) - 1
+        last = len(setup.labels) - 1
         graph_inputs, graph_outputs = setup.graph_inputs, setup.graph_outputs
         buffers: list[_Buffer] = []
         views: set[str] = set()
@@ -753,6 +757,13 @@ def _timeline(steps: int, buffers: Sequence[_Buffer], known: Mapping[str, int],
     return timeline
 
 
+# (domain, op_type) of the nodes _workspace_bytes may give scratch to.
+_SCRATCH_OPS = frozenset({
+    ("", "Conv"), (_MS_DOMAIN, "FusedConv"), (_MS_DOMAIN, "BiasGelu"), (_MS_DOMAIN, "FastGelu"),
+    ("", "HardSwish"), ("", "Mish"), ("", "Where"), ("", "LRN"), (_MS_DOMAIN, "MultiHeadAttention"), ("", "Dropout"),
+})
+
+
 def _workspace_bytes(node: onnx.NodeProto, shapes: ShapeTable, opset: int) -> int:
     """Scratch a kernel allocates while it runs (see the module docstring); 0 when unknown."""
     domain = _domain(node)
@@ -908,23 +919,17 @@ def _weight_names(graph: onnx.GraphProto) -> set[str]:
     return names
 
 
-def _weight_bytes(graph: onnx.GraphProto, shapes: ShapeTable) -> int:
-    """Resident constant bytes. Initializers are sized from their own dims (always known);
-    Constant outputs from the shape table, else from their `value` tensor."""
-    total = sum(_tensor_nbytes(t) or 0 for t in graph.initializer)
-    total += sum(
-        (_tensor_nbytes(t.values) or 0) + (_tensor_nbytes(t.indices) or 0)
-        for t in graph.sparse_initializer
-    )
-    for node in graph.node:
-        if node.op_type != "Constant" or node.domain not in _DEFAULT_DOMAINS or not node.output:
-            continue
-        size = shapes.nbytes(node.output[0])
-        if size is None:
-            value = next((a.t for a in node.attribute if a.name == "value"), None)
-            size = _tensor_nbytes(value) if value is not None else None
-        total += size or 0
-    return total
+def _constant_value_bytes(node: onnx.NodeProto) -> int | None:
+    """A Constant's size from its `value` tensor (resident weights count initializers by their own
+    dims and Constant outputs by the shape table, else by this)."""
+    value = next((a.t for a in node.attribute if a.name == "value"), None)
+    return _tensor_nbytes(value) if value is not None else None
+
+
+def _detached(node: onnx.NodeProto) -> onnx.NodeProto:
+    copy = onnx.NodeProto()
+    copy.CopyFrom(node)
+    return copy
 
 
 def _tensor_nbytes(tensor: onnx.TensorProto) -> int | None:

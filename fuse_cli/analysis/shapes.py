@@ -30,7 +30,7 @@ from types import MappingProxyType
 import onnx
 from onnx import TensorProto, helper
 
-from fuse_cli.analysis.order import execution_order
+from fuse_cli.analysis.order import execution_order, model_fingerprint
 
 Dim = int | str | None
 _NO_BINDINGS: Mapping = MappingProxyType({})
@@ -462,7 +462,28 @@ def _format_shape(shape: Sequence[Dim]) -> str:
     return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
 
 
+# The light copies of the last models inferred: the audit infers one model at its bindings and
+# unbound in a row. Recognised by id and fingerprint (an in-place edit makes a new copy).
+_LIGHT_COPIES: list[tuple[int, bytes, onnx.ModelProto]] = []
+_LIGHT_COPIES_KEPT = 2
+
+
 def _inference_copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A fresh light copy of `model` (see _light_copy), built once per model."""
+    fingerprint = model_fingerprint(model)
+    # By id and fingerprint, not holding the model (its weights): an id reused by a model of the
+    # same structure gets the same light copy, which is right for it too.
+    light = next((c for i, f, c in _LIGHT_COPIES if i == id(model) and f == fingerprint), None)
+    if light is None:
+        light = _light_copy(model)
+        _LIGHT_COPIES.insert(0, (id(model), fingerprint, light))
+        del _LIGHT_COPIES[_LIGHT_COPIES_KEPT:]
+    copy = onnx.ModelProto()
+    copy.CopyFrom(light)  # bindings are written into it: the cached one stays unbound
+    return copy
+
+
+def _light_copy(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy with what shape inference needs and no big payloads.
 
     Always light, not only above 2 GB: it halves peak memory on big models, and small and huge
