@@ -21,7 +21,10 @@ again unless the manifest gives it. A model without symbolic dims has one settin
 
 Writes memory_truth.json and memory_truth.md: estimate / measured per case, measured after /
 before (the "never worse" figure) and a summary: worst ratio, cases within 15% among those whose
-measured peak is at least 1 MiB, outliers.
+measured peak is at least 1 MiB, outliers. The causes found for outliers, written by hand in
+memory_truth_notes.md beside the results, go under the summary;
+`--render benchmarks/results/memory_truth.json` rewrites the Markdown from a run's JSON and the
+notes without measuring again.
 """
 
 from __future__ import annotations
@@ -173,7 +176,8 @@ def settings_for(model: Model) -> dict[str, dict]:
             break
         for s in batch_like:
             large[s] *= 2
-    return {"small": small, "large": large}
+    # Already at 16 MiB at the small setting: a second setting would measure the same thing.
+    return {"small": small} if large == small else {"small": small, "large": large}
 
 
 def measure(model, dims: dict, int_ranges: dict) -> int | None:
@@ -260,7 +264,7 @@ def summary(cases: list[Case]) -> dict:
     }
 
 
-def markdown(cases: list[Case], result: dict, seconds: float) -> str:
+def markdown(cases: list[Case], result: dict, seconds: float, notes: str = "") -> str:
     lines = [
         "# fuse's peak-memory estimate against onnxruntime's measured peak",
         "",
@@ -273,6 +277,7 @@ def markdown(cases: list[Case], result: dict, seconds: float) -> str:
         + (f"{result['worst']['model']} {result['worst']['target']} {result['worst']['setting']} "
            f"{result['worst']['side']} {result['worst']['ratio']}" if result["worst"] else "none"),
         "",
+        *([notes.strip(), ""] if notes.strip() else []),
         "| model | group | target | setting | dims | est before | meas before | ratio | est after | meas after "
         "| ratio | meas after/before |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -307,7 +312,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--targets", default="onnx,ort-cpu")
     parser.add_argument("--settings", default="small,large")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+    parser.add_argument("--render", type=Path, metavar="JSON", help="rewrite the Markdown from a run's JSON")
     args = parser.parse_args(argv)
+    if args.render:
+        document = json.loads(args.render.read_text())
+        cases = [Case(**{k: v for k, v in c.items() if k != "ratios"}) for c in document["cases"]]
+        print(write(args.render.parent, cases, document["seconds"]))
+        return 0
     only = {n for n in args.only.split(",") if n}
     targets = [t for t in args.targets.split(",") if t]
     wanted = [s for s in args.settings.split(",") if s]
@@ -329,7 +340,8 @@ def write(folder: Path, cases: list[Case], seconds: float) -> str:
                 "onnxruntime": _ort_version(), "summary": result,
                 "cases": [{**asdict(c), "ratios": c.ratios()} for c in cases]}
     (folder / "memory_truth.json").write_text(json.dumps(document, indent=1) + "\n")
-    text = markdown(cases, result, seconds)
+    notes = folder / "memory_truth_notes.md"
+    text = markdown(cases, result, seconds, notes.read_text() if notes.exists() else "")
     (folder / "memory_truth.md").write_text(text)
     return text
 

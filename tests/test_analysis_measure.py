@@ -158,7 +158,22 @@ def activation(op, opset):
     return model([node(op, ["x"], ["y"])], [value("x", x)], [value("y", x)], opset=opset)
 
 
+def lrn():
+    x = [4, 64, 64, 64]
+    return model([node("LRN", ["x"], ["y"], size=5, alpha=1e-4, beta=0.75)], [value("x", x)], [value("y", x)])
+
+
+def where():
+    x = [16, 256, 256]
+    return model([node("IsNaN", ["x"], ["c"]), node("Where", ["c", "zero", "x"], ["y"])],
+                 [value("x", x)], [value("y", x)], [floats("zero", [])])
+
+
 @pytest.mark.parametrize(("build", "mib"), [
+    # x, y 4 MiB, the condition 1 MiB + the two selections, broadcast(c, 0) and broadcast(c, x): 4 MiB each
+    (where, 17),
+    # x, y 4 MiB each + the scale (4 MiB) + one image's padded squares, (64 + 4) x 64 x 64 floats
+    (lrn, 8 + 4 + 68 / 64),
     # HardSwish and Mish run as their function bodies: x, y 4 MiB each + one intermediate of 4 MiB
     (lambda: activation("HardSwish", 14), 12),
     (lambda: activation("Mish", 18), 12),
@@ -386,16 +401,20 @@ def test_absent_tensors_take_no_buffer():
 
 def onnxruntime_shapes(m) -> dict:
     """onnxruntime's own inferred shape of every node output (what its planner's SameSize reads):
-    each made a graph output with no declared shape and read back from the session."""
+    each made a graph output (with the shape the model's value_info declares, else none) and read
+    back from the session."""
     import onnxruntime as ort
 
     probe = onnx.ModelProto()
     probe.CopyFrom(m)
     types = infer_shapes(m)
     listed = {o.name for o in probe.graph.output}
+    declared = {vi.name: vi for vi in probe.graph.value_info}
     for n in probe.graph.node:
         for name in n.output:
-            if name not in listed:
+            if name in declared and name not in listed:
+                probe.graph.output.append(declared[name])  # as the model declares it
+            elif name not in listed:
                 elem_type = types.get(name).elem_type if types.get(name) else FLOAT
                 probe.graph.output.append(value(name, None, elem_type or FLOAT))
     options = ort.SessionOptions()
@@ -451,3 +470,29 @@ def test_contrib_nodes_keep_the_shapes_downstream():
     assert table.get("y").shape == ("batch", 4, 16)
     assert {name: info.shape for name, info in planner_shapes(m, table).items() if name in "mgy"} == {
         name: shape for name, shape in onnxruntime_shapes(m).items() if name in "mgy"}
+
+
+def runtime_shaped_reshape(declare_t=False):
+    # r = Reshape(x, Concat(Shape(x)[0], [32])): onnx's data propagation reads the shape vector and
+    # names r [batch, 32]; onnxruntime's own inference, which the planner uses, leaves r [?, ?], and
+    # e = Exp(r) too. A shape the model declares (value_info) stands: onnxruntime merges its
+    # inference into it, so a declared t = Exp(e) is [batch, 32] again, and so is u = Exp(t).
+    nodes = [node("Shape", ["x"], ["s"]), node("Gather", ["s", "zero"], ["b"], axis=0),
+             node("Concat", ["b", "width"], ["shape"], axis=0), node("Reshape", ["x", "shape"], ["r"]),
+             node("Exp", ["r"], ["e"]), node("Exp", ["e"], ["t"]), node("Exp", ["t"], ["u"]),
+             node("ReduceSum", ["u"], ["y"], keepdims=0)]
+    m = model(nodes, [value("x", ["batch", 8, 4])], [value("y")], [ints("zero", [0]), ints("width", [32])])
+    if declare_t:
+        m.graph.value_info.append(value("t", ["batch", 32]))
+    return m
+
+
+@pytest.mark.parametrize("declare_t", [False, True])
+def test_planner_shapes_read_no_runtime_values_and_keep_declared_dims(declare_t):
+    m = runtime_shaped_reshape(declare_t)
+    assert infer_shapes(m).get("r").shape == ("batch", 32)  # onnx's data propagation
+    shapes = {name: info.shape for name, info in planner_shapes(m).items()}
+    assert shapes["r"] == shapes["e"] == (None, None)
+    assert shapes["t"] == shapes["u"] == (("batch", 32) if declare_t else (None, None))
+    runtime = onnxruntime_shapes(m)
+    assert {name: shapes[name] for name in "reut"} == {name: runtime[name] for name in "reut"}

@@ -329,3 +329,14 @@ def test_gelu_kernels_with_a_bias_fill_a_temporary(op, inputs, scratch):
     bias = numpy_helper.from_array(np.zeros(8, np.float32), "bias")
     m = model([ms_node(op, inputs, ["y"])], [value("x", [4, 8])], [value("y", [4, 8])], [bias], extra_opsets=[MS])
     assert profile(m).timeline == (2 * S + scratch,)
+
+
+def test_repeated_walks_reuse_the_setup_and_notice_an_edit():
+    # The audit walks one model once per fusion pattern with different `absent` sets: the
+    # per-model setup is reused, and a model edited in place between walks is set up again.
+    m = model(relu_chain_nodes(), [value("x", [4, 8])], [value("y")])
+    shapes = infer_shapes(m)
+    assert profile_memory(m, shapes, symbolic_shapes=shapes).timeline == (2 * S, 2 * S, 3 * S)
+    assert profile_memory(m, shapes, symbolic_shapes=shapes, absent={"a"}).timeline == (S, 2 * S, 3 * S)  # no a to share
+    m.graph.node[1].op_type = "Exp"  # Exp has no in-place kernel: b takes a buffer of its own
+    assert profile_memory(m, shapes, symbolic_shapes=shapes).timeline == (2 * S, 3 * S, 3 * S)

@@ -313,3 +313,34 @@ def test_symbolic_inference_never_overrides_what_onnx_knows():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     table = infer_shapes(model, symbolic=True)
     assert table.get("x").shape == ("batch", 3) and table.get("r").shape == ("batch", 3)
+
+
+def test_symbolic_inference_names_nothing_the_model_does_not():
+    """onnxruntime's symbolic inference names a dim it cannot compute after the node
+    (NonZero_..._o0__d1, Pad_49_o0__d1 in timm's swin). Those are no symbols of the model and
+    nothing a user can bind: they stay unknown, never a bindable symbol (the audit took such a
+    symbol as 1)."""
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("NonZero", ["x"], ["n"]), helper.make_node("Transpose", ["n"], ["t"]),
+             helper.make_node("Cast", ["t"], ["y"], to=TensorProto.FLOAT)]
+    graph = helper.make_graph(nodes, "nonzero", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    for table in (infer_shapes(model, symbolic=True), infer_shapes(model, {"batch": 2}, symbolic=True)):
+        assert table.get("y").shape == (None, 2)
+        assert all(u.symbol in (None, "batch") for u in table.unknown_dims)
+
+
+def test_a_model_edited_in_place_is_inferred_again():
+    """infer_shapes reuses its light copy of a model it has just inferred; an edit in place is seen."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    assert infer_shapes(model, {"batch": 2}).get("y").shape == (2, 3)
+    assert infer_shapes(model).get("y").shape == ("batch", 3)
+    model.graph.node[0].CopyFrom(helper.make_node("Transpose", ["x"], ["y"]))
+    assert infer_shapes(model, {"batch": 2}).get("y").shape == (3, 2)

@@ -3,7 +3,10 @@
 The walk replays onnxruntime's sequential executor with graph optimizations disabled and the
 memory arena and memory pattern off: the setting `fuse_cli.analysis.measure` runs to check it.
 Each rule was read in onnxruntime's source and confirmed by measuring onnxruntime 1.31 on small
-probe graphs (tests/test_analysis_measure.py keeps the bundled samples within 25%).
+probe graphs (tests/test_analysis_measure.py keeps the bundled samples within 25%). On 288
+cases over the light zoo and 68 corpus exports before and after fusion, 411 of 419 comparisons
+with a measured peak of 1 MiB or more are within 15%, and all of 16 MiB or more within 6%
+(benchmarks/results/memory_truth.md, with the causes of the rest).
 
 Order. onnxruntime's default execution order, not the stored one: a reverse depth-first walk
 from the nodes no node reads, emitting each node after its producers and visiting a node's
@@ -38,13 +41,25 @@ from onnx's (`infer_shapes`) in ways that decide whether buffers are shared (`pl
   an unknown dim with `batch` is `batch` in onnxruntime, unk__N in onnx, and so is everything
   downstream. fuse redoes Concat's and broadcasting's merges on the placeholder dims and passes
   the result through (`ShapeTable.placeholders` says which unknown dim onnx copied from which);
-- not modelled: onnx's data propagation names the dims of a Reshape whose shape vector is
-  computed at run time; onnxruntime 1.31 left them unknown in gpt2-small's opset-14 export (fused
-  for ort-cpu: estimate 1.29x measured) but not in bert-small's dynamo export (treating them as
-  unknown there made it 0.39x): which shape chains onnxruntime propagates is still open.
-Evidence (onnxruntime 1.31.1 CPU, DISABLE_ALL): each node output made a graph output without a
-declared shape and read back from the session: equal to `planner_shapes` for every tensor whose
-planner key is known on timm deit-tiny opset 13 fused for onnx and ort-cpu (503 tensors).
+- onnx's data propagation reads the values of shape tensors computed at run time (Shape ->
+  Gather -> Concat -> Reshape) and names the result's dims; onnxruntime's graph inference reads
+  no such values: a runtime-shaped Reshape is [?, ?, ?] there, and so is whatever is inferred
+  from it. Where a model has such a node, onnx's inference runs once more without data
+  propagation and its unknown dims are marked as placeholders to redo;
+- a shape the model declares (value_info, graph outputs) is where onnxruntime's inference merges
+  into (NodeArg::UpdateTypeAndShape, onnx's mergeInShapeInfo: an inferred value fills or wins,
+  a declared name stands where the inference knows nothing): declared dims are never redone.
+  Exporters that write value_info (torch's dynamo exporter) thus keep `batch` through attention
+  blocks whose inference alone would lose it.
+Evidence (onnxruntime 1.31.1 CPU, DISABLE_ALL): each node output made a graph output (with no
+shape but what value_info declares) and read back from the session: equal to `planner_shapes` for every tensor whose
+planner key is known on timm deit-tiny opset 13 fused for onnx and ort-cpu (503 tensors); for
+every float tensor of 64 KiB or more at batch 1 on the held-out hf-vit-tiny, bert-small,
+gpt2-small, llama-gqa (opset 14 and dynamo), qwen2-small dynamo, t5-encoder opset 14 and
+whisper-encoder dynamo exports, before fusion and fused for onnx and ort-cpu, but one tensor
+of gpt2-small opset 14 (onnxruntime does fold shape values that are wholly static, such as
+Shape of a [4] tensor: not modelled). Dynamo exports of hf-vit-tiny, gpt2-small, qwen2-small
+and llama-gqa went from 0.75-0.89x (0.35-0.5x fused) to 1.00x at their large settings.
 deit-tiny's fused form at batch 1 measured 4.8 MiB, which
 the old table put at 2.45 (it found no buffer to share) and this one at 4.92.
 
@@ -83,6 +98,18 @@ Workspace. Kernel scratch, live while its node runs:
   with a key padding mask, no [B, S, T] mask buffer stayed resident. Measured on onnxruntime
   1.31 for batch, sequence, key length, heads and head size: within 0.2 MiB of the formula.
 
+- LRN on float (cpu/nn/lrn.cc) takes two buffers from the temp-space allocator: the scale, as
+  big as its input, and one image's padded squares, (C + size - 1) x H x W floats. Measured on
+  onnxruntime 1.31.1 at [4, 64, 64, 64]: input + output + 5.06 MiB (tests/test_analysis_measure.py);
+  it was what kept the zoo's inception_v1 at 0.67x (192 channels at 55 x 55: 4.4 MiB);
+
+- Where (cpu/tensor/where_op.cc) broadcasts in two steps: condition with X into a selection
+  tensor, condition with Y into another, both allocated from the kernel's tensor allocator and
+  held until it returns, then merges them into the output: scratch of broadcast(condition, X)
+  plus broadcast(condition, Y) elements of the output's type. Measured on onnxruntime 1.31.1
+  (tests/test_analysis_measure.py); it is the attention mask guard of torch's dynamo exports
+  (Where(IsNaN(softmax), 0, softmax)), which left hf-vit-tiny's dynamo export at 0.85x;
+
 - HardSwish and Mish have no CPU kernel: onnxruntime runs their function bodies (HardSigmoid,
   Mul; Softplus, Tanh, Mul), which hold one intermediate of the output's size: measured on
   onnxruntime 1.31.1, [16, 256, 256] float: input + output + 4 MiB (tests/test_analysis_measure.py).
@@ -98,6 +125,7 @@ excluded from every sum and listed, never counted as 0 silently.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -107,8 +135,8 @@ from types import MappingProxyType
 import onnx
 from onnx import TensorProto, helper
 
-from fuse_cli.analysis.order import consumed_names, execution_order, node_label
-from fuse_cli.analysis.shapes import ShapeTable, TensorInfo, element_size_bits, infer_shapes
+from fuse_cli.analysis.order import consumed_names, execution_order, model_fingerprint, node_label
+from fuse_cli.analysis.shapes import ShapeTable, TensorInfo, element_size_bits, infer_shapes, paused_gc
 
 INPUT_PRODUCER = "<input>"
 WORKSPACE = "<workspace>"
@@ -192,37 +220,24 @@ def profile_memory(model: onnx.ModelProto, shapes: ShapeTable, *, extra_weights:
     absent: tensors that take no memory, for "what if these intermediates did not exist".
     Raises ValueError when the graph has a cycle.
     """
-    graph = model.graph
-    # A list: indexing a protobuf repeated field builds a wrapper per access (35 us at 12k nodes).
-    stored = list(graph.node)
-    consumed = [consumed_names(node) for node in stored]
-    execution_order(graph, consumed)  # the one place that reports a cycle
-    order = _runtime_order(stored, consumed)
-    nodes = [stored[i] for i in order]
-    labels = [node_label(node, index) for node, index in zip(nodes, order)]
-    symbolic = symbolic_shapes if symbolic_shapes is not None else infer_shapes(model)
-    weights = _weight_names(graph) | set(extra_weights)
+    with paused_gc():
+        return _profile_memory(model, shapes, extra_weights, absent, symbolic_shapes)
 
-    producer: dict[str, str] = {}
-    for vi in graph.input:
-        if vi.name and vi.name not in weights:
-            producer[vi.name] = INPUT_PRODUCER
-    for node, label in zip(nodes, labels):
-        for name in node.output:
-            if name and name not in weights:
-                producer[name] = label
 
+def _profile_memory(model: onnx.ModelProto, shapes: ShapeTable, extra_weights: Iterable[str],
+                    absent: Iterable[str], symbolic_shapes: ShapeTable | None) -> MemoryProfile:
+    setup = _setup(model, symbolic_shapes, extra_weights)
+    labels, producer = setup.labels, setup.producer
+    sized = setup.sized(shapes)
     absent = set(absent)
-    sizes = {name: 0 if name in absent else shapes.nbytes(name) for name in producer}
-    known = {name: size for name, size in sizes.items() if size is not None}
-    unknown = tuple(name for name, size in sizes.items() if size is None)
-
-    opset = _default_opset(model)
-    reads = [_reads(stored[i], consumed[i]) for i in order]
-    planner_shapes = _planner_shapes(nodes, symbolic)
-    plan = _Planner(graph, nodes, reads, set(producer), absent, planner_shapes, opset).run()
-    workspace = [_workspace_bytes(node, shapes, opset) for node in nodes]
-    timeline = _timeline(len(nodes), plan.buffers, known, workspace)
+    if absent:
+        known = {name: 0 if name in absent else size for name, size in sized.known.items()}
+        unknown = tuple(name for name in sized.unknown if name not in absent)
+    else:
+        known, unknown = sized.known, sized.unknown
+    workspace = sized.workspace
+    plan = _Planner(setup, absent).run()
+    timeline = _timeline(len(labels), plan.buffers, known, workspace)
     if timeline:
         peak_bytes = max(timeline)
         peak_step = timeline.index(peak_bytes)
@@ -245,10 +260,10 @@ def profile_memory(model: onnx.ModelProto, shapes: ShapeTable, *, extra_weights:
         live.append(LiveTensor(WORKSPACE, workspace[peak_step], peak_node))
 
     written: dict[str, int] = {}
-    for node in nodes:
-        for name in node.output:
+    for op_type, outputs in zip(setup.op_types, setup.outputs):
+        for name in outputs:
             if name in known and name not in plan.views:
-                written[node.op_type] = written.get(node.op_type, 0) + known[name]
+                written[op_type] = written.get(op_type, 0) + known[name]
 
     return MemoryProfile(
         peak_bytes=peak_bytes,
@@ -262,8 +277,131 @@ def profile_memory(model: onnx.ModelProto, shapes: ShapeTable, *, extra_weights:
         largest=tuple(LiveTensor(n, known[n], producer[n])
                       for n in heapq.nlargest(_LARGEST_COUNT, (n for n in producer if n in known), key=known.__getitem__)),
         unknown_tensors=unknown,
-        weight_bytes=_weight_bytes(graph, shapes),
+        weight_bytes=sized.weight_bytes,
     )
+
+
+@dataclass
+class _Sized:
+    """What a model's walk needs from one shape table."""
+
+    known: dict[str, int]
+    unknown: tuple[str, ...]
+    workspace: list[int]
+    weight_bytes: int
+
+
+@dataclass
+class _Setup:
+    """Everything a walk of one model needs that does not depend on `absent`: built once per model,
+    symbolic table and weights, and reused by the audit's repeated walks (one per fusion pattern)."""
+
+    model_id: int
+    symbolic: ShapeTable | None
+    fingerprint: bytes
+    labels: list[str]
+    op_types: list[str]
+    reads: list[list[str]]
+    producer: dict[str, str]
+    activations: set[str]
+    planner_shapes: dict[str, TensorInfo]
+    planner_keys: dict[str, tuple | None]
+    opset: int
+    inputs: list[list[str]]
+    outputs: list[list[str]]
+    alias: list[bool]                    # output 0 is a view of input 0 (_ALIAS_OPS)
+    in_place: list[tuple | None]         # the node's _INPLACE_OPS rule
+    count: dict[str, int]                # the planner's static reference counts (see _Planner)
+    last_read: dict[str, int]
+    graph_inputs: list[str]
+    graph_outputs: set[str]
+    # What sizing needs, copied out: a setup holds no part of the model, whose weights it would
+    # otherwise keep alive. Nodes with kernel scratch (by step), resident weight bytes, and each
+    # Constant's output with its `value` size for when the table has none.
+    scratch_nodes: list[tuple[int, onnx.NodeProto]]
+    initializer_bytes: int
+    constants: list[tuple[str, int | None]]
+    by_table: dict[int, tuple[ShapeTable, _Sized]] = field(default_factory=dict)
+
+    def sized(self, shapes: ShapeTable) -> _Sized:
+        held = self.by_table.get(id(shapes))
+        if held is not None and held[0] is shapes:
+            return held[1]
+        sizes = {name: shapes.nbytes(name) for name in self.producer}
+        workspace = [0] * len(self.labels)
+        for step, node in self.scratch_nodes:
+            workspace[step] = _workspace_bytes(node, shapes, self.opset)
+        weight_bytes = self.initializer_bytes + sum(
+            size or 0 for name, fallback in self.constants for size in [shapes.nbytes(name) or fallback])
+        result = _Sized({name: size for name, size in sizes.items() if size is not None},
+                        tuple(name for name, size in sizes.items() if size is None), workspace, weight_bytes)
+        self.by_table[id(shapes)] = (shapes, result)  # the table is held: its id stays its own
+        return result
+
+
+# The last few models walked. A model is recognised by identity and by a fingerprint of its nodes
+# and names (a model edited in place is set up again); its tables are immutable.
+_SETUPS: list[_Setup] = []
+_SETUPS_KEPT = 4
+
+
+def _setup(model: onnx.ModelProto, symbolic_shapes: ShapeTable | None, extra_weights: Iterable[str]) -> _Setup:
+    graph = model.graph
+    # A list: indexing a protobuf repeated field builds a wrapper per access (35 us at 12k nodes).
+    stored = list(graph.node)
+    extra = frozenset(extra_weights)
+    fingerprint = model_fingerprint(model, stored, extra)
+    for setup in _SETUPS:
+        # An id is reused once its model is gone; the fingerprint then says whether the new model
+        # has the same structure, for which the setup holds as well.
+        if setup.model_id == id(model) and setup.symbolic is symbolic_shapes and setup.fingerprint == fingerprint:
+            return setup
+    consumed = [consumed_names(node) for node in stored]
+    execution_order(graph, consumed)  # the one place that reports a cycle
+    order = _runtime_order(stored, consumed)
+    nodes = [stored[i] for i in order]
+    labels = [node_label(node, index) for node, index in zip(nodes, order)]
+    symbolic = symbolic_shapes if symbolic_shapes is not None else infer_shapes(model)
+    weights = _weight_names(graph) | extra
+
+    producer: dict[str, str] = {}
+    for vi in graph.input:
+        if vi.name and vi.name not in weights:
+            producer[vi.name] = INPUT_PRODUCER
+    for node, label in zip(nodes, labels):
+        for name in node.output:
+            if name and name not in weights:
+                producer[name] = label
+    reads = [_reads(stored[i], consumed[i]) for i in order]
+    planner = _planner_shapes(nodes, _without_data_propagation(model, nodes, symbolic), _declared_dims(graph))
+    keys = {name: _planner_key(planner.get(name)) for name in producer}
+    opset = _default_opset(model)
+    inputs = [list(node.input) for node in nodes]
+    outputs = [list(node.output) for node in nodes]
+    kinds = [(_domain(node), node.op_type) for node in nodes]
+    alias = [kind in _ALIAS_OPS and _ALIAS_OPS[kind][0] <= opset <= _ALIAS_OPS[kind][1] for kind in kinds]
+    in_place = [_INPLACE_OPS.get(kind) for kind in kinds]
+    graph_inputs = [vi.name for vi in graph.input if vi.name in producer]
+    graph_outputs = {vi.name for vi in graph.output}
+    count: dict[str, int] = {}
+    for name in (*graph_inputs, *(n for names in reads for n in names), *(n for names in outputs for n in names),
+                 *graph_outputs):
+        count[name] = count.get(name, 0) + 1
+    last_read = {name: step for step, names in enumerate(reads) for name in names}
+    scratch_nodes = [(step, _detached(node)) for step, (kind, node) in enumerate(zip(kinds, nodes))
+                     if kind in _SCRATCH_OPS]
+    initializer_bytes = sum(_tensor_nbytes(t) or 0 for t in graph.initializer) + sum(
+        (_tensor_nbytes(t.values) or 0) + (_tensor_nbytes(t.indices) or 0) for t in graph.sparse_initializer)
+    constants = [(node.output[0], _constant_value_bytes(node)) for node in stored
+                 if node.op_type == "Constant" and node.domain in _DEFAULT_DOMAINS and node.output]
+    setup = _Setup(id(model), symbolic_shapes, fingerprint, labels, [node.op_type for node in nodes], reads,
+                   producer, set(producer), planner, keys, opset, inputs, outputs, alias, in_place, count, last_read,
+                   graph_inputs, graph_outputs, scratch_nodes, initializer_bytes, constants)
+    _SETUPS.insert(0, setup)
+    del _SETUPS[_SETUPS_KEPT:]
+    return setup
+
+
 
 
 def runtime_order(graph: onnx.GraphProto) -> list[int]:
@@ -326,34 +464,19 @@ class _Planner:
     so it reaches 0 exactly when the planner puts the buffer on its free list.
     """
 
-    graph: onnx.GraphProto
-    nodes: Sequence[onnx.NodeProto]
-    reads: Sequence[list[str]]
-    activations: set[str]
+    setup: _Setup
     absent: set[str]
-    symbolic: Mapping[str, TensorInfo]
-    opset: int
     buffer_of: dict[str, _Buffer] = field(default_factory=dict)
-    count: dict[str, int] = field(default_factory=dict)
     free: dict[tuple, list[_Buffer]] = field(default_factory=dict)
-    keys: dict[str, tuple | None] = field(default_factory=dict)
-
-    def _key(self, name: str) -> tuple | None:
-        try:
-            return self.keys[name]
-        except KeyError:
-            key = self.keys[name] = _planner_key(self.symbolic.get(name))
-            return key
+    count: Mapping[str, int] = field(default_factory=dict)
+    keys: Mapping[str, tuple | None] = field(default_factory=dict)
 
     def run(self) -> _Plan:
-        reads = self.reads
-        last = len(self.nodes) - 1
-        graph_inputs = [vi.name for vi in self.graph.input if vi.name in self.activations]
-        graph_outputs = {vi.name for vi in self.graph.output}
-        for name in (*graph_inputs, *(n for names in reads for n in names),
-                     *(n for node in self.nodes for n in node.output), *graph_outputs):
-            self.count[name] = self.count.get(name, 0) + 1
-
+        setup = self.setup
+        reads, count, keys, activations = setup.reads, setup.count, setup.planner_keys, setup.activations
+        self.count, self.keys = count, keys
+        last = len(setup.labels) - 1
+        graph_inputs, graph_outputs = setup.graph_inputs, setup.graph_outputs
         buffers: list[_Buffer] = []
         views: set[str] = set()
         weight_views: set[str] = set()  # views of weights: no activation bytes at all
@@ -362,9 +485,9 @@ class _Planner:
             birth[name] = 0
             if name not in self.absent:
                 buffers.append(self._new(name, 0))
-        for step, node in enumerate(self.nodes):
-            for index, name in enumerate(node.output):
-                if name not in self.activations:
+        for step, (inputs, outputs) in enumerate(zip(setup.inputs, setup.outputs)):
+            for index, name in enumerate(outputs):
+                if name not in activations:
                     continue
                 birth[name] = step
                 if name in self.absent:
@@ -372,29 +495,31 @@ class _Planner:
                 if name in graph_outputs:
                     buffers.append(self._new(name, step))
                     continue
-                source = node.input[0] if node.input else ""
-                if self._is_alias(node, index) and source:
+                source = inputs[0] if inputs else ""
+                if index == 0 and setup.alias[step] and source:
                     if source in self.buffer_of:
                         views.add(name)
                         self._join(self.buffer_of[source], name)
                         continue
-                    if source not in self.activations or source in weight_views:
+                    if source not in activations or source in weight_views:
                         views.add(name)
                         weight_views.add(name)
                         continue
-                shared = self._in_place(node, index, name)
+                shared = self._in_place(setup.in_place[step], inputs, name) if index == 0 else None
                 if shared is None:
                     shared = self._reusable(name)
                 if shared is not None:
                     self._join(shared, name)
                 else:
                     buffers.append(self._new(name, step))
-            for name in (*reads[step], *node.output):
+            for name in reads[step]:
+                self._release(name)
+            for name in outputs:
                 self._release(name)
 
         # Released after the last read of any tenant; the caller's inputs and outputs, and
         # tensors nobody reads (no release action is planned for them), stay to the end.
-        last_read = {name: step for step, names in enumerate(reads) for name in names}
+        last_read = setup.last_read
         held = graph_outputs | set(graph_inputs)
         for buffer in buffers:
             buffer.death = max(
@@ -420,31 +545,27 @@ class _Planner:
         buffer.uses -= 1
         if buffer.uses:
             return
-        key = self._key(buffer.tenants[0])
+        key = self.keys.get(buffer.tenants[0])
         if key is not None and key[1]:  # scalars are never reused
             self.free.setdefault(key, []).append(buffer)
 
-    def _is_alias(self, node: onnx.NodeProto, index: int) -> bool:
-        versions = _ALIAS_OPS.get((_domain(node), node.op_type))
-        return index == 0 and versions is not None and versions[0] <= self.opset <= versions[1]
-
-    def _in_place(self, node: onnx.NodeProto, index: int, name: str) -> _Buffer | None:
+    def _in_place(self, rule: tuple[int, frozenset[int] | None] | None, inputs: Sequence[str],
+                  name: str) -> _Buffer | None:
         """The input buffer a MayInplace kernel computes this output in, if the planner allows."""
-        rule = _INPLACE_OPS.get((_domain(node), node.op_type))
-        if rule is None or index != 0 or len(node.input) <= rule[0]:
+        if rule is None or len(inputs) <= rule[0]:
             return None
         source, types = rule
-        buffer = self.buffer_of.get(node.input[source])
+        buffer = self.buffer_of.get(inputs[source])
         if buffer is None or buffer.uses != 1:
             return None  # read again later, or the caller's: not the last use
-        info = self.symbolic.get(node.input[source])
+        info = self.setup.planner_shapes.get(inputs[source])
         if types is not None and (info is None or info.elem_type not in types):
             return None
-        key = self._key(node.input[source])
-        return buffer if key is not None and key == self._key(name) else None
+        key = self.keys.get(inputs[source])
+        return buffer if key is not None and key == self.keys.get(name) else None
 
     def _reusable(self, name: str) -> _Buffer | None:
-        key = self._key(name)
+        key = self.keys.get(name)
         stack = self.free.get(key) if key is not None else None
         return stack.pop() if stack else None
 
@@ -463,13 +584,25 @@ def planner_shapes(model: onnx.ModelProto, symbolic: ShapeTable | None = None) -
     graph = model.graph
     stored = list(graph.node)
     nodes = [stored[i] for i in execution_order(graph)]
-    return _planner_shapes(nodes, symbolic if symbolic is not None else infer_shapes(model))
+    symbolic = symbolic if symbolic is not None else infer_shapes(model)
+    return _planner_shapes(nodes, _without_data_propagation(model, nodes, symbolic), _declared_dims(graph))
 
 
-def _planner_shapes(nodes: Sequence[onnx.NodeProto], symbolic: ShapeTable) -> dict[str, TensorInfo]:
+def _declared_dims(graph: onnx.GraphProto) -> dict[str, tuple[bool, ...]]:
+    """Per tensor the model declares a shape for (value_info, graph outputs): which dims it
+    names or gives a value."""
+    declared = {}
+    for vi in (*graph.value_info, *graph.output):
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
+            declared[vi.name] = tuple(d.HasField("dim_value") or bool(d.dim_param) for d in vi.type.tensor_type.shape.dim)
+    return declared
+
+
+def _planner_shapes(nodes: Sequence[onnx.NodeProto], symbolic: ShapeTable,
+                    declared: Mapping[str, tuple[bool, ...]]) -> dict[str, TensorInfo]:
     """Shapes as onnxruntime's own graph inference leaves them (see "Shapes" in the module
     docstring): `symbolic`, less what onnx's placeholders added, redone downstream of every
-    tensor that changed."""
+    tensor that changed, except the dims the model declares."""
     shapes = dict(symbolic.tensors)
     raw = symbolic.placeholders
     changed: set[str] = set()
@@ -479,15 +612,50 @@ def _planner_shapes(nodes: Sequence[onnx.NodeProto], symbolic: ShapeTable) -> di
             info = shapes.get(name)
             if info is None or info.shape is None or (name not in raw and not touched):
                 continue
+            kept = declared.get(name)
+            if kept is not None and (len(kept) != len(info.shape) or all(kept)):
+                continue
             if name in raw and raw[name] is None:
                 dims = None
             else:
                 placeholders = raw.get(name) or (None,) * len(info.shape)
                 dims = _runtime_dims(node, placeholders, info.shape, shapes, raw, touched)
+                if kept is not None:
+                    dims = tuple(d if keep else new for d, new, keep in zip(info.shape, dims, kept))
             if dims != info.shape:
                 changed.add(name)
                 shapes[name] = TensorInfo(name, info.elem_type, dims)
     return shapes
+
+
+# Operators whose output shape is read from the values of an input (its index): where that
+# input is computed at run time, onnx's data propagation names the output's dims and
+# onnxruntime's inference does not.
+_SHAPE_VALUE_INPUT: Mapping[str, int] = MappingProxyType({
+    "Reshape": 1, "Expand": 1, "Tile": 1, "ConstantOfShape": 0, "Slice": 2, "Range": 1, "Resize": 3,
+})
+
+
+def _without_data_propagation(model: onnx.ModelProto, nodes: Sequence[onnx.NodeProto],
+                              symbolic: ShapeTable) -> ShapeTable:
+    """`symbolic` with the dims onnx's data propagation named, and onnxruntime's inference does
+    not, marked as placeholders (so `_planner_shapes` redoes them): onnx inferred once more without
+    data propagation, only when some shape is read from a value computed at run time."""
+    computed = {name for node in nodes if not (node.op_type == "Constant" and _domain(node) == "")
+                for name in node.output}
+    if not any(len(node.input) > index and node.input[index] in computed for node in nodes
+               for index in [_SHAPE_VALUE_INPUT.get(node.op_type) if _domain(node) == "" else None]
+               if index is not None):
+        return symbolic
+    plain = infer_shapes(model, data_propagation=False)
+    placeholders = dict(symbolic.placeholders)
+    for name, raw in plain.placeholders.items():
+        info = symbolic.get(name)
+        # The run's own unk__N names, kept apart from those of the table's inference.
+        placeholders[name] = None if raw is None else tuple(None if r is None else f"~{r}" for r in raw)
+        if info is not None and info.shape is not None and raw is not None and len(raw) != len(info.shape):
+            placeholders[name] = None
+    return dataclasses.replace(symbolic, placeholders=MappingProxyType(placeholders))
 
 
 def _runtime_dims(node: onnx.NodeProto, raw: tuple, known: tuple, shapes: Mapping[str, TensorInfo],
@@ -592,6 +760,13 @@ def _timeline(steps: int, buffers: Sequence[_Buffer], known: Mapping[str, int],
     return timeline
 
 
+# (domain, op_type) of the nodes _workspace_bytes may give scratch to.
+_SCRATCH_OPS = frozenset({
+    ("", "Conv"), (_MS_DOMAIN, "FusedConv"), (_MS_DOMAIN, "BiasGelu"), (_MS_DOMAIN, "FastGelu"),
+    ("", "HardSwish"), ("", "Mish"), ("", "Where"), ("", "LRN"), (_MS_DOMAIN, "MultiHeadAttention"), ("", "Dropout"),
+})
+
+
 def _workspace_bytes(node: onnx.NodeProto, shapes: ShapeTable, opset: int) -> int:
     """Scratch a kernel allocates while it runs (see the module docstring); 0 when unknown."""
     domain = _domain(node)
@@ -602,6 +777,10 @@ def _workspace_bytes(node: onnx.NodeProto, shapes: ShapeTable, opset: int) -> in
         return shapes.nbytes(node.output[0]) or 0
     if domain == "" and node.op_type in _FUNCTION_EXPANDED_OPS:
         return shapes.nbytes(node.output[0]) or 0
+    if domain == "" and node.op_type == "Where":
+        return _where_workspace(node, shapes)
+    if domain == "" and node.op_type == "LRN":
+        return _lrn_workspace(node, shapes)
     if domain == _MS_DOMAIN and node.op_type == "MultiHeadAttention":
         return _attention_workspace(node, shapes)
     if node.op_type == "Dropout" and domain == "" and opset >= 12 and (len(node.output) < 2 or not node.output[1]):
@@ -609,6 +788,37 @@ def _workspace_bytes(node: onnx.NodeProto, shapes: ShapeTable, opset: int) -> in
         if info is not None and info.shape is not None and all(isinstance(d, int) for d in info.shape):
             return math.prod(info.shape)  # a bool per element
     return 0
+
+
+def _where_workspace(node: onnx.NodeProto, shapes: ShapeTable) -> int:
+    """Where's two selection tensors, in bytes; 0 when unknown."""
+    infos = [shapes.get(name) for name in node.input[:3]]
+    out = shapes.get(node.output[0])
+    if len(infos) < 3 or out is None or any(i is None or i.shape is None or not all(isinstance(d, int) for d in i.shape)
+                                            for i in infos):
+        return 0
+    bits = element_size_bits(out.elem_type)
+    if bits is None or bits % 8:
+        return 0
+    condition = infos[0].shape
+    return bits // 8 * sum(math.prod(_broadcast_static(condition, values.shape)) for values in infos[1:])
+
+
+def _broadcast_static(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
+    rank = max(len(a), len(b))
+    a, b = (1,) * (rank - len(a)) + tuple(a), (1,) * (rank - len(b)) + tuple(b)
+    return tuple(x if y == 1 else y for x, y in zip(a, b))
+
+
+def _lrn_workspace(node: onnx.NodeProto, shapes: ShapeTable) -> int:
+    """LRN's scale (the input's size) and one image's padded squares, in bytes; 0 when unknown."""
+    info = shapes.get(node.input[0])
+    if (info is None or info.elem_type != TensorProto.FLOAT or info.shape is None or len(info.shape) != 4
+            or not all(isinstance(d, int) for d in info.shape)):
+        return 0
+    size = next((a.i for a in node.attribute if a.name == "size"), 1)
+    batch, channels, height, width = info.shape
+    return 4 * (batch * channels + channels + size - 1) * height * width
 
 
 def _conv_workspace(node: onnx.NodeProto, shapes: ShapeTable) -> int:
@@ -712,23 +922,17 @@ def _weight_names(graph: onnx.GraphProto) -> set[str]:
     return names
 
 
-def _weight_bytes(graph: onnx.GraphProto, shapes: ShapeTable) -> int:
-    """Resident constant bytes. Initializers are sized from their own dims (always known);
-    Constant outputs from the shape table, else from their `value` tensor."""
-    total = sum(_tensor_nbytes(t) or 0 for t in graph.initializer)
-    total += sum(
-        (_tensor_nbytes(t.values) or 0) + (_tensor_nbytes(t.indices) or 0)
-        for t in graph.sparse_initializer
-    )
-    for node in graph.node:
-        if node.op_type != "Constant" or node.domain not in _DEFAULT_DOMAINS or not node.output:
-            continue
-        size = shapes.nbytes(node.output[0])
-        if size is None:
-            value = next((a.t for a in node.attribute if a.name == "value"), None)
-            size = _tensor_nbytes(value) if value is not None else None
-        total += size or 0
-    return total
+def _constant_value_bytes(node: onnx.NodeProto) -> int | None:
+    """A Constant's size from its `value` tensor (resident weights count initializers by their own
+    dims and Constant outputs by the shape table, else by this)."""
+    value = next((a.t for a in node.attribute if a.name == "value"), None)
+    return _tensor_nbytes(value) if value is not None else None
+
+
+def _detached(node: onnx.NodeProto) -> onnx.NodeProto:
+    copy = onnx.NodeProto()
+    copy.CopyFrom(node)
+    return copy
 
 
 def _tensor_nbytes(tensor: onnx.TensorProto) -> int | None:

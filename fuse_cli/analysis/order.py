@@ -6,8 +6,9 @@ was not inferred yet) and by the liveness walk.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import onnx
 
@@ -86,3 +87,19 @@ def _outer_references(graph: onnx.GraphProto) -> set[str]:
         defined.update(node.output)
         used |= consumed_names(node)
     return used - defined - {""}
+
+
+def model_fingerprint(model: onnx.ModelProto, nodes: Iterable[onnx.NodeProto] | None = None, extra: Iterable[str] = ()) -> bytes:
+    """A digest of a model's structure: nodes (serialized, 3 ms at 12k nodes), graph inputs,
+    outputs, value_info, initializers' names, types and dims (not their payloads) and opsets, plus
+    `extra` names.
+    Caches of per-model work compare it to notice a model edited in place."""
+    graph = model.graph
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(b"".join(node.SerializeToString() for node in (graph.node if nodes is None else nodes)))
+    for part in (graph.input, graph.output, graph.value_info, model.opset_import):
+        digest.update(b"".join(item.SerializeToString() for item in part))
+    # Initializers by name, type and dims: never their payloads.
+    digest.update(repr([(t.name, t.data_type, tuple(t.dims)) for t in graph.initializer]).encode())
+    digest.update("\0".join(sorted(extra)).encode())
+    return digest.digest()
