@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from fuse_cli.analysis.memory import INPUT_PRODUCER, WORKSPACE, LiveTensor, profile_memory, runtime_order
-from fuse_cli.analysis.order import execution_order
+from fuse_cli.core.order import execution_order
 from fuse_cli.analysis.shapes import infer_shapes
 
 FLOAT = TensorProto.FLOAT

@@ -135,7 +135,7 @@ from types import MappingProxyType
 import onnx
 from onnx import TensorProto, helper
 
-from fuse_cli.analysis.order import consumed_names, execution_order, model_fingerprint, node_label
+from fuse_cli.core.order import consumed_names, execution_order, model_fingerprint, node_label
 from fuse_cli.analysis.shapes import ShapeTable, TensorInfo, element_size_bits, infer_shapes, paused_gc
 
 INPUT_PRODUCER = "<input>"

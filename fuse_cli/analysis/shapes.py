@@ -16,21 +16,21 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import gc
 import logging
 import math
 import os
 import re
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
 import onnx
 from onnx import TensorProto, helper
 
-from fuse_cli.analysis.order import execution_order, model_fingerprint
+from fuse_cli.core.order import execution_order, model_fingerprint
+from fuse_cli.core.tensors import element_size_bits
 
 Dim = int | str | None
 _NO_BINDINGS: Mapping = MappingProxyType({})
@@ -39,24 +39,6 @@ _NO_BINDINGS: Mapping = MappingProxyType({})
 # for small shape-like constants (Reshape's shape, Slice's starts, ...); 1 KiB is 128 int64s.
 _KEEP_PAYLOAD_BYTES = 1024
 _STRIPPED_LOCATION = "<payload left out by fuse for shape inference>"
-
-
-def _bits_by_name(names: Iterable[str], bits: int) -> dict[int, int]:
-    # getattr: the oldest onnx we support (1.16) lacks some of the newer types.
-    return {getattr(TensorProto, n): bits for n in names if hasattr(TensorProto, n)}
-
-
-# Types whose numpy mapping is missing or misleading in some onnx versions (older releases map
-# float8 to uint8 and int4 to int8, which would make int4 a byte per element instead of a nibble).
-_EXPLICIT_BITS: dict[int, int] = {
-    **_bits_by_name(
-        ["FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2", "FLOAT8E5M2FNUZ", "FLOAT8E8M0"], 8
-    ),
-    **_bits_by_name(["FLOAT6E2M3", "FLOAT6E3M2"], 6),
-    **_bits_by_name(["INT4", "UINT4", "FLOAT4E2M1"], 4),
-    **_bits_by_name(["INT2", "UINT2"], 2),
-    TensorProto.BFLOAT16: 16,
-}
 
 
 @contextlib.contextmanager
@@ -71,22 +53,6 @@ def paused_gc():
     finally:
         if enabled:
             gc.enable()
-
-
-@functools.lru_cache(maxsize=None)
-def element_size_bits(elem_type: int) -> int | None:
-    """Bits one element of `elem_type` takes in a packed tensor; None for strings and unknowns."""
-    if elem_type in _EXPLICIT_BITS:
-        return _EXPLICIT_BITS[elem_type]
-    if elem_type in (TensorProto.UNDEFINED, TensorProto.STRING):
-        return None
-    try:
-        np_dtype = helper.tensor_dtype_to_np_dtype(elem_type)
-    except (KeyError, ValueError, TypeError):
-        return None
-    if np_dtype.kind == "O":
-        return None
-    return np_dtype.itemsize * 8
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,6 @@ intermediates. The node list is rebuilt once per sweep by `commit`.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -16,6 +15,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from fuse_cli.core.order import topological
 from fuse_cli.errors import FuseError
 from fuse_cli.match import Match, constant_value
 
@@ -281,28 +281,13 @@ def toposort(graph: gs.Graph) -> None:
     graphsurgeon's recursive sort overflows the stack on long chains stored out of order."""
     nodes = list(graph.nodes)
     position = {id(n): i for i, n in enumerate(nodes)}
-    waiting = {id(n): 0 for n in nodes}
-    readers: dict[int, list[gs.Node]] = {id(n): [] for n in nodes}
-    for node in nodes:
-        producers = {id(t.inputs[0]) for t in _reads(node) if t.inputs and id(t.inputs[0]) in position}
-        producers.discard(id(node))
-        waiting[id(node)] = len(producers)
-        for p in producers:
-            readers[p].append(node)
-    ready = [(position[id(n)], id(n)) for n in nodes if waiting[id(n)] == 0]
-    heapq.heapify(ready)
-    by_id = {id(n): n for n in nodes}
-    ordered: list[gs.Node] = []
-    while ready:
-        _, nid = heapq.heappop(ready)
-        ordered.append(by_id[nid])
-        for reader in readers[nid]:
-            waiting[id(reader)] -= 1
-            if waiting[id(reader)] == 0:
-                heapq.heappush(ready, (position[id(reader)], id(reader)))
-    if len(ordered) != len(nodes):
-        stuck = next(n for n in nodes if waiting[id(n)] > 0)
-        raise FuseError(f"invalid graph: it has a cycle through node {stuck.name or stuck.op!r}")
+    edges = ((position[id(t.inputs[0])], i) for i, node in enumerate(nodes) for t in _reads(node)
+             if t.inputs and id(t.inputs[0]) in position)
+    order, stuck = topological(len(nodes), edges)
+    if stuck:
+        node = nodes[stuck[0]]
+        raise FuseError(f"invalid graph: it has a cycle through node {node.name or node.op!r}")
+    ordered = [nodes[i] for i in order]
     graph.nodes = ordered
 
 

@@ -28,8 +28,8 @@ from google.protobuf.message import DecodeError
 from onnx.external_data_helper import ExternalDataInfo, load_external_data_for_tensor, set_external_data
 
 from fuse_cli import __version__
-from fuse_cli.analysis.order import execution_order
-from fuse_cli.analysis.shapes import element_size_bits
+from fuse_cli.core.order import execution_order
+from fuse_cli.core.tensors import element_size_bits
 from fuse_cli.core.domains import default_opset_or_none, is_default_domain
 from fuse_cli.errors import FuseError, ModelLoadError
 

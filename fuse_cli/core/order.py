@@ -1,4 +1,5 @@
-"""Execution order of a graph's nodes, and what each node reads (subgraph reads included).
+"""Execution order of a graph's nodes, and what each node reads (subgraph reads included); the
+one topological sort (Kahn) that graph/edit.py's graphsurgeon sort uses too.
 
 Shared by shape inference (onnx infers nodes in stored order and never revisits one whose input
 was not inferred yet) and by the liveness walk.
@@ -33,13 +34,27 @@ def execution_order(graph: onnx.GraphProto, consumed: Sequence[set[str]] | None 
     if all(producer.get(name, -1) < i for i, names in enumerate(consumed) for name in names):
         return list(range(len(nodes)))
 
-    dependents: list[list[int]] = [[] for _ in nodes]
-    pending = [0] * len(nodes)
-    for i, names in enumerate(consumed):
-        for j in {producer[name] for name in names if name in producer}:
-            dependents[j].append(i)
-            pending[i] += 1
-    ready = [i for i, count in enumerate(pending) if count == 0]
+    edges = ((producer[name], i) for i, names in enumerate(consumed) for name in names if name in producer)
+    order, stuck = topological(len(nodes), edges)
+    if stuck:
+        names = [node_label(nodes[i], i) for i in stuck]
+        raise ValueError(f"the graph has a cycle through {', '.join(names[:5])}")
+    return order
+
+
+def topological(count: int, edges: Iterable[tuple[int, int]]) -> tuple[list[int], list[int]]:
+    """Kahn's algorithm over items 0..count-1, an edge (a, b) putting a before b, the lowest index
+    first among the ready ones (so a sorted input keeps its order). Iterative: graphs reach 10k+
+    nodes. Returns (order, the items a cycle left unplaced)."""
+    dependents: list[set[int]] = [set() for _ in range(count)]
+    for a, b in edges:
+        if a != b:
+            dependents[a].add(b)
+    pending = [0] * count
+    for targets in dependents:
+        for b in targets:
+            pending[b] += 1
+    ready = [i for i, n in enumerate(pending) if n == 0]
     heapq.heapify(ready)
     order: list[int] = []
     while ready:
@@ -49,10 +64,7 @@ def execution_order(graph: onnx.GraphProto, consumed: Sequence[set[str]] | None 
             pending[k] -= 1
             if pending[k] == 0:
                 heapq.heappush(ready, k)
-    if len(order) != len(nodes):
-        stuck = [node_label(nodes[i], i) for i, count in enumerate(pending) if count]
-        raise ValueError(f"the graph has a cycle through {', '.join(stuck[:5])}")
-    return order
+    return order, [i for i, n in enumerate(pending) if n]
 
 
 def consumed_names(node: onnx.NodeProto) -> set[str]:
