@@ -191,16 +191,11 @@ def measure_here(request: Mapping, clear_refs: str = CLEAR_REFS, status: str = S
 
 
 def _session(path: str):
-    import onnxruntime as ort
+    """One thread, graph optimizations, arena and memory pattern off: freed buffers go back to the
+    system, so RSS follows onnxruntime's allocations."""
+    from fuse_cli.core.sessions import make_session
 
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.enable_cpu_mem_arena = False
-    options.enable_mem_pattern = False
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    options.log_severity_level = 3
-    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    return make_session(path, threads=1, lean_memory=True)
 
 
 def _feeds(session, shapes: Mapping[str, Sequence[int]], seed: int,
