@@ -17,7 +17,7 @@ import onnx
 
 from fuse_cli.audit import PeakEstimate, measure, memory_audit
 from fuse_cli.config import FuseConfig
-from fuse_cli.core.tensors import tensor_bytes, weight_bytes
+from fuse_cli.core.tensors import payload_bytes, weight_bytes
 from fuse_cli.fusing import Fused, fuse, what_runtime_target_adds
 from fuse_cli.graph.io import load_model
 from fuse_cli.graph.opset import default_opset, upgrade_opset
@@ -83,7 +83,7 @@ def optimize(model_path: str | os.PathLike, config: FuseConfig, output_path: str
         near_misses=tuple(fused.near_misses) + tuple(declined_near_miss(d) for d in declined),
         nodes_before=len(loaded.model.graph.node),
         nodes_after=len(optimized.graph.node),
-        weight_bytes_before=weight_bytes(loaded.model) + sum(tensor_bytes(t) for t in loaded.input_defaults.values()),
+        weight_bytes_before=weight_bytes(loaded.model) + sum(payload_bytes(t) or 0 for t in loaded.input_defaults.values()),
         weight_bytes_after=weight_bytes(optimized),
         unbound_dims=tables.assumed,
         dims=tuple(sorted(tables.bound.bound_dims.items())),

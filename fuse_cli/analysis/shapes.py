@@ -30,7 +30,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from fuse_cli.core.order import execution_order, model_fingerprint
-from fuse_cli.core.tensors import element_size_bits
+from fuse_cli.core.tensors import element_size_bits, payload_bytes
 
 Dim = int | str | None
 _NO_BINDINGS: Mapping = MappingProxyType({})
@@ -601,12 +601,8 @@ def _light_tensor(tensor: TensorProto) -> TensorProto:
 
 
 def _payload_bytes(tensor: TensorProto) -> int:
-    """Size from dims and type. Not ByteSize() or len(raw_data): on a 800 MB weight those take
-    about a second each (a scan, a copy), and a model holds hundreds of weights."""
-    bits = element_size_bits(tensor.data_type)
-    if bits is None:
-        return tensor.ByteSize()
-    return (math.prod(tensor.dims) * bits + 7) // 8
+    size = payload_bytes(tensor)
+    return tensor.ByteSize() if size is None else size
 
 
 def _add_missing_opset_imports(model: onnx.ModelProto) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Iterable
 
 import onnx
@@ -43,20 +44,20 @@ def element_size_bits(elem_type: int) -> int | None:
     return np_dtype.itemsize * 8
 
 
-def tensor_bytes(tensor: onnx.TensorProto) -> int:
-    bits = element_size_bits(tensor.data_type) or 0
-    count = 1
-    for dim in tensor.dims:
-        count *= dim
-    return (count * bits + 7) // 8
+def payload_bytes(tensor: onnx.TensorProto) -> int | None:
+    """A tensor's data size from its dims and type, without reading the data (ByteSize() or
+    len(raw_data) on an 800 MB weight scan or copy it); None for strings and unknown types.
+    Sub-byte types are packed: rounded up once, not per element."""
+    bits = element_size_bits(tensor.data_type)
+    return None if bits is None else (math.prod(tensor.dims) * bits + 7) // 8
 
 
 def weight_bytes(model: onnx.ModelProto) -> int:
     """Initializers plus Constant nodes' values: what the model carries, not what it computes."""
-    total = sum(tensor_bytes(t) for t in model.graph.initializer)
+    total = sum(payload_bytes(t) or 0 for t in model.graph.initializer)
     for node in model.graph.node:
         if node.op_type == "Constant":
             for attr in node.attribute:
                 if attr.type == onnx.AttributeProto.TENSOR:
-                    total += tensor_bytes(attr.t)
+                    total += payload_bytes(attr.t) or 0
     return total

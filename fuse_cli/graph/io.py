@@ -29,7 +29,7 @@ from onnx.external_data_helper import ExternalDataInfo, load_external_data_for_t
 
 from fuse_cli import __version__
 from fuse_cli.core.order import execution_order
-from fuse_cli.core.tensors import element_size_bits
+from fuse_cli.core.tensors import payload_bytes
 from fuse_cli.core.domains import default_opset_or_none, is_default_domain
 from fuse_cli.errors import FuseError, ModelLoadError
 
@@ -177,8 +177,9 @@ def _check_external_extent(tensor: onnx.TensorProto, folder: Path) -> None:
 
 
 def _payload_bytes(tensor: onnx.TensorProto) -> int:
-    bits = element_size_bits(tensor.data_type) or 8
-    return (math.prod(tensor.dims) * bits + 7) // 8
+    """Strings count a byte an element: a size for thresholds, never for external data offsets."""
+    size = payload_bytes(tensor)
+    return math.prod(tensor.dims) if size is None else size
 
 
 def _check_text_fields(model: onnx.ModelProto, path: Path) -> None:
