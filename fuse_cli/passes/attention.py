@@ -9,6 +9,7 @@ from fuse_cli.graph.edit import GraphEditor, Replacement, TensorShape
 from fuse_cli.match import Alt, Const, Match, Op, Var, constant_value
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
+from fuse_cli.toolkit.heads import softmax_key_axis_decline
 from fuse_cli.toolkit.shapes import same_dim, shape_entries
 
 HEADS_PERM, KEY_PERM, LAST_TWO_PERM = [0, 2, 1, 3], [0, 2, 3, 1], [0, 1, 3, 2]
@@ -113,10 +114,8 @@ class FuseMultiHeadAttention(PatternPass):
         return g.dtype(m.tensor("query_in")), None
 
     def check(self, m: Match, g: GraphEditor) -> Decline | None:
-        softmax = m.node("softmax")
-        axis = softmax.attrs.get("axis", -1 if g.opset >= 13 else 1)
-        if axis not in (-1, 3):
-            return Decline(f"{softmax.name} normalizes axis {axis}, not the key axis 3")
+        if decline := softmax_key_axis_decline(m.node("softmax"), g.opset):
+            return decline
         heads = {role: _heads(m, g, role) for role in ("query", "key", "value")}
         for value in heads.values():
             if isinstance(value, Decline):

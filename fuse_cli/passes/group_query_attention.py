@@ -11,7 +11,7 @@ from fuse_cli.match import Alt, Const, Match, Op, Var, constant_value
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
 from fuse_cli.targets import PROVIDERS_OF
-from fuse_cli.toolkit.heads import head_split
+from fuse_cli.toolkit.heads import head_split, softmax_key_axis_decline
 from fuse_cli.toolkit.shapes import same_dim, shape_entries
 
 HEADS_PERM = [0, 2, 1, 3]
@@ -86,9 +86,8 @@ class FuseGroupQueryAttention(PatternPass):
         if "cuda" in PROVIDERS_OF[g.target]:
             return Decline(f"GroupQueryAttention with causal=0 and an attention_bias is verified on onnxruntime's CPU "
                            f"provider only (target {g.target}); --target ort-cpu fuses it")
-        softmax = m.node("softmax")
-        if softmax.attrs.get("axis", -1) not in (-1, 3):
-            return Decline(f"{softmax.name} normalizes axis {softmax.attrs['axis']}, not the key axis 3")
+        if decline := softmax_key_axis_decline(m.node("softmax"), g.opset):
+            return decline
         split = {role: _split(m, g, role) for role in ("query", "key", "value")}
         for value in split.values():
             if isinstance(value, Decline):

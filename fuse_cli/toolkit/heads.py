@@ -7,6 +7,7 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor
 from fuse_cli.match import constant_value
+from fuse_cli.pipeline.base import Decline
 from fuse_cli.toolkit.shapes import same_dim
 
 
@@ -28,3 +29,10 @@ def head_split(reshape: gs.Node, g: GraphEditor) -> tuple[int, int] | None:
             and same_dim(out.dims[1], source.dims[1]) and out.static(2) * out.static(3) == source.static(2)):
         return out.static(2), out.static(3)
     return None
+
+
+def softmax_key_axis_decline(softmax: gs.Node, opset: int) -> Decline | None:
+    """Scores [B, H, S, T] must be normalized over the key axis: Softmax's axis -1 or 3 (its
+    default is 1 before opset 13, where Softmax flattened the trailing axes)."""
+    axis = softmax.attrs.get("axis", -1 if opset >= 13 else 1)
+    return None if axis in (-1, 3) else Decline(f"{softmax.name} normalizes axis {axis}, not the key axis 3")
