@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 FUZZ_EXAMPLES ?= 500
 
-.PHONY: install demo test fuzz bench bench-corpus sample-models clean
+.PHONY: install demo test fuzz bench bench-corpus memory-truth verify-corpus sample-models clean
 
 install: $(STAMP)
 
@@ -33,10 +33,20 @@ test: $(STAMP)
 fuzz: $(STAMP)
 	FUSE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q -n 2 tests/test_fuzz.py
 
-bench: $(BENCH_STAMP)
+bench: $(BENCH_STAMP) memory-truth
 	$(BIN)/python benchmarks/run.py   # also reads the folder in $$MODELS, when set
 	$(BIN)/python benchmarks/big_models.py --json benchmarks/results/big_models.json > benchmarks/results/big_models.txt; \
 		status=$$?; cat benchmarks/results/big_models.txt; exit $$status
+
+# The memory estimate against onnxruntime's measured peak, before/after fusion, two targets, two
+# shape settings, on the samples, the light zoo and whatever `make bench-corpus` built.
+memory-truth: $(STAMP)
+	$(BIN)/python benchmarks/memory_truth.py
+
+# `fuse optimize` with default flags on both corpora and onnx's backend models: verified / unverifiable / why.
+verify-corpus: $(STAMP)
+	$(BIN)/python benchmarks/verify_corpus.py benchmarks/corpus/models benchmarks/corpus/heldout-models --backend \
+		--json benchmarks/results/verify_corpus.json --markdown benchmarks/results/verify_corpus.md
 
 sample-models: $(STAMP)
 	$(BIN)/python sample_models/build.py
@@ -49,7 +59,7 @@ clean:
 CORPUS_VENV ?= .venv-corpus
 CORPUS_MODELS ?= benchmarks/corpus/models
 CORPUS_STAMP := $(CORPUS_VENV)/.installed
-CORPUS_PACKAGES := torch==2.14.1 torchvision==0.29.1 transformers==5.24.0 onnx==1.23.2 onnxscript==0.7.2 onnxruntime==1.32.0
+CORPUS_PACKAGES := torch==2.14.1 torchvision==0.29.1 transformers==5.24.0 timm==1.0.31 onnx==1.23.2 onnxscript==0.7.2 onnxruntime==1.32.0
 
 $(CORPUS_STAMP):
 	$(PYTHON) -m venv $(CORPUS_VENV)
@@ -59,3 +69,4 @@ $(CORPUS_STAMP):
 
 bench-corpus: $(CORPUS_STAMP)
 	$(CORPUS_VENV)/bin/python benchmarks/corpus/export.py --out $(CORPUS_MODELS)
+	$(CORPUS_VENV)/bin/python benchmarks/corpus/heldout.py --out benchmarks/corpus/heldout-models

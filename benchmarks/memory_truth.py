@@ -4,7 +4,8 @@
                                                 [--settings small,large] [--out benchmarks/results]
 
 Models: sample_models/*.onnx, the nine light zoo models inside the onnx package, and the corpora
-in /work/corpus-models/base and /work/corpus-models/heldout (or $FUSE_CORPUS_DIRS, colon-separated),
+in benchmarks/corpus/models and benchmarks/corpus/heldout-models (`make bench-corpus` builds both;
+or $FUSE_CORPUS_DIRS, colon-separated),
 whatever exists when it runs. A folder's manifest.json, where present, gives each file's symbolic
 dims, its `small` and `large` settings and the valid ranges of its integer inputs.
 
@@ -53,8 +54,8 @@ LARGE_PEAK = 16 * MIB
 MAX_BATCH = 1 << 16
 TOLERANCE = 0.15
 MIN_MEASURED = MIB
-CORPUS_DIRS = [Path(p) for p in os.environ.get(
-    "FUSE_CORPUS_DIRS", "/work/corpus-models/base:/work/corpus-models/heldout").split(":") if p]
+CORPUS_DIRS = [Path(p) for p in os.environ.get("FUSE_CORPUS_DIRS", "").split(":") if p] or [
+    REPO / "benchmarks" / "corpus" / "models", REPO / "benchmarks" / "corpus" / "heldout-models"]
 SEQUENCE_WORDS = ("seq", "length", "len", "token", "time")
 
 

@@ -53,12 +53,26 @@ def run_one(path: Path, target: str, scratch: Path) -> dict:
     }
 
 
+def summary(rows: list[dict], models: int) -> list[str]:
+    counts = collections.Counter(r["status"] for r in rows)
+    lines = [f"{len(rows)} runs ({models} models): " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))]
+    reasons = collections.Counter(r["reason"].split(":")[0] + ": " + r["reason"].split(": ")[-1][:90]
+                                  for r in rows if r["status"] == "unverifiable")
+    lines += [f"  unverifiable x{n}: {reason}" for reason, n in reasons.most_common()]
+    failed = [r for r in rows if r.get("rolled_back_because_optimized_failed")]
+    lines.append(f"rolled back because the optimized model failed where the original ran: {len(failed)}")
+    lines += [f"  {r['model']} {r['target']}: {r['status']} rolled back {r.get('rolled_back')} {r.get('reason') or ''}"
+              for r in rows if r["status"] not in ("match", "unverifiable") or r.get("rolled_back")]
+    return lines
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folders", nargs="*", type=Path)
     parser.add_argument("--backend", action="store_true")
     parser.add_argument("--targets", default="onnx,ort-cpu")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--markdown", type=Path, default=None, help="also write the summary as Markdown")
     args = parser.parse_args(argv)
     models = [p for folder in args.folders for p in sorted(folder.glob("*.onnx"))]
     models += backend_models() if args.backend else []
@@ -68,18 +82,15 @@ def main(argv=None) -> int:
             for target in args.targets.split(","):
                 rows.append(run_one(path, target, Path(scratch)))
                 print(json.dumps(rows[-1]), flush=True)
-    counts = collections.Counter(r["status"] for r in rows)
-    failed_optimized = [r for r in rows if r.get("rolled_back_because_optimized_failed")]
-    print(f"\n{len(rows)} runs ({len(models)} models): " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
-    for reason, n in collections.Counter(r["reason"].split(":")[0] + ": " + r["reason"].split(": ")[-1][:90]
-                                         for r in rows if r["status"] == "unverifiable").most_common():
-        print(f"  unverifiable x{n}: {reason}")
-    print(f"rolled back because the optimized model failed where the original ran: {len(failed_optimized)}")
-    for r in rows:
-        if r["status"] not in ("match", "unverifiable") or r.get("rolled_back"):
-            print(f"  {r['model']} {r['target']}: {r['status']} {r.get('rolled_back')} {r.get('reason')}")
+    lines = summary(rows, len(models))
+    print("\n" + "\n".join(lines))
+    if args.markdown:
+        args.markdown.write_text("# Verification with default flags\n\n`benchmarks/verify_corpus.py "
+                                 + " ".join(str(f) for f in args.folders) + (" --backend" if args.backend else "")
+                                 + "`: `fuse optimize` as a new user runs it (no --dim, no --int-range).\n\n```\n"
+                                 + "\n".join(lines) + "\n```\n")
     if args.json:
-        args.json.write_text(json.dumps({"runs": rows, "counts": counts}, indent=1) + "\n")
+        args.json.write_text(json.dumps({"runs": rows}, indent=1) + "\n")
     return 0
 
 
