@@ -28,6 +28,7 @@ PORTABLE_PIPELINE: tuple[str, ...] = (
     "fuse-transposes",
     "fuse-reshapes",
     "static-reshape-shape",
+    "static-shape-dims",
     "fuse-squeeze-unsqueeze",
     "fuse-casts",
     "eliminate-flatten",
