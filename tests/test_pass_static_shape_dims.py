@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from onnx import numpy_helper
 
 from tests.conftest import assert_equivalent, optimize_model
 from tests.graphs import GraphBuilder, op_counts, signature
@@ -54,3 +55,19 @@ def test_symbolic_dims_are_kept_silently(tmp_path, index):
     result = optimize_model(model, tmp_path, passes=PASSES)
     assert signature(result.model) == signature(model)
     assert not result.report.fusions and not result.report.near_misses
+
+
+def test_whole_static_shape_becomes_constant(tmp_path):
+    """Shape of a shape vector built at run time (torch's expand(-1) writes ConstantOfShape(Shape(s)))."""
+    b = GraphBuilder(opset=17)
+    x = b.input("x", ["batch", 8])
+    dim = b.op("Unsqueeze", b.op("Gather", b.op("Shape", x), b.const(np.array(0, np.int64)), axis=0),
+               b.const(np.array([0], np.int64)))
+    s = b.op("Concat", dim, b.const(np.array([-1], np.int64)), axis=0)
+    ones = b.op("ConstantOfShape", b.op("Shape", s, name="shape_of_s"), value=numpy_helper.from_array(np.ones(1, np.int64)))
+    model = b.build(b.op("Add", s, ones), output_names=["y"])
+    result = optimize_model(model, tmp_path, passes=PASSES)
+    assert "shape_of_s" not in [n.name for n in result.model.graph.node]
+    assert op_counts(result.model)["Shape"] == 1  # x's: its batch is symbolic
+    for dims in ({"batch": 2}, {"batch": 3}):
+        assert_equivalent(model, result.model, dims=dims, rtol=0.0, atol=0.0)

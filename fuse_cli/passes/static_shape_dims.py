@@ -6,7 +6,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
-from fuse_cli.match import Const, Match, Op, Var, constant_value
+from fuse_cli.match import Alt, Const, Match, Op, Var, constant_value
 from fuse_cli.pipeline.base import PatternPass
 from fuse_cli.pipeline.registry import register
 
@@ -18,6 +18,7 @@ def _integer_indices(value: np.ndarray) -> bool:
 @register
 class FoldStaticShapeDims(PatternPass):
     """x ── Shape ── Gather(i) ── d   =>   d = the constant dim(s) i of x, when they are static
+       x ── Shape ── s                =>   s = x's shape, when every dim is static
 
     Exporters compute sizes from Shape even where the model fixes them (ShuffleNet's channels
     // 2, a ViT's patch count, an attention head size): with a symbolic batch, Shape(x) is not a
@@ -30,8 +31,9 @@ class FoldStaticShapeDims(PatternPass):
     name = "static-shape-dims"
     description = "Replace Gather(Shape(x), i) by a constant where dims i of x are static"
     label = "Shape + Gather (static dims)"
-    pattern = Op("Gather", Op("Shape", Var("x"), name="shape"), Const(_integer_indices, name="indices"),
-                 name="gather", axis=lambda v: v in (None, 0, -1))
+    pattern = Alt(Op("Gather", Op("Shape", Var("x"), name="shape"), Const(_integer_indices, name="indices"),
+                     name="gather", axis=lambda v: v in (None, 0, -1)),
+                  Op("Shape", Var("x"), name="shape"))  # every selected dim static (a Concat of 4 pieces)
     keeps = ("shape",)  # the rewrite re-creates Shape for its other readers
 
     def matches(self, m: Match, g: GraphEditor) -> bool:
@@ -41,7 +43,13 @@ class FoldStaticShapeDims(PatternPass):
         return picked is not None and all(isinstance(d, int) for d in picked)
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
-        shape, gather = m.node("shape"), m.node("gather")
+        shape = m.node("shape")
+        if "gather" not in m.nodes:
+            value = np.asarray(_selected_dims(m, g), dtype=np.int64)
+            return Replacement(nodes=[gs.Node(op="Constant", name=g.unique_name(f"{shape.name}_static"),
+                                              attrs={"value": gs.Constant(g.unique_name(f"{shape.name}_value"), value)},
+                                              outputs=[shape.outputs[0]])])
+        gather = m.node("gather")
         indices = constant_value(m.tensor("indices"))
         # not g.constant: np.ascontiguousarray makes a scalar index's 0-d value 1-d
         value = np.asarray(_picked(m, _selected_dims(m, g)), dtype=np.int64).reshape(indices.shape)
@@ -62,6 +70,8 @@ def _selected_dims(m: Match, g: GraphEditor) -> list | None:
 
 
 def _picked(m: Match, dims: list) -> list | None:
+    if m.tensor("indices") is None:
+        return dims
     indices = constant_value(m.tensor("indices")).reshape(-1).tolist()
     if any(not -len(dims) <= i < len(dims) for i in indices):
         return None

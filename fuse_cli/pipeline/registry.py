@@ -30,6 +30,7 @@ PORTABLE_PIPELINE: tuple[str, ...] = (
     "fuse-reshapes",
     "static-reshape-shape",
     "static-shape-dims",
+    "fold-shape-comparisons",
     "fuse-squeeze-unsqueeze",
     "fuse-casts",
     "eliminate-flatten",
