@@ -23,6 +23,7 @@ PORTABLE_PIPELINE: tuple[str, ...] = (
     "eliminate-identity",
     "eliminate-dropout",
     "eliminate-noop-arith",
+    "fold-scale-chains",
     "eliminate-noop-layout",
     "eliminate-common-subexpressions",  # exporters compute Shape(x)[i] once per use
     # 2. layout and type plumbing that exporters leave behind
