@@ -33,6 +33,7 @@ PORTABLE_PIPELINE: tuple[str, ...] = (
     "static-shape-dims",
     "fold-shape-comparisons",
     "fuse-squeeze-unsqueeze",
+    "merge-unsqueezes",
     "fuse-casts",
     "eliminate-flatten",
     # 3. fold affine arithmetic into Conv/Gemm weights (before anything fuses the activations)
