@@ -43,3 +43,17 @@ def test_fuses_to_gemm(tmp_path, bias_shape, bias_first):
 def test_near_miss(tmp_path, kw, reason):
     model = matmul_add(**kw)
     assert_declined(model, optimize_model(model, tmp_path, passes=PASSES), "matmul-add", reason)
+
+
+def test_activations_in_weight_or_bias_slots_are_not_the_pattern(tmp_path):
+    """q @ k^T (a run-time weight) and a residual Add (a run-time bias) are no Linear layer: no
+    near-miss for either, while a graph-input bias still is one (test_kept_with_reason)."""
+    b = GraphBuilder()
+    x = b.input("x", [3, 4])
+    k = b.op("Relu", b.input("k", [4, 4]))
+    scores = b.op("MatMul", x, k)  # weight computed at run time
+    residual = b.op("Add", scores, b.op("Neg", x))
+    linear = b.op("MatMul", residual, b.const(b.rand(4, 4)))
+    model = b.build(b.op("Add", linear, b.op("Sigmoid", x)), output_names=["y"])  # bias computed at run time
+    result = optimize_model(model, tmp_path, passes=PASSES)
+    assert not result.report.fusions and not result.report.near_misses

@@ -94,6 +94,13 @@ def test_html_escapes_names(nasty_report):
         assert expected in text
 
 
+def test_html_prints_each_note_once(nasty_report):
+    """The run-level note (onnxruntime's default level) once, with the summary, not again after it."""
+    note = "run this model in onnxruntime with graph optimizations at basic or disabled"
+    page = render_html(dataclasses.replace(nasty_report, notes=(note,)))
+    assert page.count(note) == 1
+
+
 def test_svg_escapes_names(nasty_report):
     texts = svg_texts(render_timeline_svg(nasty_report))
     assert f"peak {human_bytes(nasty_report.memory.after.peak_bytes)} at node {NASTY}" in texts

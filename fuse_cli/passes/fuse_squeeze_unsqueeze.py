@@ -5,7 +5,7 @@ from __future__ import annotations
 import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
-from fuse_cli.match import Match, Op, Var, constant_value
+from fuse_cli.match import Alt, Match, Op, Var, constant_value
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
 
@@ -25,13 +25,12 @@ class CancelSqueezeUnsqueeze(PatternPass):
     name = "fuse-squeeze-unsqueeze"
     description = "Remove Unsqueeze/Squeeze pairs over the same axes"
     label = "Squeeze + Unsqueeze"
-    pattern = Op(("Squeeze", "Unsqueeze"), Op(("Squeeze", "Unsqueeze"), Var("x"), Var("inner_axes", optional=True),
-                                              name="inner"), Var("outer_axes", optional=True), name="outer")
+    pattern = Alt(*(Op(outer, Op(inner, Var("x"), Var("inner_axes", optional=True), name="inner"),
+                       Var("outer_axes", optional=True), name="outer")
+                    for inner, outer in (("Unsqueeze", "Squeeze"), ("Squeeze", "Unsqueeze"))))
 
     def check(self, m: Match, g: GraphEditor) -> Decline | None:
         inner, outer = m.node("inner"), m.node("outer")
-        if inner.op == outer.op:
-            return Decline(f"{inner.name} and {outer.name} are both {inner.op}: not a Squeeze/Unsqueeze pair")
         axes = [_axes(node, m.tensor(role), g) for node, role in ((inner, "inner_axes"), (outer, "outer_axes"))]
         reason = next((a for a in axes if isinstance(a, Decline)), None)
         if reason:

@@ -9,6 +9,7 @@ from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Match, Op, Var, constant_value
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
+from fuse_cli.toolkit.constness import computed_at_run_time
 
 GEMM_DTYPES = (np.float16, np.float32, np.float64)
 
@@ -32,6 +33,11 @@ class FuseMatMulAddIntoGemm(PatternPass):
     min_opset = 7  # Gemm's C broadcasts unidirectionally from opset 7
     pattern = Op("Add", Op("MatMul", Var("x"), Var("weight", const=True), name="matmul"), Var("bias", const=True),
                  name="add")
+
+    def matches(self, m: Match, g: GraphEditor) -> bool:
+        """An activation as the weight (attention's q @ k^T) or as the bias (a residual Add) is
+        not a Linear layer: silent, not a near-miss."""
+        return not (computed_at_run_time(m.tensor("weight")) or computed_at_run_time(m.tensor("bias")))
 
     def check(self, m: Match, g: GraphEditor) -> Decline | None:
         matmul = m.node("matmul")

@@ -34,16 +34,17 @@ class FuseRMSNormalization(PatternPass):
     pattern = Alt(Op("Mul", RMS_NORMALIZED, Var("gamma"), name="scale"), RMS_NORMALIZED)  # largest first
 
     def matches(self, m: Match, g: GraphEditor) -> bool:
-        """Without gamma, silent where a constant Mul reads the result: the gamma form reports there."""
-        return "scale" in m.nodes or not read_only_by_constant_op(m.root.outputs[0], ("Mul",), g)
+        """Without gamma, silent where a constant Mul reads the result: the gamma form reports there.
+        Silent where x is x - mean(x): that is a LayerNorm (layer-norm's pattern), not an RMSNorm."""
+        if not ("scale" in m.nodes or not read_only_by_constant_op(m.root.outputs[0], ("Mul",), g)):
+            return False
+        centered = producer_of(m.tensor("x"))
+        return not (centered is not None and centered.op == "Sub" and _is_mean_of(centered.inputs[1], centered.inputs[0]))
 
     def check(self, m: Match, g: GraphEditor) -> Decline | None:
         x = m.tensor("x")
         if g.dtype(x) != np.float32:
             return Decline(f"{m.node('normalize').name} computes in {g.dtype(x)}; RMSNormalization would compute in float32")
-        centered = producer_of(x)
-        if centered is not None and centered.op == "Sub" and _is_mean_of(centered.inputs[1], centered.inputs[0]):
-            return Decline(f"{m.node('square').name} squares x - mean(x) from {centered.name}: a LayerNorm (see layer-norm)")
         shape = g.shape(x)
         axis = normalized_axis(shape, [(m.node("mean_square"), m.tensor("mean_square_axes"))])
         if isinstance(axis, Decline):

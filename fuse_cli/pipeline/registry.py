@@ -23,11 +23,17 @@ PORTABLE_PIPELINE: tuple[str, ...] = (
     "eliminate-identity",
     "eliminate-dropout",
     "eliminate-noop-arith",
+    "fold-scale-chains",
+    "eliminate-noop-layout",
+    "eliminate-common-subexpressions",  # exporters compute Shape(x)[i] once per use
     # 2. layout and type plumbing that exporters leave behind
     "fuse-transposes",
     "fuse-reshapes",
     "static-reshape-shape",
+    "static-shape-dims",
+    "fold-shape-comparisons",
     "fuse-squeeze-unsqueeze",
+    "merge-unsqueezes",
     "fuse-casts",
     "eliminate-flatten",
     # 3. fold affine arithmetic into Conv/Gemm weights (before anything fuses the activations)

@@ -37,7 +37,8 @@ def render_html(report: Report) -> str:
             "<h2>Savings</h2>"]
     rows = savings_rows(report)
     body.append(_table(SAVINGS_HEADERS, rows, numeric_from=2, total_row=True) if rows else "<p>No fusion applied.</p>")
-    body.append(_list(summary_lines(report) + memory_lines(report) + list(report.notes)))
+    # summary_lines already carries the notes ("Note: ..."): listing report.notes again printed each twice
+    body.append(_list(summary_lines(report) + memory_lines(report)))
     audit = report.memory
     if audit is not None:
         body += ["<h2>Activation memory over execution</h2>", render_timeline_svg(report)]

@@ -1,0 +1,101 @@
+"""Two scalings by constants in a row become one, where that gives the same bits."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from fuse_cli.graph.edit import GraphEditor, Replacement
+from fuse_cli.match import Alt, Const, Match, Op, Var, constant_value
+from fuse_cli.pipeline.base import Decline, PatternPass
+from fuse_cli.pipeline.registry import register
+
+INTEGER_DTYPES = (np.int32, np.int64, np.uint32, np.uint64)
+FLOAT_DTYPES = (np.float16, np.float32, np.float64)
+
+
+def _numeric(value: np.ndarray) -> bool:
+    return value.dtype.type in INTEGER_DTYPES + FLOAT_DTYPES and value.size > 0
+
+
+def _scaled(x, name: str) -> Alt:
+    return Alt(Op("Mul", x, Const(_numeric, name=f"{name}_c"), name=name),
+               Op("Div", x, Const(_numeric, name=f"{name}_c"), name=name))
+
+
+@register
+class FoldScaleChains(PatternPass):
+    """x ── Mul/Div(a) ── Mul/Div(b) ── y   =>   x ── Mul/Div(c) ── y
+
+    Integers (Mul then Mul): c = a * b, exact in wrapping two's-complement arithmetic. Integer
+    Div truncates, so it never folds.
+
+    Floats: (x * a) * b rounds twice, x * (a * b) once, so in general they differ in the last
+    bit. They are equal bit for bit when one factor is a power of two: scaling by 2^k is exact,
+    so the one rounding left is the same on both sides. With b = 2^k: x*a*b = x*(a*b),
+    x/a*b = x/(a/b); with a = 2^k: x*a*b = x*(b*a), x/a*b = x*(b/a), x*a/b = x/(b/a),
+    x/a/b = x/(b*a). c is computed in float64 and must round-trip to the dtype unchanged. The
+    one caveat, stated rather than hidden: an intermediate that overflows to inf or falls into
+    the subnormal range is where scaling by 2^k is not exact; such values are outside what a
+    model computes in normal operation.
+    """
+
+    name = "fold-scale-chains"
+    description = "Fold x*a*b, x/a*b (etc.) into one Mul/Div where the result is bit-exact"
+    label = "constant scaling chain"
+    pattern = Alt(Op("Mul", _scaled(Var("x"), "inner"), Const(_numeric, name="outer_c"), name="outer"),
+                  Op("Div", _scaled(Var("x"), "inner"), Const(_numeric, name="outer_c"), name="outer"))
+
+    def matches(self, m: Match, g: GraphEditor) -> bool:
+        """Same dtype on both constants and x; an integer Div is a different operation (it truncates)."""
+        a, b = constant_value(m.tensor("inner_c")), constant_value(m.tensor("outer_c"))
+        x_dtype = g.dtype(m.tensor("x"))
+        if a.dtype != b.dtype or (x_dtype is not None and x_dtype != a.dtype):
+            return False
+        return a.dtype.type in FLOAT_DTYPES or (m.node("inner").op, m.node("outer").op) == ("Mul", "Mul")
+
+    def check(self, m: Match, g: GraphEditor) -> Decline | None:
+        if _folded(m) is not None:
+            return None
+        inner, outer = m.node("inner"), m.node("outer")
+        a, b = constant_value(m.tensor("inner_c")), constant_value(m.tensor("outer_c"))
+        if _power_of_two(a) or _power_of_two(b):
+            return Decline(f"folding {inner.name}'s and {outer.name}'s constants leaves the {a.dtype} range")
+        return Decline(f"neither {inner.name}'s nor {outer.name}'s constant is a power of two: the two roundings "
+                       "of the chain and the one of a single scaling can differ in the last bit")
+
+    def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
+        op, c = _folded(m)
+        outer = m.node("outer")
+        node = gs.Node(op=op, name=g.unique_name(f"{outer.name}_folded"),
+                       inputs=[m.tensor("x"), g.constant(f"{outer.name}_factor", c)], outputs=[outer.outputs[0]])
+        return Replacement(nodes=[node])
+
+
+def _folded(m: Match) -> tuple[str, np.ndarray] | None:
+    """The single (op, constant) that gives the same bits, or None."""
+    a, b = constant_value(m.tensor("inner_c")), constant_value(m.tensor("outer_c"))
+    inner, outer = m.node("inner").op, m.node("outer").op
+    if a.dtype.type in INTEGER_DTYPES:
+        return "Mul", np.asarray(a * b, dtype=a.dtype)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    if _power_of_two(b):  # the outer scaling is exact: fold it into the inner constant
+        op, c = inner, (a64 * b64 if inner == outer else a64 / b64)
+    elif _power_of_two(a):  # the inner scaling is exact: fold it into the outer constant
+        op, c = outer, (b64 * a64 if inner == outer else b64 / a64)
+    else:
+        return None
+    with np.errstate(over="ignore", under="ignore"):
+        rounded = c.astype(a.dtype)
+    if not np.array_equal(rounded.astype(np.float64), c) or not np.all(np.isfinite(rounded)) or np.any(rounded == 0):
+        return None
+    return op, rounded
+
+
+def _power_of_two(value: np.ndarray) -> bool:
+    """Every element +-2^k, in the dtype's normal range (so scaling by it is exact)."""
+    v = value.astype(np.float64)
+    if not np.all(np.isfinite(v)) or np.any(v == 0):
+        return False
+    mantissa, _ = np.frexp(np.abs(v))
+    return bool(np.all(mantissa == 0.5)) and bool(np.all(np.abs(v) >= np.finfo(value.dtype).tiny))
