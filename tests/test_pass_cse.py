@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import TensorProto as T
 
 from tests.conftest import assert_equivalent, optimize_model
 from tests.graphs import GraphBuilder, op_counts, signature
