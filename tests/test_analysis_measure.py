@@ -70,7 +70,7 @@ SAMPLE_DIMS = {
 
 
 @pytest.mark.parametrize("name", sorted(SAMPLE_DIMS))
-def test_sample_estimate_is_within_a_quarter_of_the_measured_peak(name):
+def test_sample_estimate_is_within_15_percent_of_the_measured_peak(name):
     path = SAMPLES / f"{name}.onnx"
     dims = SAMPLE_DIMS[name]
     m = onnx.load(path)
@@ -81,7 +81,8 @@ def test_sample_estimate_is_within_a_quarter_of_the_measured_peak(name):
     if result.peak_bytes is None:
         pytest.skip(f"cannot measure here: {result.reason}")
     assert result.baseline_bytes > 0
-    assert abs(estimate - result.peak_bytes) <= 0.25 * result.peak_bytes, (estimate, result.peak_bytes)
+    # the README's promise, as benchmarks/memory_truth.py checks it on every model at hand
+    assert abs(estimate - result.peak_bytes) <= 0.15 * result.peak_bytes, (estimate, result.peak_bytes)
 
 
 # Probe graphs for rules the samples do not exercise, at 4 MiB per tensor ("U"). Each pair is
@@ -195,7 +196,7 @@ def test_contrib_kernel_scratch_matches_a_real_run(build, mib):
     assert abs(estimate - actual) <= 0.05 * actual, (estimate, actual)
 
 
-def test_ort_cpu_fused_transformer_estimate_is_within_a_quarter_of_the_measured_peak(tmp_path):
+def test_ort_cpu_fused_transformer_estimate_is_within_15_percent_of_the_measured_peak(tmp_path):
     # The transformer sample fused for onnxruntime's CPU provider (MultiHeadAttention, Gelu: BiasGelu
     # is declined there, LayerNormalization), estimated and measured as `fuse report --target ort-cpu
     # --measure` does.
@@ -206,7 +207,7 @@ def test_ort_cpu_fused_transformer_estimate_is_within_a_quarter_of_the_measured_
     result = report.measured.after
     if result.peak_bytes is None:
         pytest.skip(f"cannot measure here: {result.reason}")
-    assert abs(estimate - result.peak_bytes) <= 0.25 * result.peak_bytes, (estimate, result.peak_bytes)
+    assert abs(estimate - result.peak_bytes) <= 0.15 * result.peak_bytes, (estimate, result.peak_bytes)
 
 
 # --- measuring: what it refuses and reports ---------------------------------------------------
