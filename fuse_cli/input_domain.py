@@ -203,7 +203,9 @@ def _is_integer(value: onnx.ValueInfoProto) -> bool:
     if not value.type.HasField("tensor_type"):
         return False
     elem = value.type.tensor_type.elem_type
-    return elem != onnx.TensorProto.BOOL and np.issubdtype(onnx.helper.tensor_dtype_to_np_dtype(elem), np.integer)
+    if elem in (onnx.TensorProto.UNDEFINED, onnx.TensorProto.BOOL, onnx.TensorProto.STRING):
+        return False
+    return np.issubdtype(onnx.helper.tensor_dtype_to_np_dtype(elem), np.integer)
 
 
 def _constant_tensors(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
@@ -220,7 +222,7 @@ def _constant_tensors(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
 def _gather_bound(start: str, consumers, constants, tables) -> tuple[int, int] | None:
     """The tightest [low, high) over every Gather reached from `start` as its indices, through
     value-preserving ops and Add/Sub of a constant scalar (which shift the valid range)."""
-    low, high, found = 0, None, False
+    low, high = 0, None
     todo, seen = [(start, 0)], set()
     while todo:
         name, offset = todo.pop()
@@ -234,8 +236,7 @@ def _gather_bound(start: str, consumers, constants, tables) -> tuple[int, int] |
                 rows = _rows(node, tables)
                 if rows is not None:
                     # value + offset in [0, rows)  <=>  value in [-offset, rows - offset)
-                    low, high = max(low, -offset), min(high if high is not None else rows - offset, rows - offset)
-                    found = True
+                    low, high = max(low, -offset), rows - offset if high is None else min(high, rows - offset)
                 continue
             if node.op_type in _VALUE_PRESERVING and name in (node.input if node.op_type == "Concat" else node.input[:1]):
                 todo.append((node.output[0], offset))
@@ -246,7 +247,7 @@ def _gather_bound(start: str, consumers, constants, tables) -> tuple[int, int] |
                 if shift is not None and shift.size == 1 and np.issubdtype(shift.dtype, np.integer):
                     step = int(shift.reshape(-1)[0])
                     todo.append((node.output[0], offset + (step if node.op_type == "Add" else -step)))
-    if not found or high is None or high <= low:
+    if high is None or high <= low:
         return None
     return low, high
 
