@@ -12,11 +12,11 @@ from tests.graphs import GraphBuilder, assert_declined, op_counts, signature
 PASSES = ("fold-scale-chains",)
 
 
-def chain(inner, a, outer, b, *, dtype=np.float32, a_first=False):
+def chain(inner, a, outer, b, *, dtype=np.float32, a_first=False, x_shape=("batch", 3)):
     """Abs(x) -> inner(., a) -> outer(., b) -> Neg -> y, x of shape [batch, 3]."""
     b_ = GraphBuilder()
     elem = {np.float32: T.FLOAT, np.float16: T.FLOAT16, np.int64: T.INT64}[dtype]
-    t = b_.op("Abs", b_.input("x", ["batch", 3], dtype=elem))
+    t = b_.op("Abs", b_.input("x", list(x_shape), dtype=elem))
     ca, cb = b_.const(np.asarray(a, dtype)), b_.const(np.asarray(b, dtype))
     t = b_.op(inner, *((ca, t) if a_first else (t, ca)), name="inner")
     return b_.build(b_.op("Neg", b_.op(outer, t, cb, name="outer")), output_names=["y"])
@@ -33,13 +33,18 @@ def chain(inner, a, outer, b, *, dtype=np.float32, a_first=False):
     ("Div", 3.0, "Mul", 0.5, {"dtype": np.float16}),
     ("Mul", 64, "Mul", 14, {"dtype": np.int64}),         # MobileViT's shape arithmetic
     ("Mul", -3, "Mul", [5, 7, 9], {"dtype": np.int64}),
+    ("Mul", 64, "Mul", 14, {"dtype": np.int64, "x_shape": ()}),  # a scalar stays a scalar
+    ("Div", 3.0, "Mul", 2.0, {"x_shape": ()}),
 ], ids=["t5-div-mul", "mul-mul-half", "pow2-inner", "div4-mul3", "mul-div4", "mul2-div3", "div-div", "f16", "int-mul",
-        "int-vector"])
+        "int-vector", "int-scalar", "float-scalar"])
 def test_folds_bit_exact(tmp_path, inner, a, outer, b, kw):
     model = chain(inner, a, outer, b, **kw)
     result = optimize_model(model, tmp_path, passes=PASSES)
     counts = op_counts(result.model)
     assert counts["Mul"] + counts["Div"] == 1
+    folded = {t.name: t for t in result.model.graph.initializer}
+    (scaling,) = [n for n in result.model.graph.node if n.op_type in ("Mul", "Div")]
+    assert list(folded[scaling.input[1]].dims) == list(np.broadcast_shapes(np.shape(a), np.shape(b)))
     for dims in ({"batch": 2}, {"batch": 7}):
         assert_equivalent(model, result.model, dims=dims, rtol=0.0, atol=0.0)
 

@@ -68,7 +68,8 @@ class FoldScaleChains(PatternPass):
         op, c = _folded(m)
         outer = m.node("outer")
         node = gs.Node(op=op, name=g.unique_name(f"{outer.name}_folded"),
-                       inputs=[m.tensor("x"), g.constant(f"{outer.name}_factor", c)], outputs=[outer.outputs[0]])
+                       inputs=[m.tensor("x"), gs.Constant(g.unique_name(f"{outer.name}_factor"), c)],
+                       outputs=[outer.outputs[0]])  # not g.constant, whose ascontiguousarray makes a scalar 1-D
         return Replacement(nodes=[node])
 
 
@@ -89,7 +90,7 @@ def _folded(m: Match) -> tuple[str, np.ndarray] | None:
         rounded = c.astype(a.dtype)
     if not np.array_equal(rounded.astype(np.float64), c) or not np.all(np.isfinite(rounded)) or np.any(rounded == 0):
         return None
-    return op, rounded
+    return op, np.asarray(rounded)
 
 
 def _power_of_two(value: np.ndarray) -> bool:

@@ -34,6 +34,7 @@ PORTABLE_PIPELINE: tuple[str, ...] = (
     "fold-shape-comparisons",
     "fuse-squeeze-unsqueeze",
     "merge-unsqueezes",
+    "flatten-concats",
     "fuse-casts",
     "eliminate-flatten",
     # 3. fold affine arithmetic into Conv/Gemm weights (before anything fuses the activations)
