@@ -299,14 +299,14 @@ def child_main(argv: Sequence[str]) -> int:
 # ---- inputs, outputs, latency ------------------------------------------------------------------
 
 def make_feeds(session, vocab: int | None, seed: int = SEED) -> dict[str, np.ndarray]:
-    from fuse_cli.verify import _numpy_dtype
+    from fuse_cli.core.feeds import numpy_dtype
 
     rng = np.random.default_rng(seed)
     dims = {"batch": BATCH, "sequence": SEQUENCE}
     feeds = {}
     for inp in session.get_inputs():
         shape = [d if isinstance(d, int) and d >= 0 else dims.get(d, 1) if isinstance(d, str) else 1 for d in inp.shape]
-        dtype = _numpy_dtype(inp.type)
+        dtype = numpy_dtype(inp.type)
         name = inp.name.lower()
         if np.issubdtype(dtype, np.floating):
             feeds[inp.name] = rng.standard_normal(shape).astype(dtype)

@@ -275,8 +275,8 @@ def timed_session(model: str | os.PathLike, provider: str, level: str, repeats: 
 
 
 def random_inputs_for(session, *, dims: Mapping[str, int], seed: int = 0) -> dict[str, np.ndarray]:
-    """verify.random_inputs with symbolic dims from `dims`, 1 where unbound."""
-    from fuse_cli.verify import random_inputs
+    """core.feeds.random_inputs with symbolic dims from `dims`, 1 where unbound."""
+    from fuse_cli.core.feeds import random_inputs
 
     return random_inputs(session, dims=dims, seed=seed, default_dim=UNBOUND_DIM)
 

@@ -28,9 +28,8 @@ import onnx
 from onnx import numpy_helper
 
 from fuse_cli.core.domains import is_default_domain
+from fuse_cli.core.feeds import MASK_RANGE
 
-DEFAULT_INT_RANGE = (0, 10)
-MASK_RANGE = (0, 2)
 
 
 # ---------------------------------------------------------------------------------------- sizes

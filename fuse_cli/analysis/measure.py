@@ -72,7 +72,7 @@ def measure_peak(model: onnx.ModelProto | str | Path, *, dims: Mapping[str, int]
                  repeats: int = 3, int_ranges: Mapping[str, tuple[int, int]] = _NO_BINDINGS) -> Measurement:
     """Run `model` in a child process and measure its peak activation memory (see the module
     docstring). Integer inputs take values from `int_ranges[name]` (low inclusive, high
-    exclusive) where given, else verify.random_inputs' default range. A ModelProto is written to a temporary file, so it must hold its weights (no
+    exclusive) where given, else core.feeds.random_inputs' default range. A ModelProto is written to a temporary file, so it must hold its weights (no
     external data); a path is loaded by the child as it is. Raises ValueError when an input dim
     is neither fixed nor bound by `dims` or `input_shapes`, and FuseError when onnxruntime
     cannot load or run the model."""
@@ -200,8 +200,8 @@ def _session(path: str):
 
 def _feeds(session, shapes: Mapping[str, Sequence[int]], seed: int,
            int_ranges: Mapping[str, Sequence[int]] = _NO_BINDINGS) -> dict:
-    """verify.random_inputs' data, at exactly the shapes asked for."""
-    from fuse_cli.verify import random_inputs
+    """core.feeds.random_inputs' data, at exactly the shapes asked for."""
+    from fuse_cli.core.feeds import random_inputs
 
     dims = {}
     for inp in session.get_inputs():
