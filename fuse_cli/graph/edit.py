@@ -181,7 +181,10 @@ class GraphEditor:
         return name
 
     def constant(self, base: str, values: np.ndarray) -> gs.Constant:
-        return gs.Constant(self.unique_name(base), np.ascontiguousarray(values))
+        # np.ascontiguousarray returns at least 1-D: a 0-d scalar would gain a rank (and broadcast
+        # a scalar chain to [1], wrong for a rank-0 output)
+        values = np.asarray(values)
+        return gs.Constant(self.unique_name(base), np.ascontiguousarray(values).reshape(values.shape))
 
     def variable(self, base: str, like: gs.Tensor | None = None) -> gs.Variable:
         dtype = self.dtype(like) if like is not None else None

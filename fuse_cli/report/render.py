@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fuse_cli.report.model import SCHEMA_VERSION, Report
+from fuse_cli.report.upgrade_hint import upgrade_hint_lines
 from fuse_cli.config import UNBOUND_DIM
 from fuse_cli.input_domain import describe_setting
 from fuse_cli.verify import INCONCLUSIVE, MATCH, MISMATCH, UNVERIFIABLE, VerifyResult
@@ -146,7 +147,7 @@ def sparkline(timeline: tuple[int, ...], width: int = 60, scale: int | None = No
 
 
 def summary_lines(report: Report) -> list[str]:
-    lines = [
+    lines = upgrade_hint_lines(report) + [
         f"Nodes: {report.nodes_before} -> {report.nodes_after} ({report.nodes_after - report.nodes_before:+d})",
         f"Weights: {human_bytes(report.weight_bytes_before)} -> {human_bytes(report.weight_bytes_after)}",
     ]
