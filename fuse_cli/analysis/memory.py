@@ -98,6 +98,10 @@ Workspace. Kernel scratch, live while its node runs:
   with a key padding mask, no [B, S, T] mask buffer stayed resident. Measured on onnxruntime
   1.31 for batch, sequence, key length, heads and head size: within 0.2 MiB of the formula.
 
+- com.microsoft GroupQueryAttention (contrib_ops/cpu/bert/group_query_attention.cc): without
+  its present outputs, the present K/V [B, KV, T, H] it builds anyway, a head-major query copy
+  and the probabilities [B, N, S, T]; measured (see _group_query_attention_workspace);
+
 - LRN on float (cpu/nn/lrn.cc) takes two buffers from the temp-space allocator: the scale, as
   big as its input, and one image's padded squares, (C + size - 1) x H x W floats. Measured on
   onnxruntime 1.31.1 at [4, 64, 64, 64]: input + output + 5.06 MiB (tests/test_analysis_measure.py);
@@ -764,6 +768,7 @@ def _timeline(steps: int, buffers: Sequence[_Buffer], known: Mapping[str, int],
 _SCRATCH_OPS = frozenset({
     ("", "Conv"), (_MS_DOMAIN, "FusedConv"), (_MS_DOMAIN, "BiasGelu"), (_MS_DOMAIN, "FastGelu"),
     ("", "HardSwish"), ("", "Mish"), ("", "Where"), ("", "LRN"), (_MS_DOMAIN, "MultiHeadAttention"), ("", "Dropout"),
+    (_MS_DOMAIN, "GroupQueryAttention"),
 })
 
 
@@ -783,6 +788,8 @@ def _workspace_bytes(node: onnx.NodeProto, shapes: ShapeTable, opset: int) -> in
         return _lrn_workspace(node, shapes)
     if domain == _MS_DOMAIN and node.op_type == "MultiHeadAttention":
         return _attention_workspace(node, shapes)
+    if domain == _MS_DOMAIN and node.op_type == "GroupQueryAttention":
+        return _group_query_attention_workspace(node, shapes)
     if node.op_type == "Dropout" and domain == "" and opset >= 12 and (len(node.output) < 2 or not node.output[1]):
         info = shapes.get(node.input[0])
         if info is not None and info.shape is not None and all(isinstance(d, int) for d in info.shape):
@@ -897,6 +904,37 @@ def _attention_workspace(node: onnx.NodeProto, shapes: ShapeTable) -> int:
     total = kv_length + (past[2] if past is not None and len(past) == 4 else 0)
     probabilities = batch * heads * sequence * total
     return size * (copies + probabilities + batch * sequence * v_hidden)
+
+
+def _group_query_attention_workspace(node: onnx.NodeProto, shapes: ShapeTable) -> int:
+    """GroupQueryAttention's scratch on the CPU provider, in bytes; 0 when unknown. Without the
+    present_key/present_value outputs (as fuse emits it) the kernel still builds them, [B, KV, T, H]
+    each, beside a head-major query copy [B, N, S, H] and the probabilities [B, N, S, T].
+    Measured on onnxruntime 1.31.1 (causal=0, an attention_bias, no past) at B 4-8, S 128-512,
+    N 8-16, KV 2-4, H 64-128: within 0.07 MiB of that sum (tests/test_analysis_measure.py). With
+    the present outputs requested, probed once, the scratch was the query copy plus about one
+    [B, S, T] buffer: only the query copy is counted there."""
+    inputs = list(node.input) + [""] * 11
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    heads, kv_heads = int(attrs.get("num_heads", 0)), int(attrs.get("kv_num_heads", 0))
+    query, key = shapes.get(inputs[0]), shapes.get(inputs[1])
+    if (heads <= 0 or kv_heads <= 0 or query is None or key is None or query.shape is None or key.shape is None
+            or len(query.shape) != 3 or len(key.shape) != 3 or not all(isinstance(d, int) for d in query.shape + key.shape)):
+        return 0  # packed QKV, or sizes unknown
+    bits = element_size_bits(query.elem_type)
+    if bits is None:
+        return 0
+    batch, sequence, hidden = query.shape
+    head_size = hidden // heads
+    past = shapes.get(inputs[3])
+    total = key.shape[1] + (past.shape[2] if past is not None and past.shape is not None and len(past.shape) == 4
+                            and isinstance(past.shape[2], int) else 0)
+    query_copy = batch * heads * sequence * head_size
+    if any(node.output[1:3]):
+        return bits // 8 * query_copy
+    presents = 2 * batch * kv_heads * total * head_size
+    probabilities = batch * heads * sequence * total
+    return bits // 8 * (query_copy + presents + probabilities)
 
 
 def _conv_pads(attrs: Mapping, spatial_in: Sequence[int], spatial_out: Sequence[int],
