@@ -194,6 +194,23 @@ def target_reason(target: str, op: str, dtype, domain: str = MS) -> str | None:
     return reason + (f"; --target {other[0]} allows it" if other else "")
 
 
+@dataclass(frozen=True)
+class Unchecked:
+    """A kernel a provider has, for a form fuse emits that was checked on other providers only
+    (no machine with that provider at hand): declined there until someone checks it."""
+
+    op: str
+    provider: str
+    reason: str
+
+
+UNCHECKED: tuple[Unchecked, ...] = (
+    Unchecked("GroupQueryAttention", "cuda",
+              "GroupQueryAttention with causal=0 and an attention_bias is verified on onnxruntime's CPU provider "
+              "only (target {target}); --target ort-cpu fuses it"),
+)
+
+
 def slower(target: str, op: str) -> Slower | None:
     """The measurement that says `op` is slower on a provider `target` may run on, if any."""
     return next((s for s in SLOWER if s.op == op and s.provider in PROVIDERS_OF[target]), None)
@@ -201,10 +218,13 @@ def slower(target: str, op: str) -> Slower | None:
 
 def emit_reason(target: str, op: str, dtype, domain: str = MS) -> str | None:
     """Should a pass emit `domain::op` at `dtype` for `target`? None, or why not: no kernel
-    (`target_reason`), or a measured slowdown."""
+    (`target_reason`), a measured slowdown, or a form not checked on one of its providers."""
     reason = target_reason(target, op, dtype, domain)
     if reason is None and (measured := slower(target, op)) is not None:
         reason = measured.reason.format(target=target)
+    unchecked = next((u for u in UNCHECKED if u.op == op and u.provider in PROVIDERS_OF[target]), None)
+    if reason is None and unchecked is not None:
+        reason = unchecked.reason.format(target=target)
     return reason
 
 

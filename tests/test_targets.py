@@ -394,3 +394,16 @@ def test_emit_reason_is_the_capability_reason_first():
     assert targets.emit_reason("ort-cuda", "FusedConv", "float16") == target_reason("ort-cuda", "FusedConv", "float16")
     assert targets.emit_reason("ort-cpu", "FusedConv", "float32") is None
     assert targets.slower("ort-cpu", "FusedConv") is None and targets.slower("ort", "FusedConv").provider == "cuda"
+
+
+def test_a_form_checked_on_cpu_only_is_declined_where_cuda_may_run_it():
+    """GroupQueryAttention (causal=0 with an attention_bias) was checked against the unfused math on
+    the CPU provider only: targets that may run on CUDA decline it even where CUDA has a kernel."""
+    import numpy as np
+
+    from fuse_cli.targets import emit_reason
+
+    assert emit_reason("ort-cpu", "GroupQueryAttention", np.dtype(np.float16)) is None
+    for target in ("ort", "ort-cuda"):
+        assert "verified on onnxruntime's CPU provider only" in emit_reason(target, "GroupQueryAttention",
+                                                                          np.dtype(np.float16))

@@ -10,7 +10,6 @@ from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Alt, Const, Match, Op, Var, constant_value
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
-from fuse_cli.targets import PROVIDERS_OF
 from fuse_cli.toolkit.heads import head_split, softmax_key_axis_decline
 from fuse_cli.toolkit.shapes import same_dim, shape_entries
 
@@ -83,9 +82,6 @@ class FuseGroupQueryAttention(PatternPass):
         return g.dtype(m.tensor("query")), None
 
     def check(self, m: Match, g: GraphEditor) -> Decline | None:
-        if "cuda" in PROVIDERS_OF[g.target]:
-            return Decline(f"GroupQueryAttention with causal=0 and an attention_bias is verified on onnxruntime's CPU "
-                           f"provider only (target {g.target}); --target ort-cpu fuses it")
         if decline := softmax_key_axis_decline(m.node("softmax"), g.opset):
             return decline
         split = {role: _split(m, g, role) for role in ("query", "key", "value")}
