@@ -45,10 +45,11 @@ class PeakEstimate:
     def __init__(self, loaded: LoadedModel, bound: ShapeTable, symbolic: ShapeTable, config: FuseConfig):
         self.original, self.symbolic = loaded.model, symbolic
         self.defaults = tuple(loaded.input_defaults)
-        self.settings = [self._setting(bound.bound_dims, bound, config.input_shapes)]
-        if bound.bound_dims and not config.input_shapes:  # whole input shapes fix the sizes: nothing to grow
-            larger = {name: max(value * LARGER, LARGER_AT_LEAST) for name, value in bound.bound_dims.items()}
-            self.settings.append(self._setting(larger, _infer(self.original, larger, {}), {}))
+        self._settings = [self._setting(bound.bound_dims, bound, config.input_shapes)]
+        # whole input shapes fix the sizes: nothing to grow. The larger setting is built on first
+        # use: the audit alone (--allow-peak-growth) never needs it.
+        self._larger = ({name: max(value * LARGER, LARGER_AT_LEAST) for name, value in bound.bound_dims.items()}
+                        if bound.bound_dims and not config.input_shapes else None)
         self._profiles: list[tuple[onnx.ModelProto, int, MemoryProfile]] = []  # a few recent, by identity
         self._symbolic: tuple[onnx.ModelProto, ShapeTable] | None = None
 
@@ -57,14 +58,22 @@ class PeakEstimate:
         return _Setting(dict(dims), shapes, dict(input_shapes), before)
 
     @property
+    def settings(self) -> list[_Setting]:
+        """The bound setting, then the larger one (when the model has symbols)."""
+        if self._larger is not None:
+            self._settings.append(self._setting(self._larger, _infer(self.original, self._larger, {}), {}))
+            self._larger = None
+        return self._settings
+
+    @property
     def before(self) -> MemoryProfile:
-        return self.settings[0].before
+        return self._settings[0].before
 
     def profile(self, model: onnx.ModelProto, index: int = 0) -> MemoryProfile:
         for cached, i, profile in self._profiles:
             if cached is model and i == index:
                 return profile
-        setting = self.settings[index]
+        setting = (self._settings if index == 0 else self.settings)[index]
         # onnx cannot infer contrib operators (FusedConv, ...), but a fused node writes the tensor
         # its pattern's root wrote, under the same name: the original's shapes still hold for it.
         bound = _fill_from(_infer(model, setting.dims, setting.input_shapes), setting.shapes)

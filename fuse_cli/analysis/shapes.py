@@ -31,6 +31,7 @@ from onnx import TensorProto, helper
 
 from fuse_cli.core.order import execution_order, model_fingerprint
 from fuse_cli.core.tensors import element_size_bits, payload_bytes
+from fuse_cli.input_domain import shape_settings  # the distinct primes verification binds
 
 Dim = int | str | None
 _NO_BINDINGS: Mapping = MappingProxyType({})
@@ -224,8 +225,6 @@ def with_runtime_dims(model: onnx.ModelProto, table: ShapeTable,
 
 def _with_evaluated_dims(model: onnx.ModelProto, table: ShapeTable,
                          input_shapes: Mapping[str, Sequence[int]]) -> ShapeTable:
-    from fuse_cli.input_domain import shape_settings  # the distinct primes verification binds
-
     settings = shape_settings(model, table.bound_dims)[0]
     try:
         # With every input dim a number, onnx's data propagation resolves most computed shapes;
