@@ -22,6 +22,7 @@ from fuse_cli.fusing import Fused, fuse, what_runtime_target_adds
 from fuse_cli.graph.io import load_model
 from fuse_cli.graph.opset import default_opset, upgrade_opset
 from fuse_cli.graph.output import CandidateWriter, check_not_over_weights, check_output_path
+from fuse_cli.graph.weights import read_in
 from fuse_cli.passes import resolve
 from fuse_cli.pipeline.base import Pass
 from fuse_cli.promises import declined_near_miss, keep_promises
@@ -33,7 +34,15 @@ from fuse_cli.shape_tables import build_shape_tables
 @dataclass(frozen=True)
 class OptimizeResult:
     report: Report
-    model: onnx.ModelProto
+    # the optimized model, its big weights held by reference to the written files (to the input's
+    # in a dry run): what a caller of a big model should use (graph/weights.py)
+    model_by_reference: onnx.ModelProto
+
+    @property
+    def model(self) -> onnx.ModelProto:
+        """The optimized model whole, its weights read in (on first use)."""
+        read_in(self.model_by_reference)
+        return self.model_by_reference
 
 
 def default_output_path(model_path: str | os.PathLike) -> Path:
@@ -59,18 +68,18 @@ def optimize(model_path: str | os.PathLike, config: FuseConfig, output_path: str
     resolve(config.target, config.fail_on_near_miss)  # the same "did you mean" for gate pass names
     tables = build_shape_tables(loaded.model, config)
 
+    writer = CandidateWriter(loaded, None if dry_run else target_path, config.external_data)
+
     def run(selected: list[Pass]) -> Fused:
-        return fuse(loaded, selected, tables.proofs, tables.bound, config)
+        return fuse(loaded, selected, tables.proofs, tables.bound, config, writer.lot)
 
     estimate = PeakEstimate(loaded, tables.bound, tables.planner, config)
-    writer = CandidateWriter(loaded, None if dry_run else target_path, config.external_data)
     try:
-        fused, verification, rolled_back, declined = keep_promises(source, loaded, passes, run, estimate, config,
-                                                                   writer)
+        fused, verification, rolled_back, declined = keep_promises(source, loaded, passes, run, estimate, config)
         # The audit (a dry run) says what portability costs; `optimize` does not run the pipeline twice.
         runtime_extra = (what_runtime_target_adds(loaded, tables.proofs, tables.bound, config)
                          if config.target == "onnx" and dry_run else ())
-        written = () if dry_run else tuple(str(p) for p in writer.final(fused.model))
+        written = tuple(str(p) for p in writer.settle(fused.model))
     finally:
         writer.clean_up()
     optimized = fused.model
@@ -101,4 +110,4 @@ def optimize(model_path: str | os.PathLike, config: FuseConfig, output_path: str
         peak_guard=declined,
         peak_settings=() if config.allow_peak_growth else tuple(tuple(sorted(s.dims.items())) for s in estimate.settings),
     )
-    return OptimizeResult(report=report, model=optimized)
+    return OptimizeResult(report=report, model_by_reference=optimized)

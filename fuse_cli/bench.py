@@ -170,7 +170,7 @@ def bench(model_path: str | os.PathLike, optimized_path: str | os.PathLike | Non
     with tempfile.TemporaryDirectory(prefix="fuse-bench-") as tmp:
         if optimized_path is None:
             fused_path = Path(tmp) / f"{source.stem}.fused.onnx"
-            save_model(api.optimize(source, config, dry_run=True).model, fused_path)
+            save_model(api.optimize(source, config, dry_run=True).model_by_reference, fused_path)
             fused_by = f"fuse --target {config.target} (configuration: {config.source}), in memory"
         else:
             fused_path = Path(optimized_path)

@@ -13,8 +13,10 @@ import onnx_graphsurgeon as gs
 from fuse_cli import __version__
 from fuse_cli.analysis.shapes import ShapeTable
 from fuse_cli.config import FuseConfig
+from fuse_cli.core import heap
 from fuse_cli.graph.edit import GraphEditor, toposort
-from fuse_cli.graph.io import LoadedModel, assemble_model, has_unread_weights, load_graph, unload_unchanged_weights
+from fuse_cli.graph.io import LoadedModel, assemble_model, load_graph, unload_unchanged_weights
+from fuse_cli.graph.weights import ParkingLot
 from fuse_cli.graph.opset import default_opset, ensure_domain_imports
 from fuse_cli.passes import resolve
 from fuse_cli.pipeline.base import Pass
@@ -29,18 +31,21 @@ class Fused:
     near_misses: list[NearMiss]
 
 
-def fuse(loaded: LoadedModel, passes: list[Pass], proofs: ShapeTable, bound: ShapeTable, config: FuseConfig) -> Fused:
+def fuse(loaded: LoadedModel, passes: list[Pass], proofs: ShapeTable, bound: ShapeTable, config: FuseConfig,
+         lot: ParkingLot) -> Fused:
     """One run of the pipeline on a fresh import of the loaded model. proofs: the shapes checks
-    may rely on; bound: the sizes removed intermediates are counted at (shape_tables.py)."""
+    may rely on; bound: the sizes removed intermediates are counted at (shape_tables.py). The new
+    big weights the passes computed are parked in `lot`: the model holds them by reference."""
     # onnx-graphsurgeon's logger print()s its warnings: keep stdout for results (`--json -`).
     with contextlib.redirect_stdout(sys.stderr):
-        graph, fusions, near_misses = _run_passes(loaded, passes, proofs, bound, config)
+        graph, fusions, near_misses = _run_passes(loaded, passes, proofs, bound, config, lot)
         graph.cleanup(remove_unused_graph_inputs=False, recurse_subgraphs=False)
         toposort(graph)
-        if has_unread_weights(loaded.model):
-            unload_unchanged_weights(graph)
+        unload_unchanged_weights(graph)
+        lot.park_constants(graph)
         exported = gs.export_onnx(graph, do_type_check=False)
-    del graph
+    del graph  # and with it the arrays the passes computed, parked by now
+    heap.trim()
     provenance = f"fuse {__version__} --target {config.target} passes: {','.join(p.name for p in passes)}"
     model = assemble_model(loaded, exported, provenance)
     ensure_domain_imports(model)
@@ -48,7 +53,7 @@ def fuse(loaded: LoadedModel, passes: list[Pass], proofs: ShapeTable, bound: Sha
 
 
 def _run_passes(loaded: LoadedModel, passes: list[Pass], proofs: ShapeTable, bound: ShapeTable,
-                config: FuseConfig) -> tuple[gs.Graph, list[FusionRecord], list[NearMiss]]:
+                config: FuseConfig, lot: ParkingLot | None = None) -> tuple[gs.Graph, list[FusionRecord], list[NearMiss]]:
     graph = load_graph(loaded)
     # Sorted once up front (iteratively): every replacement then stands where its root stood, so
     # the order stays topological without re-sorting per match.
@@ -61,6 +66,7 @@ def _run_passes(loaded: LoadedModel, passes: list[Pass], proofs: ShapeTable, bou
         input_defaults=loaded.input_defaults,
         fold_limit_bytes=config.fold_limit_bytes,
         target=config.target,
+        lot=lot,
     )
     fusions, near_misses = run_pipeline(editor, passes, bound.nbytes)
     return graph, fusions, near_misses

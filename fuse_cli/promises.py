@@ -9,8 +9,7 @@ from pathlib import Path
 from fuse_cli.audit import PeakEstimate
 from fuse_cli.config import FuseConfig
 from fuse_cli.fusing import Fused
-from fuse_cli.graph.io import LoadedModel
-from fuse_cli.graph.output import CandidateWriter
+from fuse_cli.graph.io import LoadedModel, read_original
 from fuse_cli.pipeline.base import Pass
 from fuse_cli.pipeline.records import NearMiss
 from fuse_cli.report.model import PeakDecline, RolledBack
@@ -20,13 +19,14 @@ from fuse_cli.verify import MISMATCH, VerifyResult, compare_with_reference, refe
 
 
 def keep_promises(source: Path, loaded: LoadedModel, passes: list[Pass], fuse, estimate: PeakEstimate,
-                  config: FuseConfig, writer: CandidateWriter):
+                  config: FuseConfig):
     """The pipeline less the passes that break fuse's promises: the outputs are the original's
     (verification; a candidate that fails where the original runs breaks it too) and the
     estimated peak is not above the original's (the peak guard, unless --allow-peak-growth).
     Each broken promise drops passes by bisection (rollback.py); a pass dropped for one promise
     changes the candidate the other judged, so the two alternate until neither drops one."""
-    reference = (reference_for(str(source), loaded.model, config.dims, int_ranges=config.int_ranges)
+    # the original as its file has it (initializers that are inputs included), weights by reference
+    reference = (reference_for(read_original(source), loaded.model, config.dims, int_ranges=config.int_ranges)
                  if config.verify else None)
 
     def peak_judge(candidate: Fused):
@@ -34,9 +34,9 @@ def keep_promises(source: Path, loaded: LoadedModel, passes: list[Pass], fuse, e
         return not growth, growth
 
     def verify_judge(candidate: Fused):
-        # From a file, not the bytes of the model: onnxruntime parses either way, and bytes would
-        # be one more copy of every weight (BERT-base: 2.9 -> 2.3 GB peak RSS for fuse optimize).
-        result = compare_with_reference(reference, writer.for_verification(candidate.model), config.rtol, config.atol)
+        # From memory: the candidate's big weights are references to files (the input's, or the
+        # lot's for new ones), which onnxruntime maps; nothing is written until one is kept.
+        result = compare_with_reference(reference, candidate.model, config.rtol, config.atol)
         return result.status != MISMATCH, result
 
     active, fused = list(passes), fuse(passes)

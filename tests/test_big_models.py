@@ -48,12 +48,6 @@ def test_a_deep_stack_fuses_every_block(tmp_path):
     assert_equivalent(model, onnx.load(tmp_path / "deep.fused.onnx"), dims={"batch": 2, "sequence": 3})
 
 
-@pytest.fixture
-def lazy_from_64k(monkeypatch):
-    """Weights of 64 KiB and up count as big, so a small model takes the lazy path."""
-    monkeypatch.setattr(io, "LAZY_WEIGHT_BYTES", 64 * 1024)
-
-
 def _reads(monkeypatch) -> list[str]:
     """Names of the lazily loaded weights whose bytes were read into memory (not mapped)."""
     read: list[str] = []
@@ -68,8 +62,9 @@ def _reads(monkeypatch) -> list[str]:
     return read
 
 
-@pytest.mark.parametrize("external_data", [True, None])
-def test_weights_in_external_data_reach_the_output_unread(tmp_path, lazy_from_64k, monkeypatch, external_data):
+@pytest.mark.parametrize("external_data", [True, None, False])
+def test_weights_in_external_data_reach_the_output_unread(tmp_path, monkeypatch, external_data):
+    """None (the default) keeps the weights where the user had them: in external data."""
     source = tmp_path / "big.onnx"
     big_models.write_big_model(source, weights=3, dim=256)  # 256 KiB weights
     reads = _reads(monkeypatch)
@@ -79,8 +74,8 @@ def test_weights_in_external_data_reach_the_output_unread(tmp_path, lazy_from_64
 
     assert reads == []
     assert result.report.verification is not None and result.report.verification.passed
-    assert big_models.uses_external_data(out) == bool(external_data)
-    if external_data:
+    assert big_models.uses_external_data(out) == (external_data is not False)
+    if external_data is not False:
         assert result.report.written_files == (str(out), str(out) + ".data")
     fused = onnx.load(out)
     assert op_counts(fused)["LayerNormalization"] == 2
@@ -92,7 +87,7 @@ def test_weights_in_external_data_reach_the_output_unread(tmp_path, lazy_from_64
             np.testing.assert_array_equal(onnx.numpy_helper.to_array(tensor), weights[tensor.name])
 
 
-def test_a_lazily_loaded_weight_that_a_pass_reads_is_mapped_not_copied(tmp_path, lazy_from_64k):
+def test_a_lazily_loaded_weight_that_a_pass_reads_is_mapped_not_copied(tmp_path):
     source = tmp_path / "big.onnx"
     big_models.write_big_model(source, weights=1, dim=256)
     loaded = io.load_model(source)
@@ -108,7 +103,7 @@ def test_a_lazily_loaded_weight_that_a_pass_reads_is_mapped_not_copied(tmp_path,
     assert tensor.data_location == TensorProto.EXTERNAL and not tensor.raw_data
 
 
-def test_a_short_external_data_file_is_refused_at_load_even_when_lazy(tmp_path, lazy_from_64k):
+def test_a_short_external_data_file_is_refused_at_load_even_when_lazy(tmp_path):
     source = tmp_path / "big.onnx"
     big_models.write_big_model(source, weights=1, dim=256)
     data = tmp_path / "big.onnx.data"

@@ -72,9 +72,10 @@ def measure_peak(model: onnx.ModelProto | str | Path, *, dims: Mapping[str, int]
                  repeats: int = 3, int_ranges: Mapping[str, tuple[int, int]] = _NO_BINDINGS) -> Measurement:
     """Run `model` in a child process and measure its peak activation memory (see the module
     docstring). Integer inputs take values from `int_ranges[name]` (low inclusive, high
-    exclusive) where given, else core.feeds.random_inputs' default range. A ModelProto is written to a temporary file, so it must hold its weights (no
-    external data); a path is loaded by the child as it is. Raises ValueError when an input dim
-    is neither fixed nor bound by `dims` or `input_shapes`, and FuseError when onnxruntime
+    exclusive) where given, else core.feeds.random_inputs' default range. A ModelProto is written to
+    a temporary file, so its weights must be in it or in files it names by absolute path (fuse's
+    references, graph/weights.py); a path is loaded by the child as it is. Raises ValueError when
+    an input dim is neither fixed nor bound by `dims` or `input_shapes`, and FuseError when onnxruntime
     cannot load or run the model."""
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
@@ -86,6 +87,8 @@ def measure_peak(model: onnx.ModelProto | str | Path, *, dims: Mapping[str, int]
         if isinstance(model, onnx.ModelProto):
             path = Path(tmp) / "model.onnx"
             path.write_bytes(model.SerializeToString())
+            # weights fuse holds by reference (absolute locations): the session factory resolves them
+            request["by_reference"] = True
         else:
             path = Path(model)
         request["model"] = str(path)
@@ -164,7 +167,7 @@ def measure_here(request: Mapping, clear_refs: str = CLEAR_REFS, status: str = S
     import numpy as np
 
     try:
-        session = _session(request["model"])
+        session = _session(request["model"], request.get("by_reference", False))
         feeds = _feeds(session, request["shapes"], request["seed"], request.get("int_ranges", {}))
         session.run(None, feeds)
     except Exception as exc:  # onnxruntime raises its own exception types
@@ -190,12 +193,13 @@ def measure_here(request: Mapping, clear_refs: str = CLEAR_REFS, status: str = S
     return {"peak_bytes": max(min(peaks), 0), "baseline_bytes": baseline, "reason": None}
 
 
-def _session(path: str):
+def _session(path: str, by_reference: bool = False):
     """One thread, graph optimizations, arena and memory pattern off: freed buffers go back to the
     system, so RSS follows onnxruntime's allocations."""
     from fuse_cli.core.sessions import make_session
 
-    return make_session(path, threads=1, lean_memory=True)
+    model = onnx.load(path, load_external_data=False) if by_reference else path
+    return make_session(model, threads=1, lean_memory=True)
 
 
 def _feeds(session, shapes: Mapping[str, Sequence[int]], seed: int,

@@ -17,6 +17,7 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.core.order import topological
 from fuse_cli.errors import FuseError
+from fuse_cli.graph.weights import MappedValues, ParkingLot
 from fuse_cli.match import Match, constant_value
 
 
@@ -55,8 +56,9 @@ class GraphEditor:
 
     def __init__(self, graph: gs.Graph, *, opset: int, shapes: Mapping[str, tuple | None],
                  dtypes: Mapping[str, int], input_defaults: Iterable[str] = (),
-                 fold_limit_bytes: int = 64 * 2**20, target: str = "onnx"):
+                 fold_limit_bytes: int = 64 * 2**20, target: str = "onnx", lot: ParkingLot | None = None):
         self.graph = graph
+        self.lot = lot
         self.opset = opset
         self.target = target
         self.fold_limit_bytes = fold_limit_bytes
@@ -184,7 +186,14 @@ class GraphEditor:
         # np.ascontiguousarray returns at least 1-D: a 0-d scalar would gain a rank (and broadcast
         # a scalar chain to [1], wrong for a rank-0 output)
         values = np.asarray(values)
-        return gs.Constant(self.unique_name(base), np.ascontiguousarray(values).reshape(values.shape))
+        name = self.unique_name(base)
+        return gs.Constant(name, self.hold(name, np.ascontiguousarray(values).reshape(values.shape)))
+
+    def hold(self, name: str, values: np.ndarray) -> np.ndarray | MappedValues:
+        """A new weight as the graph should hold it: a big one parked in the run's lot at once and
+        held by reference (graph/weights.py), so a pass that rewrites every weight never holds
+        them all, and graphsurgeon's folder, which keeps arrays it was handed, never sees one."""
+        return values if self.lot is None else self.lot.hold(name, values)
 
     def variable(self, base: str, like: gs.Tensor | None = None) -> gs.Variable:
         dtype = self.dtype(like) if like is not None else None

@@ -5,11 +5,13 @@ What must survive a round trip: graph input/output names, dtypes and shapes, the
 strings and model-local functions. The approach: passes edit only the graph, and `assemble_model`
 puts the original ModelProto's shell around the exported, optimized graph.
 
-Big weights in external data (LAZY_WEIGHT_BYTES and up, initializers of the main graph) are not
-read at load: their extent in the data file is checked, and graphsurgeon loads one only when a
-pass reads its values. The rest stay references to the input's data file, in the optimized model
-too, and `save_model` copies their bytes from file to file (`source_dir`): a weight no pass
-touches is never held in memory, so a model over 2 GB optimizes in a fraction of its size.
+Big weights (graph/weights.BIG_WEIGHT_BYTES and up, initializers of the main graph) are never
+read at load: embedded ones are left in the model file and referenced there (weights.read_model),
+external ones have their extent checked. Every such reference is made absolute, so a model in
+memory says where each weight is wherever it goes. graphsurgeon maps a weight only when a pass
+reads its values, the new weights of a candidate are parked in a scratch file (weights.ParkingLot),
+onnxruntime maps the files itself (core/sessions.py), and `save_model` copies the bytes from file
+to file: a weight no pass touches is never held in memory.
 """
 
 from __future__ import annotations
@@ -32,14 +34,14 @@ from fuse_cli.core.order import execution_order
 from fuse_cli.core.tensors import payload_bytes
 from fuse_cli.core.domains import default_opset_or_none, is_default_domain
 from fuse_cli.errors import FuseError, ModelLoadError
+from fuse_cli.graph import weights
+from fuse_cli.graph.weights import MappedValues
 
 # protobuf refuses to serialize a message of 2 GiB or more; leave headroom for the graph itself.
 INLINE_SAVE_LIMIT_BYTES = 1_800_000_000
 # Smaller initializers stay inline in the .onnx file, as onnx.save does by default.
 EXTERNAL_DATA_MIN_BYTES = 1024
-# Initializers in external data from this size on are read only if a pass needs their values.
-LAZY_WEIGHT_BYTES = 16 * 2**20
-_COPY_CHUNK_BYTES = 64 * 2**20
+_COPY_CHUNK_BYTES = 16 * 2**20
 
 
 @dataclass
@@ -55,7 +57,12 @@ class LoadedModel:
     model: onnx.ModelProto
     input_defaults: dict[str, onnx.TensorProto] = field(default_factory=dict)
     file_bytes: int = 0
-    external_files: tuple[Path, ...] = ()  # the side files its weights were read from
+    external_files: tuple[Path, ...] = ()  # the side files its weights are read from (not the model file)
+
+    @property
+    def external(self) -> bool:
+        """Did the user keep the weights in external data? The output then does too."""
+        return bool(self.external_files)
 
 
 def load_model(path: str | os.PathLike, *, freeze_inputs: bool = False) -> LoadedModel:
@@ -69,7 +76,7 @@ def load_model(path: str | os.PathLike, *, freeze_inputs: bool = False) -> Loade
     if size == 0:
         raise ModelLoadError(f"{path}: file is empty")
     try:
-        model = onnx.load_model(str(path), load_external_data=False)
+        model = _read(path)
     except (DecodeError, RuntimeError, ValueError, OSError) as exc:
         raise ModelLoadError(f"{path}: not a readable ONNX model ({_first_line(exc)})") from exc
     if not model.HasField("graph") or (not model.graph.node and not model.graph.output):
@@ -81,6 +88,7 @@ def load_model(path: str | os.PathLike, *, freeze_inputs: bool = False) -> Loade
         _load_external_data(model, path.parent)
     except (OSError, ValueError, onnx.checker.ValidationError) as exc:
         raise ModelLoadError(f"{path}: cannot read external data ({_first_line(exc)})") from exc
+    _anchor_references(model, path.parent)
     _check_graph_wiring(model.graph, path)
     try:
         execution_order(model.graph)
@@ -97,14 +105,42 @@ def load_graph(loaded: LoadedModel) -> gs.Graph:
     """The model's graph in graphsurgeon; weights left in external data load on first use."""
     graph = gs.import_onnx(loaded.model)
     if has_unread_weights(loaded.model):
-        folder = loaded.path.parent
         for tensor in graph.tensors().values():
             if isinstance(tensor, gs.Constant) and isinstance(tensor._values, gs.ir.tensor.LazyValues) \
                     and _is_external(tensor._values.tensor):
-                tensor._values = _ExternalValues(tensor._values.tensor, folder)
+                tensor._values = MappedValues(tensor._values.tensor)
                 # graphsurgeon would stamp EXTERNAL on the inline tensor it exports for loaded values
                 tensor.data_location = None
     return graph
+
+
+def read_original(path: str | os.PathLike) -> onnx.ModelProto:
+    """The model as its file has it, big weights by reference (see load_model): what verification
+    runs the original from, without a copy of its weights. For a file load_model accepted."""
+    path = Path(path)
+    model = _read(path)
+    _load_external_data(model, path.parent)
+    _anchor_references(model, path.parent)
+    return model
+
+
+def _read(path: Path) -> onnx.ModelProto:
+    try:
+        return weights.read_model(path)
+    except ValueError:
+        # not the protobuf the reader expects: onnx's own parser says what is wrong with it
+        return onnx.load_model(str(path), load_external_data=False)
+
+
+def _anchor_references(model: onnx.ModelProto, folder: Path) -> None:
+    """Locations of the weights left in files, made absolute (load_model refused any that leave
+    the model's folder before this)."""
+    base = folder.resolve()
+    for tensor in model.graph.initializer:
+        if _is_external(tensor):
+            for entry in tensor.external_data:
+                if entry.key == "location":
+                    entry.value = str(base / entry.value)
 
 
 def unload_unchanged_weights(graph: gs.Graph) -> None:
@@ -117,35 +153,6 @@ def unload_unchanged_weights(graph: gs.Graph) -> None:
                 tensor._values = source
 
 
-# Types whose external bytes are the little-endian numpy array itself (onnx's external data format).
-_MAPPABLE_TYPES = frozenset({
-    onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BOOL,
-    onnx.TensorProto.INT8, onnx.TensorProto.INT16, onnx.TensorProto.INT32, onnx.TensorProto.INT64,
-    onnx.TensorProto.UINT8, onnx.TensorProto.UINT16, onnx.TensorProto.UINT32, onnx.TensorProto.UINT64,
-})
-
-
-class _ExternalValues(gs.ir.tensor.LazyValues):
-    """graphsurgeon's lazy values for a tensor still in the input's external data file. Reading
-    them needs the model's folder, which graphsurgeon's own LazyValues does not know. The values
-    are a read-only mapping of the file: a check that reads a weight's shape or dtype costs no
-    memory, and `unload_unchanged_weights` can hand the unread reference back for export."""
-
-    def __init__(self, tensor: onnx.TensorProto, folder: Path):
-        super().__init__(tensor)
-        self.folder = folder
-
-    def load(self) -> np.ndarray:
-        if self.tensor.data_type not in _MAPPABLE_TYPES:
-            return np.array(onnx.numpy_helper.to_array(self.tensor, str(self.folder)))
-        info = ExternalDataInfo(self.tensor)
-        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(self.tensor.data_type)).newbyteorder("<")
-        values = np.memmap(self.folder / info.location, dtype=dtype, mode="r", offset=info.offset or 0,
-                           shape=tuple(self.tensor.dims))
-        values.fuse_lazy_source = self
-        return values
-
-
 def _is_external(tensor: onnx.TensorProto) -> bool:
     return tensor.data_location == onnx.TensorProto.EXTERNAL
 
@@ -155,7 +162,7 @@ def _load_external_data(model: onnx.ModelProto, folder: Path) -> None:
     their file is checked instead (they load lazily, see `load_graph`)."""
     for tensor in model.graph.initializer:
         if _is_external(tensor):
-            if _payload_bytes(tensor) >= LAZY_WEIGHT_BYTES:
+            if _payload_bytes(tensor) >= weights.BIG_WEIGHT_BYTES:
                 _check_external_extent(tensor, folder)
             else:
                 load_external_data_for_tensor(tensor, str(folder))
@@ -285,6 +292,8 @@ def _check_external_data_locations(model: onnx.ModelProto, path: Path) -> tuple[
         if tensor.data_location != onnx.TensorProto.EXTERNAL:
             continue
         location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+        if location == path.name:
+            continue  # an embedded weight left in the model file (weights.read_model)
         if not location or os.path.isabs(location):
             raise ModelLoadError(f"{path}: external data of {tensor.name!r} has an absolute or empty location: refused")
         try:
@@ -476,12 +485,14 @@ def _record_provenance(model: onnx.ModelProto, original: onnx.ModelProto, proven
 
 
 def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, external_data: bool | None = None,
-               source_dir: str | os.PathLike | None = None) -> list[Path]:
-    """Write atomically (temp files + rename) and return the paths written. `model` is left as it was.
+               relink: bool = False) -> list[Path]:
+    """Write atomically (temp files + rename) and return the paths written.
 
     external_data: True forces a side `<name>.data` file, None picks it when the model would not fit
-    protobuf's 2 GB limit inline. source_dir: the folder that the external data still referenced
-    by `model` (weights loaded lazily, never read) is relative to.
+    protobuf's 2 GB limit inline. Weights held by reference are copied from file to file, never
+    loaded. relink: leave `model`'s big weights referencing the written files (the files they came
+    from, a scratch folder, may then go, and the model holds no payload); otherwise `model` is left
+    as it was.
     """
     path = Path(path)
     folder = path.parent
@@ -493,18 +504,17 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, external_data
         external_data = too_big_inline
     elif not external_data and too_big_inline:
         raise FuseError(f"{path}: the weights exceed protobuf's 2 GB limit for one file: write external data")
-    source = Path(source_dir) if source_dir is not None else None
     written: list[Path] = []
     tmp_dir = _make_temp_dir(folder, path)
     try:
         tmp_model = Path(tmp_dir) / path.name
         if external_data:
             data_name = path.name + ".data"
-            _save_with_external_data(model, tmp_model, data_name, source)
+            placed = _save_with_external_data(model, tmp_model, data_name, relink)
             os.replace(Path(tmp_dir) / data_name, folder / data_name)
             written.append(folder / data_name)
         else:
-            _save_inline(model, tmp_model, source)
+            placed = _write_streamed(model, tmp_model)
         os.replace(tmp_model, path)
         written.insert(0, path)
     except OSError as exc:
@@ -513,43 +523,34 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, external_data
         raise FuseError(f"{path}: cannot serialize model ({_first_line(exc)}); try --external-data") from exc
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
+    if relink:
+        for tensor, name, offset, length in placed:
+            weights.refer(tensor, (folder / name).resolve(), offset, length)
     return written
 
 
 def has_unread_weights(model: onnx.ModelProto) -> bool:
-    """Does `model` still reference the input's external data (weights loaded lazily)? Such a
-    model is complete only on disk: onnxruntime needs it written out (`save_model`)."""
+    """Does `model` hold weights by reference (weights.py)? Such a model is complete only with
+    the files it names."""
     return any(_is_external(t) for t in model.graph.initializer)
-
-
-def _save_inline(model: onnx.ModelProto, model_file: Path, source: Path | None) -> None:
-    """Weights still in the input's external data are read in for the write, then let go."""
-    referenced = [(t, [(e.key, e.value) for e in t.external_data]) for t in _all_initializers(model) if _is_external(t)]
-    if not referenced:
-        _write_streamed(model, model_file)
-        return
-    try:
-        for tensor, _ in referenced:
-            load_external_data_for_tensor(tensor, str(_source_folder(source, tensor)))
-        onnx.save_model(model, str(model_file))
-    finally:
-        for tensor, entries in referenced:
-            tensor.ClearField("raw_data")
-            _relink(tensor, entries)
 
 
 # ModelProto.graph and GraphProto.initializer: field numbers of onnx.proto
 _MODEL_GRAPH_FIELD, _GRAPH_INITIALIZER_FIELD = 7, 5
+_TENSOR_RAW_DATA_FIELD = 9
 
 
-def _write_streamed(model: onnx.ModelProto, model_file: Path) -> None:
-    """The bytes onnx.save_model would write, without the whole model as one bytes object.
+def _write_streamed(model: onnx.ModelProto, model_file: Path) -> list:
+    """The bytes onnx.save_model would write, without the whole model as one bytes object, and
+    with the weights held by reference copied in from their files. Returns where each of those
+    went: (tensor, file name, offset, length).
 
     SerializeToString builds the full file in memory (twice over, briefly, inside protobuf): on
     BERT-base that was 830 MB above fuse's resident size at the final save. Protobuf's wire
     format allows an embedded message field to occur several times, the parser merging the
     occurrences and appending repeated fields in order, so the graph is written once without its
-    initializers and then once per initializer: at most one weight is serialized at a time.
+    initializers and then once per initializer; a referenced weight's payload goes last in its
+    record (field order does not matter to the parser), copied in chunks.
     """
     rest = onnx.ModelProto()
     for descriptor, value in model.ListFields():
@@ -559,12 +560,33 @@ def _write_streamed(model: onnx.ModelProto, model_file: Path) -> None:
     for descriptor, value in model.graph.ListFields():
         if descriptor.number != _GRAPH_INITIALIZER_FIELD:
             _copy_field(graph, descriptor, value)
+    placed = []
     with open(model_file, "wb") as out:
         out.write(rest.SerializeToString())
         out.write(_length_delimited(_MODEL_GRAPH_FIELD, graph.SerializeToString()))
         for tensor in model.graph.initializer:
-            out.write(_length_delimited(_MODEL_GRAPH_FIELD,
-                                        _length_delimited(_GRAPH_INITIALIZER_FIELD, tensor.SerializeToString())))
+            source = weights.reference(tensor)
+            if source is None:
+                out.write(_length_delimited(_MODEL_GRAPH_FIELD, _length_delimited(
+                    _GRAPH_INITIALIZER_FIELD, tensor.SerializeToString())))
+                continue
+            file, offset, length = source
+            head = onnx.TensorProto()
+            head.CopyFrom(tensor)
+            head.ClearField("external_data")
+            head.ClearField("data_location")
+            payload_key = _varint(_TENSOR_RAW_DATA_FIELD << 3 | 2) + _varint(length)
+            record = head.SerializeToString() + payload_key
+            out.write(_varint(_MODEL_GRAPH_FIELD << 3 | 2) + _varint(_delimited_size(len(record) + length)))
+            out.write(_varint(_GRAPH_INITIALIZER_FIELD << 3 | 2) + _varint(len(record) + length) + record)
+            placed.append((tensor, model_file.name, out.tell(), length))
+            _copy_bytes(file, offset, length, out)
+    return placed
+
+
+def _delimited_size(size: int) -> int:
+    """The size of a length-delimited record whose payload is `size` bytes (tag of one byte)."""
+    return 1 + len(_varint(size)) + size
 
 
 def _copy_field(message, descriptor, value) -> None:
@@ -593,9 +615,10 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
-def _save_with_external_data(model: onnx.ModelProto, model_file: Path, data_name: str, source: Path | None) -> None:
-    """Initializers of 1 KiB or more go to `data_name` beside `model_file`, then are put back.
-    Weights still in the input's external data are copied from file to file, never loaded.
+def _save_with_external_data(model: onnx.ModelProto, model_file: Path, data_name: str, relink: bool) -> list:
+    """Initializers of 1 KiB or more go to `data_name` beside `model_file`: weights held by
+    reference are copied from file to file, never loaded. Returns where each went (see
+    _write_streamed); unless relinking, the model is put back as it was.
 
     Not onnx.save_model(save_as_external_data=True): it strips the weights out of the caller's
     model for good, and refuses a location that exists relative to the *working directory*, so a
@@ -603,15 +626,18 @@ def _save_with_external_data(model: onnx.ModelProto, model_file: Path, data_name
     """
     moved: list[tuple[onnx.TensorProto, bytes]] = []
     relinked: list[tuple[onnx.TensorProto, list[tuple[str, str]]]] = []
+    placed = []
     try:
         with open(model_file.parent / data_name, "wb") as data:
             for tensor in _all_initializers(model):
                 offset = data.tell()
-                if _is_external(tensor):
-                    info, length = ExternalDataInfo(tensor), _payload_bytes(tensor)
-                    _copy_bytes(_source_folder(source, tensor) / info.location, info.offset or 0, length, data)
+                source = weights.reference(tensor)
+                if source is not None:
+                    file, source_offset, length = source
+                    _copy_bytes(file, source_offset, length, data)
                     relinked.append((tensor, [(e.key, e.value) for e in tensor.external_data]))
                     _relink(tensor, [("location", data_name), ("offset", str(offset)), ("length", str(length))])
+                    placed.append((tensor, data_name, offset, length))
                     continue
                 raw = tensor.raw_data
                 if len(raw) < EXTERNAL_DATA_MIN_BYTES:
@@ -620,20 +646,17 @@ def _save_with_external_data(model: onnx.ModelProto, model_file: Path, data_name
                 moved.append((tensor, raw))
                 set_external_data(tensor, data_name, offset, len(raw))
                 tensor.ClearField("raw_data")
+                placed.append((tensor, data_name, offset, len(raw)))
         onnx.save_model(model, str(model_file))
     finally:
         for tensor, raw in moved:
-            tensor.ClearField("external_data")
-            tensor.ClearField("data_location")
-            tensor.raw_data = raw
+            if not relink:
+                tensor.ClearField("external_data")
+                tensor.ClearField("data_location")
+                tensor.raw_data = raw
         for tensor, entries in relinked:
             _relink(tensor, entries)
-
-
-def _source_folder(source: Path | None, tensor: onnx.TensorProto) -> Path:
-    if source is None:
-        raise ValueError(f"weight {tensor.name!r} is still in the input's external data, and no source folder was given")
-    return source
+    return placed
 
 
 def _relink(tensor: onnx.TensorProto, entries: list[tuple[str, str]]) -> None:
@@ -644,14 +667,16 @@ def _relink(tensor: onnx.TensorProto, entries: list[tuple[str, str]]) -> None:
 
 
 def _copy_bytes(source: Path, offset: int, length: int, into) -> None:
-    with open(source, "rb") as f:
+    """Through one reused buffer: the copy never holds more than a chunk of the weight."""
+    buffer = memoryview(bytearray(min(length, _COPY_CHUNK_BYTES)))
+    with open(source, "rb", buffering=0) as f:
         f.seek(offset)
         while length > 0:
-            chunk = f.read(min(length, _COPY_CHUNK_BYTES))
-            if not chunk:
+            read = f.readinto(buffer[:min(length, len(buffer))])
+            if not read:
                 raise OSError(f"{source} ends before the weights it should hold")
-            into.write(chunk)
-            length -= len(chunk)
+            into.write(buffer[:read])
+            length -= read
 
 
 def _make_temp_dir(folder: Path, path: Path) -> str:

@@ -1,48 +1,40 @@
 """Where the output goes: checks made before any work (never over the input, never over its
-weights), and the writer of candidates that verification reads."""
+weights), the scratch folder candidates' new weights are parked in, and the one final write."""
 
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import onnx
 
 from fuse_cli.errors import UsageError
 from fuse_cli.graph.io import LoadedModel, save_model
+from fuse_cli.graph.weights import ParkingLot
 
 
 class CandidateWriter:
-    """Writes candidates for verification when they cannot go to onnxruntime from memory (weights
-    still in the input's external data, or over protobuf's 2 GB): to the output path itself, so
-    the final save of a verified model is not done twice and no third copy takes disk space; in a
-    dry run or when writing over the input (which verification reads), to a temporary folder."""
+    """Candidates are verified from memory, their big weights by reference (onnxruntime maps the
+    files), so nothing is written until the verified model is: once, at the output path. The new
+    weights a pass computes wait in `lot`, beside the output (the final write copies them within
+    one disk). external_data None keeps the weights where the user had them: in external data
+    for an input with external data, else inline unless over protobuf's limit."""
 
     def __init__(self, loaded: LoadedModel, target: Path | None, external_data: bool | None):
-        self.loaded, self.target, self.external_data = loaded, target, external_data
-        self._to_target = target is not None and not same_file(loaded.path, target)
-        self._scratch: Path | None = None
-        self._at_target: tuple[onnx.ModelProto, list[Path]] | None = None
+        self.target = target
+        self.external_data = True if external_data is None and loaded.external else external_data
+        self.lot = ParkingLot(near=target.parent if target is not None else None)
 
-    def for_verification(self, model: onnx.ModelProto) -> Path:
-        if self._to_target:
-            return self.final(model)[0]
-        self._scratch = self._scratch or Path(tempfile.mkdtemp(prefix="fuse-verify-"))
-        return save_model(model, self._scratch / "candidate.onnx", source_dir=self.loaded.path.parent)[0]
-
-    def final(self, model: onnx.ModelProto) -> list[Path]:
-        assert self.target is not None
-        if self._at_target is None or self._at_target[0] is not model:
-            self._at_target = (model, save_model(model, self.target, external_data=self.external_data,
-                                                 source_dir=self.loaded.path.parent))
-        return self._at_target[1]
+    def settle(self, model: onnx.ModelProto) -> list[Path]:
+        """Write `model` to the target, its weights then read from the written files; with no
+        target (a dry run), read its parked weights back in, as the lot goes with the run."""
+        if self.target is None:
+            self.lot.unpark(model)
+            return []
+        return save_model(model, self.target, external_data=self.external_data, relink=True)
 
     def clean_up(self) -> None:
-        if self._scratch is not None:
-            shutil.rmtree(self._scratch, ignore_errors=True)
-
+        self.lot.clean_up()
 
 
 def check_output_path(source: Path, target: Path, in_place: bool) -> None:

@@ -64,6 +64,7 @@ class FoldConstants(GraphPass):
         _transpose_weights_in_place(graph, g, excluded)
         try:
             if _may_fold(graph, excluded):
+                _map_weights_read_by_foldable_nodes(graph, excluded)
                 # graphsurgeon evaluates with onnxruntime sessions at its default log level, whose
                 # optimizer warnings ("UnsqueezeElimination cannot remove node") are noise here
                 onnxruntime.set_default_logger_severity(3)
@@ -105,8 +106,21 @@ def _transpose_weights_in_place(graph: gs.Graph, g: GraphEditor, excluded) -> No
         # LazyValues.load, not .values: that would cache the untransposed copy on the dead weight
         lazy = weight._values if isinstance(weight._values, LazyValues) else None
         values = np.ascontiguousarray(np.transpose(lazy.load() if lazy else weight.values, perm))
-        out.to_constant(values)
+        out.to_constant(g.hold(out.name, values))
         node.outputs.clear()  # the node and, unless read elsewhere, the weight are now dead
+
+
+def _map_weights_read_by_foldable_nodes(graph: gs.Graph, excluded) -> None:
+    """graphsurgeon hands onnxruntime the constants a folded node reads by value, and onnxruntime
+    cannot follow fuse's references to weights (absolute paths): map those weights in (read-only
+    views of their files, each under the fold limit, as `excluded` skips nodes reading more);
+    fusing.py hands the references back at export."""
+    for node in graph.nodes:
+        inputs = [t for t in node.inputs if not t.is_empty()]
+        if not excluded(node) and all(isinstance(t, gs.Constant) for t in inputs):
+            for tensor in inputs:
+                if isinstance(tensor._values, LazyValues):
+                    tensor._values = tensor._values.load()
 
 
 # What graphsurgeon's folder acts on besides nodes with all-constant inputs (see the class doc).
