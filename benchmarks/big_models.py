@@ -1,8 +1,8 @@
-"""fuse on big models: a deep graph (time) and a model over 2 GB (memory).
+"""fuse on big models: a deep graph (time) and big weights (memory), beside the peers.
 
     make bench                                   # runs this after benchmarks/run.py
-    .venv/bin/python benchmarks/big_models.py [--blocks 245] [--weights 3] [--dim 14336]
-                                              [--profile 15] [--skip-deep] [--skip-big] [--keep DIR]
+    .venv/bin/python benchmarks/big_models.py [--blocks 245] [--models DIR] [--fp32] [--no-peers]
+                                              [--profile 15] [--skip-deep] [--skip-memory] [--keep DIR]
 
 Deep: a stack of `--blocks` transformer encoder blocks in the decomposed form an exporter writes
 (opset 17: LayerNorm as ReduceMean/Sub/Pow/..., GELU as Erf, attention through Reshape/
@@ -13,13 +13,17 @@ onnxruntime). Each `fuse optimize` runs in a child process, its imports excluded
 (`fuse` as a command adds interpreter start-up and imports, about a second, also reported).
 With --profile N, the N functions with the most cumulative time in a cProfile'd run are printed.
 
-Big: `--weights` MatMul weights of [dim, dim] float32 (14336: 822 MB each, 2.5 GB in all) behind
-a chain of small ops (a decomposed LayerNorm between MatMuls, a bias Add), written straight to an
-external data file one row block at a time, so neither this script nor the model ever holds two
-copies. `fuse optimize` runs in a child process (verification on); its peak RSS (os.wait4's
-ru_maxrss) is compared with the model's total size on disk, and the output must be written with
-external data and load. Disk use: the model and its output, about twice the weights; both are
-deleted at the end unless --keep is given.
+Memory: peak RSS over the model's size on disk (model file plus external data), and time over
+onnx.load + onnx.save of the same model, for fuse optimize (verification on and off) and the peers
+(onnx-simplifier, onnxslim, onnxruntime's offline optimizer at basic), each in its own process,
+one after another; a run over --rss-cap-gb is killed. The models (memory_models.py): BERT-base
+from --models (embedded, and re-saved with external data), a Conv+BN stack with embedded weights
+(every weight rewritten), and a Llama-like decoder skeleton with random weights in external data,
+fp16 (and fp32 with --fp32: 3.8 GB). Targets: fuse optimize <= 2x the model (<= 1.5x for the
+decoder) with verification, the output's weights embedded or external as the input's were.
+Disk use: the models and one output at a time; deleted at the end unless --keep is given.
+
+The 2.5 GB MatMul chain `write_big_model` writes is what tests/test_big_models.py runs small.
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import memory_models as memory_models_lib  # noqa: E402 - the benchmark's own builders, beside it
 
 REPO = Path(__file__).resolve().parents[1]
 IR_VERSION = 8  # onnxruntime 1.31 rejects the IR 14 that onnx 1.23 writes by default
@@ -186,20 +193,8 @@ def write_big_model(path: Path, weights: int, dim: int, seed: int = 0) -> int:
     return model_size(path)
 
 
-def model_size(path: Path) -> int:
-    """The model file plus the external data files it names."""
-    model = onnx.load(str(path), load_external_data=False)
-    files = {path}
-    for tensor in model.graph.initializer:
-        for entry in tensor.external_data:
-            if entry.key == "location":
-                files.add(path.parent / entry.value)
-    return sum(f.stat().st_size for f in files)
-
-
-def uses_external_data(path: Path) -> bool:
-    model = onnx.load(str(path), load_external_data=False)
-    return any(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer)
+model_size = memory_models_lib.model_size
+uses_external_data = memory_models_lib.uses_external_data
 
 
 # --- measuring -----------------------------------------------------------------------------------
@@ -215,8 +210,19 @@ def load_save_seconds(path: Path, scratch: Path, repeats: int = 3) -> float:
     return best
 
 
+_PEAK_RSS = """
+def peak_rss():
+    # this process's own high-water mark: os.wait4's ru_maxrss would count the parent's resident
+    # size at fork too (Linux carries it over exec)
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+"""
+
+
 # The child: imports first (not timed), then one `fuse optimize` through the CLI's own entry point.
-_CHILD = textwrap.dedent("""
+_CHILD = _PEAK_RSS + textwrap.dedent("""
     import contextlib, cProfile, io, json, os, pstats, sys, time
     from fuse_cli.cli import cli
     args, profile_top = json.loads(sys.argv[1]), int(sys.argv[2])
@@ -238,7 +244,7 @@ _CHILD = textwrap.dedent("""
         text = io.StringIO()
         pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(profile_top)
         top = text.getvalue()
-    print(json.dumps({"seconds": seconds, "exit": code, "profile": top}))
+    print(json.dumps({"seconds": seconds, "exit": code, "profile": top, "peak_rss": peak_rss()}))
 """)
 
 
@@ -256,27 +262,20 @@ def run_fuse(args: list[str], *, profile_top: int = 0) -> dict:
     return result
 
 
-def peak_rss_of(args: list[str]) -> tuple[int, float, str]:
-    """Peak resident memory (bytes) and wall time of `fuse ARGS` run as a command; stderr tail."""
-    start = time.perf_counter()
-    child = subprocess.Popen([sys.executable, "-m", "fuse_cli", *args], cwd=REPO, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE)
-    # stderr is small (the report); reading it before wait4 keeps the pipe from filling
-    err = child.stderr.read().decode(errors="replace")
-    _, status, usage = os.wait4(child.pid, 0)
-    child.returncode = os.waitstatus_to_exitcode(status)
-    if child.returncode != 0:
-        raise RuntimeError(f"fuse {' '.join(args)} failed ({child.returncode}):\n{err[-3000:]}")
-    return usage.ru_maxrss * 1024, time.perf_counter() - start, err[-2000:]
-
-
 # The same deep file through graphsurgeon alone (the floor of any pass built on it) and through the
 # peers, each in a child process with its imports outside the time.
-_PEER_CHILD = textwrap.dedent("""
+_PEER_CHILD = _PEAK_RSS + textwrap.dedent("""
     import contextlib, json, os, sys, time
     import onnx
     tool, source, destination = sys.argv[1:4]
-    if tool == "graphsurgeon round trip":
+    # keep the weights where the input had them (a model over 2 GB cannot be saved otherwise)
+    external = len(sys.argv) > 4 and sys.argv[4] == "1"
+    def save(model):
+        onnx.save(model, destination, save_as_external_data=external, location=os.path.basename(destination) + ".data")
+    if tool == "onnx.load + onnx.save":
+        def work():
+            save(onnx.load(source))
+    elif tool == "graphsurgeon round trip":
         import onnx_graphsurgeon as gs
         def work():
             graph = gs.import_onnx(onnx.load(source))
@@ -289,23 +288,26 @@ _PEER_CHILD = textwrap.dedent("""
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
             options.optimized_model_filepath = destination
             options.log_severity_level = 3
+            if external:
+                options.add_session_config_entry("session.optimized_model_external_initializers_file_name",
+                                                 os.path.basename(destination) + ".data")
             ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
     elif tool == "onnxsim":
         import onnxsim
         def work():
-            onnx.save(onnxsim.simplify(onnx.load(source))[0], destination)
+            save(onnxsim.simplify(onnx.load(source))[0])
     elif tool == "onnxslim":
         import onnxslim
         def work():
-            onnx.save(onnxslim.slim(onnx.load(source)), destination)
+            save(onnxslim.slim(onnx.load(source)))
     elif tool == "onnxoptimizer":
         import onnxoptimizer
         def work():
-            onnx.save(onnxoptimizer.optimize(onnx.load(source)), destination)
+            save(onnxoptimizer.optimize(onnx.load(source)))
     start = time.perf_counter()
     with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
         work()
-    print(json.dumps({"seconds": time.perf_counter() - start}))
+    print(json.dumps({"seconds": time.perf_counter() - start, "peak_rss": peak_rss()}))
 """)
 PEERS = ("graphsurgeon round trip", "onnxruntime basic", "onnxsim", "onnxslim", "onnxoptimizer")
 PEER_TIMEOUT_S = 600
@@ -347,31 +349,145 @@ def bench_deep(blocks: int, work: Path, profile_top: int) -> dict:
     return row
 
 
-def bench_big(weights: int, dim: int, work: Path) -> dict:
-    path = work / "big_weights.onnx"
-    size = write_big_model(path, weights, dim)
-    out = work / "big_weights.fused.onnx"
-    rss, seconds, log = peak_rss_of(["optimize", str(path), "-o", str(out)])
-    external = uses_external_data(out)
-    onnx.checker.check_model(str(out))  # a path: the checker then reads the external data lazily
-    fused = onnx.load(str(out), load_external_data=False)
-    return {"model_bytes": size, "peak_rss": rss, "ratio": rss / size, "seconds": seconds,
-            "output_external": external, "output_bytes": model_size(out),
-            "nodes": f"{_count_nodes(path)} -> {len(fused.graph.node)}", "log": log}
+# --- memory: peak RSS over the model's size, beside the peers --------------------------------------
+
+MEMORY_PEERS = ("onnxsim", "onnxslim", "onnxruntime basic")
+DECODER_RSS_TARGET = 1.5  # the 1B-class decoder skeleton, verification on
+_POLL_S = 0.05
 
 
-def _count_nodes(path: Path) -> int:
-    return len(onnx.load(str(path), load_external_data=False).graph.node)
+def measured(argv: list[str], rss_cap: int, timeout: float = PEER_TIMEOUT_S) -> dict:
+    """Run a child (`python -c ...`) that prints {"seconds": ..., "peak_rss": ...} last: its seconds
+    and peak RSS (its own VmHWM), or why there is none. A child over `rss_cap` is killed, so a peer that
+    needs several times the model cannot take the machine down with it."""
+    with tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as out:
+        child = subprocess.Popen([sys.executable, *argv], cwd=REPO, stdout=out, stderr=err)
+        started, killed, peak = time.perf_counter(), None, 0
+        while True:
+            pid, status, _ = os.wait4(child.pid, os.WNOHANG)
+            if pid:
+                break
+            rss = _rss_of(child.pid)
+            peak = max(peak, rss)  # sampled: the figure for a run that never reports its own
+            if not killed and (rss > rss_cap or time.perf_counter() - started > timeout):
+                killed = (f"killed over the {rss_cap / 1e9:.0f} GB RSS cap" if rss > rss_cap
+                          else f"killed after {timeout:.0f} s")
+                child.kill()
+            time.sleep(_POLL_S)
+        child.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0), err.seek(0)
+        lines = out.read().decode(errors="replace").strip().splitlines()
+        tail = (err.read().decode(errors="replace").strip().splitlines() or ["failed"])[-1]
+    row = {"rss": peak}
+    if killed:
+        row["error"] = killed
+    elif child.returncode != 0 or not lines:
+        row["error"] = "not installed" if "ModuleNotFoundError" in tail else tail[:120]
+    else:
+        reply = json.loads(lines[-1])
+        row.update(seconds=reply["seconds"], rss=reply["peak_rss"])
+    return row
+
+
+def _rss_of(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def memory_models(work: Path, args) -> list[tuple[str, Path, float]]:
+    """(label, path, peak RSS target) of each model the table measures, built or converted in `work`."""
+    models = []
+    bert = Path(args.models) / "bert-base-opset17.onnx" if args.models else None
+    if bert is not None and bert.is_file():
+        external = work / "bert-external" / "bert.onnx"
+        external.parent.mkdir(exist_ok=True)
+        memory_models_lib.to_external_data(bert, external)
+        models += [("BERT-base, embedded", bert, RSS_TARGET), ("BERT-base, external data", external, RSS_TARGET)]
+    conv = work / "conv_bn_stack.onnx"
+    memory_models_lib.write_conv_bn_stack(conv, layers=args.conv_layers, channels=args.channels)
+    models.append((f"Conv+BN stack ({args.conv_layers} x {args.channels} ch), embedded", conv, RSS_TARGET))
+    for dtype in ("float16", "float32") if args.fp32 else ("float16",):
+        path = work / f"decoder_{dtype}" / "decoder.onnx"
+        path.parent.mkdir(exist_ok=True)
+        memory_models_lib.write_decoder(path, layers=args.layers, hidden=args.hidden, ffn=args.ffn, vocab=args.vocab,
+                                        heads=args.heads, dtype=dtype)
+        label = f"decoder {args.layers} x {args.hidden} {dtype[5:] and 'fp' + dtype[5:]}, external data"
+        models.append((label, path, DECODER_RSS_TARGET))
+    return models
+
+
+def bench_memory(work: Path, args) -> list[dict]:
+    """Each model through onnx.load + onnx.save, fuse optimize (verification on and off) and the
+    peers, one after another, each in a child: time and peak RSS."""
+    rows = []
+    for label, path, target in memory_models(work, args):
+        size, external = model_size(path), uses_external_data(path)
+        out = path.with_name(path.stem + ".out.onnx")
+        row = {"model": label, "model_bytes": size, "external": external, "target": target, "runs": {}}
+        runs = [("onnx.load + onnx.save", ["-c", _PEER_CHILD, "onnx.load + onnx.save", str(path), str(out),
+                                           str(int(external))]),
+                ("fuse optimize", ["-c", _CHILD, json.dumps(["optimize", str(path), "-o", str(out)]), "0"]),
+                ("fuse optimize --no-verify", ["-c", _CHILD, json.dumps(["optimize", str(path), "-o", str(out),
+                                                                         "--no-verify"]), "0"])]
+        runs += [(tool, ["-c", _PEER_CHILD, tool, str(path), str(out), str(int(external))])
+                 for tool in ([] if args.no_peers else MEMORY_PEERS)]
+        for tool, argv in runs:
+            row["runs"][tool] = measured(argv, int(args.rss_cap_gb * 1e9))
+            if tool == "fuse optimize" and "error" not in row["runs"][tool]:
+                row["output_external"] = uses_external_data(out)
+            for written in (out, out.with_name(out.name + ".data")):
+                written.unlink(missing_ok=True)
+        rows.append(row)
+    return rows
+
+
+def print_memory(rows: list[dict]) -> bool:
+    """The table; True when every fuse run with verification met its target."""
+    met = True
+    print("peak RSS / model size and time / (onnx.load + onnx.save), each tool in its own process:")
+    for row in rows:
+        base = row["runs"]["onnx.load + onnx.save"].get("seconds")
+        print(f"{row['model']}: {row['model_bytes'] / 1e9:.2f} GB")
+        for tool, run in row["runs"].items():
+            rss = f"{run['rss'] / 1e9:6.2f} GB {run['rss'] / row['model_bytes']:5.2f}x"
+            if "error" in run:
+                print(f"  {tool:<28} {rss}   {run['error']}")
+                continue
+            ratio = f"{run['seconds'] / base:6.1f}x" if base else "     -"
+            print(f"  {tool:<28} {rss}   {run['seconds']:7.1f} s {ratio}")
+        fuse = row["runs"]["fuse optimize"]
+        ok = "error" not in fuse and fuse["rss"] <= row["target"] * row["model_bytes"] \
+            and row.get("output_external") == row["external"]
+        met &= ok
+        print(f"  target: fuse optimize <= {row['target']:.1f}x the model, output "
+              f"{'external' if row['external'] else 'embedded'} like the input: {'met' if ok else 'NOT MET'}")
+    return met
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, default=245, help="encoder blocks in the deep stack (49 nodes each)")
-    parser.add_argument("--weights", type=int, default=3, help="[dim, dim] weights in the big model")
-    parser.add_argument("--dim", type=int, default=14336, help="the big model's weight side (14336: 822 MB each)")
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="print the top N functions of a profile")
+    parser.add_argument("--models", default=os.environ.get("MODELS"), metavar="DIR",
+                        help="a folder holding bert-base-opset17.onnx (make bench-corpus; default $MODELS)")
+    parser.add_argument("--layers", type=int, default=16, help="decoder skeleton layers")
+    parser.add_argument("--hidden", type=int, default=2048, help="decoder hidden size")
+    parser.add_argument("--ffn", type=int, default=5632, help="decoder MLP size")
+    parser.add_argument("--vocab", type=int, default=32000, help="decoder vocabulary")
+    parser.add_argument("--heads", type=int, default=16, help="decoder attention heads")
+    parser.add_argument("--fp32", action="store_true", help="also the fp32 decoder (3.8 GB at the default sizes)")
+    parser.add_argument("--conv-layers", type=int, default=61, help="Conv+BN stack layers (61 x 512 ch: 577 MB)")
+    parser.add_argument("--channels", type=int, default=512, help="Conv+BN stack channels")
+    parser.add_argument("--rss-cap-gb", type=float, default=12.0, help="kill a run whose RSS passes this")
+    parser.add_argument("--no-peers", action="store_true", help="only onnx.load + onnx.save and fuse in the table")
     parser.add_argument("--skip-deep", action="store_true")
-    parser.add_argument("--skip-big", action="store_true")
+    parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--keep", metavar="DIR", help="build in DIR and keep the files")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is not met")
@@ -398,16 +514,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  target <= {TIME_TARGET:.0f}x: {'met' if ok else 'NOT MET'}")
             if deep.get("profile"):
                 print(deep["profile"])
-        if not args.skip_big:
-            big = results["big"] = bench_big(args.weights, args.dim, work)
-            print(f"big model: {big['model_bytes'] / 1e9:.2f} GB on disk, {big['nodes']} nodes")
-            print(f"  fuse optimize peak RSS         {big['peak_rss'] / 1e9:8.2f} GB {big['ratio']:5.2f}x model size"
-                  f"   ({big['seconds']:.1f} s)")
-            print(f"  output written with external data: {big['output_external']}"
-                  f" ({big['output_bytes'] / 1e9:.2f} GB), passes onnx.checker")
-            ok = big["ratio"] < RSS_TARGET and big["output_external"]
-            failed |= not ok
-            print(f"  target < {RSS_TARGET:.0f}x: {'met' if ok else 'NOT MET'}")
+        if not args.skip_memory:
+            results["memory"] = bench_memory(work, args)
+            results["memory_settings"] = {k: getattr(args, k) for k in
+                                          ("layers", "hidden", "ffn", "vocab", "heads", "fp32", "conv_layers",
+                                           "channels", "no_peers")}
+            results["memory_settings"]["models"] = "given" if args.models else None
+            failed |= not print_memory(results["memory"])
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)

@@ -79,10 +79,11 @@ def make_session(model: onnx.ModelProto | str, *, optimize: bool = False, provid
     symbolic input dims pinned by `dims` (see core.sessions). Verification runs a model a few
     times and never times it, so memory wins over speed: arena and memory pattern off, so the
     buffers of a run go back to the system with the session (with the arena on, BERT-base kept
-    280 MB resident per verification run after its session was gone), and no prepacking, so the
-    weights stay the mapped file (packed, BERT-base's MatMul weights were 340 MB more)."""
+    280 MB resident per verification run after its session was gone), no prepacking, so the
+    weights stay the mapped file (packed, BERT-base's MatMul weights were 340 MB more), and the
+    stored order, so a weight's float32 copy for an fp16 MatMul lives only until that MatMul."""
     return sessions.make_session(model, level="all" if optimize else "disabled", providers=providers, dims=dims,
-                                 lean_memory=True, prepack=False)
+                                 lean_memory=True, prepack=False, stored_order=True)
 
 
 def compare_outputs(expected: Mapping[str, np.ndarray], actual: Mapping[str, np.ndarray],

@@ -113,7 +113,10 @@ def test_a_short_external_data_file_is_refused_at_load_even_when_lazy(tmp_path):
 
 
 def test_the_benchmark_runs_at_small_sizes(tmp_path, capsys):
-    code = big_models.main(["--blocks", "4", "--weights", "2", "--dim", "512", "--keep", str(tmp_path)])
+    code = big_models.main(["--blocks", "4", "--layers", "1", "--hidden", "64", "--ffn", "128", "--vocab", "256",
+                            "--heads", "4", "--fp32", "--conv-layers", "2", "--channels", "8", "--no-peers",
+                            "--keep", str(tmp_path)])
     out = capsys.readouterr().out
     assert "deep stack: 196 nodes" in out and "peak RSS" in out
+    assert "decoder 1 x 64 fp16, external data" in out and "decoder 1 x 64 fp32, external data" in out
     assert code in (0, 1)  # whether small sizes meet the targets is not the point here
