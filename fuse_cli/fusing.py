@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import sys
 from dataclasses import dataclass
 
@@ -44,7 +45,11 @@ def fuse(loaded: LoadedModel, passes: list[Pass], proofs: ShapeTable, bound: Sha
         unload_unchanged_weights(graph)
         lot.park_constants(graph)
         exported = gs.export_onnx(graph, do_type_check=False)
-    del graph  # and with it the arrays the passes computed, parked by now
+    # graphsurgeon's nodes and tensors refer to each other: only a collection frees the graph, and
+    # with it the mapped weights the passes read (a Conv+BN stack: its whole size, until the next
+    # automatic collection, which could come after onnxruntime has mapped the candidate's too)
+    del graph
+    gc.collect()
     heap.trim()
     provenance = f"fuse {__version__} --target {config.target} passes: {','.join(p.name for p in passes)}"
     model = assemble_model(loaded, exported, provenance)
