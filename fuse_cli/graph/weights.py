@@ -21,6 +21,7 @@ import mmap
 import os
 import shutil
 import tempfile
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -208,7 +209,19 @@ class MappedValues(gs.ir.tensor.LazyValues):
         dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(self.tensor.data_type)).newbyteorder("<")
         values = np.memmap(file, dtype=dtype, mode="r", offset=offset, shape=tuple(self.tensor.dims))
         values.fuse_lazy_source = self
+        _maps.append(weakref.ref(values))
         return values
+
+
+# The mappings MappedValues made, weakly: a graph a run is done with still holds those its passes
+# read (graphsurgeon's nodes and tensors refer to each other, so only a collection frees them).
+_maps: list[weakref.ref] = []
+
+
+def mapped_weights_alive() -> bool:
+    """Is any weight mapping still referenced? (Then a collection unmaps the dead graph's.)"""
+    _maps[:] = [ref for ref in _maps if ref() is not None]
+    return bool(_maps)
 
 
 class ParkingLot:
