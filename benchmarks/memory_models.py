@@ -79,7 +79,9 @@ def write_decoder(path: Path, *, layers: int = 16, hidden: int = 2048, ffn: int 
                 return op("Transpose", [op("Reshape", [y, "split_heads"], f"{p}.{kind}_split")], f"{p}.{kind}_heads",
                           perm=perm)
 
-            q, k, v = projected("q_proj", [0, 2, 1, 3]), projected("k_proj", [0, 2, 3, 1]), projected("v_proj", [0, 2, 1, 3])
+            q = projected("q_proj", [0, 2, 1, 3])
+            k = projected("k_proj", [0, 2, 3, 1])
+            v = projected("v_proj", [0, 2, 1, 3])
             scores = op("Div", [op("MatMul", [q, k], f"{p}.qk"), "attn_scale"], f"{p}.scores")
             context = op("MatMul", [op("Softmax", [scores], f"{p}.probs", axis=-1), v], f"{p}.context")
             merged = op("Reshape", [op("Transpose", [context], f"{p}.context_t", perm=[0, 2, 1, 3]), "merge_heads"],

@@ -44,7 +44,8 @@ def cli() -> None:
 @click.option("--out-dir", default=None, metavar="DIR", help="Batch: write each <stem>.fused.onnx into DIR.")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None, help="Batch: parallel processes (default: up to 4).")
 @click.option("--in-place", is_flag=True, help="Allow writing over MODEL.")
-@click.option("--external-data", is_flag=True, default=None, help="Store weights in a side .data file.")
+@click.option("--external-data/--embed-data", default=None,
+              help="Store weights in a side .data file, or in the .onnx file (default: where the input has them).")
 @fusion_options
 @guarded
 def optimize(models, output, out_dir, jobs, in_place, external_data, json_path, markdown_path, plot_path, html_path,

@@ -60,7 +60,8 @@ def fuse(loaded: LoadedModel, passes: list[Pass], proofs: ShapeTable, bound: Sha
 
 
 def _run_passes(loaded: LoadedModel, passes: list[Pass], proofs: ShapeTable, bound: ShapeTable,
-                config: FuseConfig, lot: ParkingLot | None = None) -> tuple[gs.Graph, list[FusionRecord], list[NearMiss]]:
+                config: FuseConfig, lot: ParkingLot | None = None
+                ) -> tuple[gs.Graph, list[FusionRecord], list[NearMiss]]:
     graph = load_graph(loaded)
     # Sorted once up front (iteratively): every replacement then stands where its root stood, so
     # the order stays topological without re-sorting per match.

@@ -143,4 +143,4 @@ def test_an_embedded_model_is_optimized_without_a_second_copy_of_its_weights(tmp
         tracemalloc.stop()
     assert report.verification.passed and len(report.fusions) == 24
     # measured 0.19x (a weight and its float64 fold at a time); holding every folded weight is 1x
-    assert peak < 0.5 * weight_bytes, f"peak traced allocation {peak / 1e6:.1f} MB for {weight_bytes / 1e6:.1f} MB of weights"
+    assert peak < 0.5 * weight_bytes, f"peak traced {peak / 1e6:.1f} MB for {weight_bytes / 1e6:.1f} MB of weights"

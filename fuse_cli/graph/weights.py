@@ -204,7 +204,8 @@ class MappedValues(gs.ir.tensor.LazyValues):
         if self.tensor.data_type not in _MAPPABLE_TYPES:
             with open(file, "rb") as f:
                 f.seek(offset)
-                inline = onnx.TensorProto(data_type=self.tensor.data_type, dims=self.tensor.dims, raw_data=f.read(length))
+                payload = f.read(length)
+            inline = onnx.TensorProto(data_type=self.tensor.data_type, dims=self.tensor.dims, raw_data=payload)
             return np.array(onnx.numpy_helper.to_array(inline))
         dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(self.tensor.data_type)).newbyteorder("<")
         values = np.memmap(file, dtype=dtype, mode="r", offset=offset, shape=tuple(self.tensor.dims))
