@@ -51,7 +51,8 @@ class PeakEstimate:
         # use: the audit alone (--allow-peak-growth) never needs it.
         self._larger = ({name: max(value * LARGER, LARGER_AT_LEAST) for name, value in bound.bound_dims.items()}
                         if bound.bound_dims and not config.input_shapes else None)
-        self._profiles: list[tuple[onnx.ModelProto, int, MemoryProfile]] = []  # a few recent, by identity
+        # A few recent, by identity and stored order (the `schedule` pass reorders a candidate in place).
+        self._profiles: list[tuple[onnx.ModelProto, int, tuple[str, ...], MemoryProfile]] = []
         self._table_cache: list[tuple[onnx.ModelProto, int, frozenset[str], tuple[ShapeTable, ShapeTable]]] = []
         self._symbolic: tuple[onnx.ModelProto, ShapeTable, frozenset[str]] | None = None
 
@@ -74,13 +75,14 @@ class PeakEstimate:
     def profile(self, model: onnx.ModelProto, index: int = 0, order: Sequence[int] | None = None) -> MemoryProfile:
         """The candidate's profile at setting `index`; `order`: its nodes run in that order
         (indices into graph.node) rather than onnxruntime's."""
-        for cached, i, profile in self._profiles if order is None else ():
-            if cached is model and i == index:
+        stored = _stored_order(model)
+        for cached, i, cached_order, profile in self._profiles if order is None else ():
+            if cached is model and i == index and cached_order == stored:
                 return profile
         bound, planner = self._tables(model, index)
         profile = profile_memory(model, bound, extra_weights=self.defaults, symbolic_shapes=planner, order=order)
         if order is None:
-            self._profiles = [*self._profiles[-3:], (model, index, profile)]
+            self._profiles = [*self._profiles[-3:], (model, index, stored, profile)]
         return profile
 
     def _tables(self, model: onnx.ModelProto, index: int) -> tuple[ShapeTable, ShapeTable]:
@@ -182,6 +184,11 @@ def _stored_in(model: onnx.ModelProto, order: Sequence[int]) -> onnx.ModelProto:
     del copy.graph.node[:]
     copy.graph.node.extend(model.graph.node[i] for i in order)
     return copy
+
+
+def _stored_order(model: onnx.ModelProto) -> tuple[str, ...]:
+    """The stored node order, by each node's first output (a reordering in place changes it)."""
+    return tuple(node.output[0] if node.output else node.name for node in model.graph.node)
 
 
 def _node_set(model: onnx.ModelProto) -> frozenset[str]:

@@ -22,8 +22,9 @@ RULES = ("onnxruntime", "stored")
 MIN_GAIN_BYTES = 1 << 20
 MIN_GAIN_FRACTION = 0.01
 
-# An execution order (indices into graph.node) -> the estimated peak at each shape setting.
-Judge = Callable[[Sequence[int]], tuple[int, ...]]
+# An execution order (indices into graph.node; None: onnxruntime's order of the nodes as stored,
+# which a caller may have estimated already) -> the estimated peak at each shape setting.
+Judge = Callable[[Sequence[int] | None], tuple[int, ...]]
 
 
 @dataclass(frozen=True)
@@ -50,16 +51,19 @@ class Scheduled:
 def memory_judge(model: onnx.ModelProto, settings: Sequence[tuple[ShapeTable, ShapeTable]],
                  extra_weights: Sequence[str] = ()) -> Judge:
     """The memory model's peak at each setting, given as (sizes, planner shapes) table pairs."""
-    def peaks(order: Sequence[int]) -> tuple[int, ...]:
+    def peaks(order: Sequence[int] | None) -> tuple[int, ...]:
         return tuple(profile_memory(model, sized, extra_weights=extra_weights, symbolic_shapes=planner,
                                     order=order).peak_bytes for sized, planner in settings)
     return peaks
 
 
-def execution_order(dag: Dag, stored: Sequence[int], rule: str) -> list[int]:
-    """The order `stored` runs in under `rule`, as indices into the input's nodes."""
+def execution_order(dag: Dag, stored: Sequence[int], rule: str) -> list[int] | None:
+    """The order `stored` runs in under `rule`, as indices into the input's nodes (None: the
+    input's own onnxruntime order)."""
     if rule == "stored":
         return list(stored)
+    if list(stored) == list(range(len(dag.nodes))):
+        return None
     permuted = runtime_order_of([dag.nodes[i] for i in stored], [dag.consumed[i] for i in stored])
     return [stored[k] for k in permuted]
 
@@ -101,9 +105,10 @@ def schedule(model: onnx.ModelProto, sizes: ShapeTable, judge: Judge, rules: Seq
         stored_orders += list(candidates.items())
 
     best: tuple[tuple, str, list[int], dict[str, tuple[int, ...]]] | None = None
-    tried = []
+    tried, timed_out = [], False
     for name, stored in stored_orders:
-        if time.monotonic() > deadline and best is not None:
+        if time.monotonic() > deadline:
+            timed_out = True
             break
         if tuple(stored) == original:
             continue
@@ -117,8 +122,9 @@ def schedule(model: onnx.ModelProto, sizes: ShapeTable, judge: Judge, rules: Seq
         if best is None or score < best[0]:
             best = (score, name, stored, peaks)
     if best is None:
-        return _kept(kept, started, "no candidate order lowers the estimated peak by a gain the estimate vouches for",
-                     tuple(tried))
+        why = ("the time cap ran out before a better candidate was judged" if timed_out else
+               "no candidate order lowers the estimated peak by a gain the estimate vouches for")
+        return _kept(kept, started, why, tuple(tried))
     _, name, stored, peaks = best
     return Scheduled(tuple(stored), before, peaks, bound, name, exact and name == "dp", "",
                      time.monotonic() - started, tuple(tried))
