@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 FUZZ_EXAMPLES ?= 500
 
-.PHONY: install demo test fuzz bench bench-corpus memory-truth verify-corpus sample-models clean
+.PHONY: install demo test fuzz bench bench-corpus memory-truth schedule-bench verify-corpus sample-models clean
 
 install: $(STAMP)
 
@@ -33,7 +33,7 @@ test: $(STAMP)
 fuzz: $(STAMP)
 	FUSE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q -n 2 tests/test_fuzz.py
 
-bench: $(BENCH_STAMP) memory-truth
+bench: $(BENCH_STAMP) memory-truth schedule-bench
 	$(BIN)/python benchmarks/run.py   # also reads the folder in $$MODELS, when set
 	$(BIN)/python benchmarks/big_models.py --json benchmarks/results/big_models.json > benchmarks/results/big_models.txt; \
 		status=$$?; cat benchmarks/results/big_models.txt; exit $$status
@@ -42,6 +42,11 @@ bench: $(BENCH_STAMP) memory-truth
 # shape settings, on the samples, the light zoo and whatever `make bench-corpus` built.
 memory-truth: $(STAMP)
 	$(BIN)/python benchmarks/memory_truth.py
+
+# The "branchy" and "randwire" groups: fuse's output measured with and without the `schedule` pass,
+# and its time on the 12k-node stack (corpus models from $$FUSE_CORPUS_DIRS where set).
+schedule-bench: $(STAMP)
+	$(BIN)/python benchmarks/schedule_bench.py --out benchmarks/results/schedule.md
 
 # `fuse optimize` with default flags on both corpora and onnx's backend models: verified / unverifiable / why.
 verify-corpus: $(STAMP)

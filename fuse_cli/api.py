@@ -59,10 +59,11 @@ def optimize(model_path: str | os.PathLike, config: FuseConfig, output_path: str
     resolve(config.target, config.fail_on_near_miss)  # the same "did you mean" for gate pass names
     tables = build_shape_tables(loaded.model, config)
 
-    def run(selected: list[Pass]) -> Fused:
-        return fuse(loaded, selected, tables.proofs, tables.bound, config)
-
     estimate = PeakEstimate(loaded, tables.bound, tables.planner, config)
+
+    def run(selected: list[Pass]) -> Fused:
+        return fuse(loaded, selected, tables.proofs, tables.bound, config, estimate.estimates(config.schedule_rules))
+
     writer = CandidateWriter(loaded, None if dry_run else target_path, config.external_data)
     try:
         fused, verification, rolled_back, declined = keep_promises(source, loaded, passes, run, estimate, config,
@@ -95,10 +96,11 @@ def optimize(model_path: str | os.PathLike, config: FuseConfig, output_path: str
         rolled_back=rolled_back,
         runtime_target_would_add=runtime_extra,
         gates=Gates(config.fail_on_fusable, config.max_peak_bytes, config.fail_on_near_miss, config.require_verified),
-        measured=measure(source, optimized, tables.bound, config) if config.measure else None,
+        measured=measure(source, optimized, tables.bound, config, fused.orders) if config.measure else None,
         allow_mismatch=config.allow_mismatch,
-        memory=memory_audit(estimate, optimized, fused.fusions, tables.bound),
+        memory=memory_audit(estimate, optimized, fused.fusions, tables.bound, fused.orders),
         peak_guard=declined,
         peak_settings=() if config.allow_peak_growth else tuple(tuple(sorted(s.dims.items())) for s in estimate.settings),
+        orders=fused.orders,
     )
     return OptimizeResult(report=report, model=optimized)

@@ -215,22 +215,26 @@ class MemoryProfile:
 
 
 def profile_memory(model: onnx.ModelProto, shapes: ShapeTable, *, extra_weights: Iterable[str] = (),
-                   absent: Iterable[str] = (), symbolic_shapes: ShapeTable | None = None) -> MemoryProfile:
+                   absent: Iterable[str] = (), symbolic_shapes: ShapeTable | None = None,
+                   order: Sequence[int] | None = None) -> MemoryProfile:
     """Walk the top-level graph once and account every activation's lifetime.
 
     shapes: sizes at the user's bindings. symbolic_shapes: the model's shapes with no dim bound,
     as onnxruntime's planner compares them; inferred from `model` when not given.
     extra_weights: graph inputs to treat as weights (initializers set aside as input defaults).
     absent: tensors that take no memory, for "what if these intermediates did not exist".
-    Raises ValueError when the graph has a cycle.
+    order: the nodes run in this order (indices into graph.node, a topological order) instead of
+    onnxruntime's: what another stored order, or a runtime that follows the stored order, would do.
+    Raises ValueError when the graph has a cycle or `order` is not a topological order.
     """
     with paused_gc():
-        return _profile_memory(model, shapes, extra_weights, absent, symbolic_shapes)
+        return _profile_memory(model, shapes, extra_weights, absent, symbolic_shapes, order)
 
 
 def _profile_memory(model: onnx.ModelProto, shapes: ShapeTable, extra_weights: Iterable[str],
-                    absent: Iterable[str], symbolic_shapes: ShapeTable | None) -> MemoryProfile:
-    setup = _setup(model, symbolic_shapes, extra_weights)
+                    absent: Iterable[str], symbolic_shapes: ShapeTable | None,
+                    order: Sequence[int] | None = None) -> MemoryProfile:
+    setup = _setup(model, symbolic_shapes, extra_weights, order)
     labels, producer = setup.labels, setup.producer
     sized = setup.sized(shapes)
     absent = set(absent)
@@ -349,20 +353,21 @@ _SETUPS: list[_Setup] = []
 _SETUPS_KEPT = 4
 
 
-def _setup(model: onnx.ModelProto, symbolic_shapes: ShapeTable | None, extra_weights: Iterable[str]) -> _Setup:
+def _setup(model: onnx.ModelProto, symbolic_shapes: ShapeTable | None, extra_weights: Iterable[str],
+           explicit: Sequence[int] | None = None) -> _Setup:
     graph = model.graph
     # A list: indexing a protobuf repeated field builds a wrapper per access (35 us at 12k nodes).
     stored = list(graph.node)
     extra = frozenset(extra_weights)
     fingerprint = model_fingerprint(model, stored, extra)
-    for setup in _SETUPS:
+    for setup in _SETUPS if explicit is None else ():
         # An id is reused once its model is gone; the fingerprint then says whether the new model
         # has the same structure, for which the setup holds as well.
         if setup.model_id == id(model) and setup.symbolic is symbolic_shapes and setup.fingerprint == fingerprint:
             return setup
     consumed = [consumed_names(node) for node in stored]
     execution_order(graph, consumed)  # the one place that reports a cycle
-    order = _runtime_order(stored, consumed)
+    order = _runtime_order(stored, consumed) if explicit is None else _checked_order(explicit, stored, consumed)
     nodes = [stored[i] for i in order]
     labels = [node_label(node, index) for node, index in zip(nodes, order)]
     symbolic = symbolic_shapes if symbolic_shapes is not None else infer_shapes(model)
@@ -377,7 +382,7 @@ def _setup(model: onnx.ModelProto, symbolic_shapes: ShapeTable | None, extra_wei
             if name and name not in weights:
                 producer[name] = label
     reads = [_reads(stored[i], consumed[i]) for i in order]
-    planner = _planner_shapes(nodes, _without_data_propagation(model, nodes, symbolic), _declared_dims(graph))
+    planner = _order_free_planner_shapes(model, fingerprint, symbolic, nodes)
     keys = {name: _planner_key(planner.get(name)) for name in producer}
     opset = _default_opset(model)
     inputs = [list(node.input) for node in nodes]
@@ -401,9 +406,39 @@ def _setup(model: onnx.ModelProto, symbolic_shapes: ShapeTable | None, extra_wei
     setup = _Setup(id(model), symbolic_shapes, fingerprint, labels, [node.op_type for node in nodes], reads,
                    producer, set(producer), planner, keys, opset, inputs, outputs, alias, in_place, count, last_read,
                    graph_inputs, graph_outputs, scratch_nodes, initializer_bytes, constants)
-    _SETUPS.insert(0, setup)
-    del _SETUPS[_SETUPS_KEPT:]
+    if explicit is None:  # an explicit order is a one-off (a scheduler's candidate): not kept
+        _SETUPS.insert(0, setup)
+        del _SETUPS[_SETUPS_KEPT:]
     return setup
+
+
+# Planner shapes depend on the nodes, not on the order they run in (any topological order
+# propagates the same dims): the last model's, kept for the many orders a scheduler judges.
+_PLANNER_SHAPES: list[tuple[int, bytes, ShapeTable, dict[str, TensorInfo]]] = []
+
+
+def _order_free_planner_shapes(model: onnx.ModelProto, fingerprint: bytes, symbolic: ShapeTable,
+                               nodes: Sequence[onnx.NodeProto]) -> dict[str, TensorInfo]:
+    for model_id, kept_fingerprint, kept_symbolic, shapes in _PLANNER_SHAPES:
+        if model_id == id(model) and kept_symbolic is symbolic and kept_fingerprint == fingerprint:
+            return shapes
+    shapes = _planner_shapes(nodes, _without_data_propagation(model, nodes, symbolic), _declared_dims(model.graph))
+    _PLANNER_SHAPES[:] = [(id(model), fingerprint, symbolic, shapes)]
+    return shapes
+
+
+def _checked_order(order: Sequence[int], stored: Sequence[onnx.NodeProto], consumed: Sequence[set[str]]) -> list[int]:
+    """`order` when it runs every node once, each after its producers; else ValueError."""
+    order = list(order)
+    if sorted(order) != list(range(len(stored))):
+        raise ValueError("the order must name every node exactly once")
+    producer = {name: i for i, node in enumerate(stored) for name in node.output if name}
+    done = [False] * len(stored)
+    for i in order:
+        if any(not done[producer[name]] for name in consumed[i] if name in producer):
+            raise ValueError(f"{node_label(stored[i], i)} runs before one of its producers")
+        done[i] = True
+    return order
 
 
 
@@ -412,6 +447,36 @@ def runtime_order(graph: onnx.GraphProto) -> list[int]:
     """Indices into `graph.node` in onnxruntime's default execution order (see the module
     docstring). Iterative: graphs reach 10k+ nodes. Assumes an acyclic graph."""
     return _runtime_order(graph.node, [consumed_names(node) for node in graph.node])
+
+
+def runtime_order_of(nodes: Sequence[onnx.NodeProto], consumed: Sequence[set[str]]) -> list[int]:
+    """onnxruntime's order of `nodes` stored as listed (each node's consumed_names given): what a
+    scheduler's candidate stored order would run as."""
+    return _runtime_order(nodes, consumed)
+
+
+# What a scheduler needs of the kernel rules above, so that its own sizing follows this model.
+
+def weight_names(graph: onnx.GraphProto) -> set[str]:
+    """Initializers and Constant outputs: resident, never counted as activations."""
+    return _weight_names(graph)
+
+
+def is_view(node: onnx.NodeProto, opset: int) -> bool:
+    """Output 0 is a view of input 0 (an Alias kernel): no bytes of its own."""
+    rule = _ALIAS_OPS.get((_domain(node), node.op_type))
+    return rule is not None and rule[0] <= opset <= rule[1]
+
+
+def in_place_input(node: onnx.NodeProto) -> int | None:
+    """The input whose buffer a MayInplace kernel may write its output into, or None."""
+    rule = _INPLACE_OPS.get((_domain(node), node.op_type))
+    return None if rule is None else rule[0]
+
+
+def workspace_bytes(node: onnx.NodeProto, shapes: ShapeTable, opset: int) -> int:
+    """The kernel's scratch while it runs (see "Workspace" in the module docstring)."""
+    return _workspace_bytes(node, shapes, opset)
 
 
 def _runtime_order(nodes: Sequence[onnx.NodeProto], consumed: Sequence[set[str]]) -> list[int]:

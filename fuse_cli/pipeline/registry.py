@@ -54,6 +54,8 @@ PORTABLE_PIPELINE: tuple[str, ...] = (
     # 5. bias into Gemm, then whatever BatchNormalization is left
     "matmul-add",
     "bn-affine",
+    # 6. last, on the final operators: the stored node order (a model pass, run once)
+    "schedule",
 )
 
 # onnxruntime targets: the portable pipeline with onnxruntime's fused operators slotted in where
@@ -84,6 +86,7 @@ RUNTIME_PIPELINE: tuple[str, ...] = (
     "fused-conv",
     "fused-gemm",
     "bn-affine",
+    "schedule",
 )
 
 PIPELINES: dict[str, tuple[str, ...]] = {
