@@ -4,14 +4,15 @@ Each model in two graphs per exporter:
 
   prefill  input_ids, attention_mask [batch, sequence] -> last_hidden_state, present.N.key/value
            [batch, kv_heads, sequence, head_size] (the prompt's K/V, no past)
-  decode   input_ids [batch, sequence], attention_mask [batch, total_sequence],
+  decode   input_ids [batch, sequence], attention_mask [batch, past_sequence + sequence],
            past_key_values.N.key/value [batch, kv_heads, past_sequence, head_size]
-           -> last_hidden_state, present.N.key/value [batch, kv_heads, total_sequence, head_size]
-           (total_sequence = past_sequence + sequence; a decode step has sequence 1, the graph takes any)
+           -> last_hidden_state, present.N.key/value [batch, kv_heads, past_sequence + sequence, head_size]
+           (a decode step has sequence 1; the graph takes any)
 
 and two exporters: `opset17` (TorchScript, eager attention: MatMul/Softmax/MatMul) and `dynamo18`
 (torch.export, opset 18, the library's default sdpa attention). Models (2 layers, hidden 128, head
-size 32 so GroupQueryAttention's CPU kernel applies, vocab 1000): Llama (8 heads... see MODELS).
+size 32 so GroupQueryAttention's CPU kernel applies, vocab 1000): Llama and Qwen2 with grouped K/V
+heads, Phi-3 (packed QKV) and GPT-2 (one K/V head per head), see MODELS.
 
     .venv-corpus/bin/python benchmarks/corpus/decoders.py [--out DIR] [--only NAME,...] [--force]
 
@@ -50,6 +51,9 @@ KINDS = ("prefill", "decode")
 TRACE = {"batch": 2, "sequence": 7, "past_sequence": 5}
 CHECK = {"batch": 3, "sequence": 2, "past_sequence": 13}
 CHECK_PREFILL_SEQUENCE = 11
+# The mask's and the present K/V's length, written as the arithmetic it is (as dynamo's `s0 + s1`):
+# fuse's input domain then evaluates it instead of giving it a size of its own that no run accepts.
+TOTAL = "past_sequence + sequence"
 
 
 @dataclass
@@ -151,7 +155,7 @@ def make_inputs(config, decode: bool, batch: int, sequence: int, past: int, gen)
 
 def dims_of(layers: int, decode: bool) -> dict[str, dict[int, str]]:
     inputs, outputs = io_names(layers, decode)
-    total = "total_sequence" if decode else "sequence"
+    total = TOTAL if decode else "sequence"
     axes = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: total},
             "last_hidden_state": {0: "batch", 1: "sequence"}}
     for name in inputs[2:]:
@@ -171,7 +175,7 @@ def export_torchscript(step, args: tuple, path: Path, layers: int, decode: bool,
 
 def export_dynamo(step, args: tuple, path: Path, layers: int, decode: bool, opset: int) -> dict:
     """torch.export has no sum of two dims, so the mask's total length is its own dim and the
-    names are set afterwards from the symbols torch chose (`s1 + s2` becomes total_sequence)."""
+    names are set afterwards from the symbols torch chose (its own symbol, or `s1 + s2`, becomes TOTAL)."""
     torch = base._torch()
     import onnx
     from torch.export import Dim
@@ -203,6 +207,22 @@ def rename_dims(model, axes: dict[str, dict[int, str]]) -> None:
         for dim in value.type.tensor_type.shape.dim:
             if dim.dim_param in renames:
                 dim.dim_param = renames[dim.dim_param]
+
+
+def pin_static_dims(path: Path, config, decode: bool) -> None:
+    """Dims that are not symbolic written as their sizes: the TorchScript exporter names a present
+    K/V's head size `Concatpresent.0.key_dim_3` (it concatenates onto an empty cache), a name no
+    shape analysis can equate with the 32 it is."""
+    import onnx
+    heads = config.num_attention_heads
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    static = {"last_hidden_state": {2: config.hidden_size}}
+    model = onnx.load(str(path))
+    for value in model.graph.output:
+        sizes = static.get(value.name, {1: kv, 3: config.hidden_size // heads})
+        for axis, size in sizes.items():
+            value.type.tensor_type.shape.dim[axis].dim_value = size
+    onnx.save(model, str(path))
 
 
 def check(path: Path, step, config, decode: bool, gen) -> dict:
@@ -256,6 +276,7 @@ def export_one(entry: Decoder, form: str, kind: str, out: Path, force: bool) -> 
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
             record.update(export(step, args, tmp, config.num_hidden_layers, decode, opset))
+        pin_static_dims(tmp, config, decode)
         record.update(check(tmp, step, config, decode, torch.Generator().manual_seed(2)))
         os.replace(tmp, file)
         record.update(describe(file, decode))
