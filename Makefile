@@ -63,6 +63,7 @@ clean:
 # virtualenv (torch, torchvision, transformers: ~6 GB); fuse and `make test` never need it.
 CORPUS_VENV ?= .venv-corpus
 CORPUS_MODELS ?= benchmarks/corpus/models
+DECODER_MODELS ?= benchmarks/corpus/decoder-models
 CORPUS_STAMP := $(CORPUS_VENV)/.installed
 CORPUS_PACKAGES := torch==2.14.1 torchvision==0.29.1 transformers==5.24.0 timm==1.0.31 onnx==1.23.2 onnxscript==0.7.2 onnxruntime==1.32.0
 
@@ -75,3 +76,4 @@ $(CORPUS_STAMP):
 bench-corpus: $(CORPUS_STAMP)
 	$(CORPUS_VENV)/bin/python benchmarks/corpus/export.py --out $(CORPUS_MODELS)
 	$(CORPUS_VENV)/bin/python benchmarks/corpus/heldout.py --out benchmarks/corpus/heldout-models
+	$(CORPUS_VENV)/bin/python benchmarks/corpus/decoders.py --out $(DECODER_MODELS)

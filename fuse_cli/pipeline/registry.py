@@ -74,6 +74,7 @@ RUNTIME_PIPELINE: tuple[str, ...] = (
     "rotary-embedding",  # before the attentions, which then find Q and K rotated in their [B, S, H*d] form
     "group-query-attention",
     "attention",
+    "cached-attention",  # after both: a decode step's K/V are the cache's present heads, not a projection's split
     "gelu",
     "contrib-gelu",
     "fast-gelu",
