@@ -95,7 +95,7 @@ class PeakEstimate:
         # onnx cannot infer contrib operators (FusedConv, ...), but a fused node writes the tensor
         # its pattern's root wrote, under the same name: the original's shapes still hold for it.
         bound = _fill_from(_infer(model, setting.dims, setting.input_shapes), setting.shapes)
-        tables = (bound, _fill_from(self._planner_shapes(model), self.symbolic))
+        tables = (bound, self._planner_shapes(model))
         self._table_cache = [*self._table_cache[-3:], (model, index, _node_set(model), tables)]
         return tables
 
@@ -104,7 +104,8 @@ class PeakEstimate:
         (the larger one even with --allow-peak-growth: an order is never worse at either)."""
         return Estimates(
             peaks=lambda model, order: tuple(self.profile(model, i, order).peak_bytes for i in range(len(self.settings))),
-            sizes=lambda model: self._tables(model, 0)[0], extra_weights=self.defaults, rules=rules)
+            sizes=lambda model: self._tables(model, 0)[0], extra_weights=self.defaults, rules=rules,
+            floor=lambda model, order: self.profile(model, 0, order).unavoidable_at_peak)
 
     def _planner_shapes(self, model: onnx.ModelProto) -> ShapeTable:
         """The shapes with no dim bound, as onnxruntime's planner compares them. onnxruntime infers
@@ -112,7 +113,10 @@ class PeakEstimate:
         infer from its symbolic inference, only then (on a 12k-node graph it takes longer than the
         whole pipeline)."""
         if self._symbolic is None or self._symbolic[0] is not model or self._symbolic[2] != _node_set(model):
-            self._symbolic = (model, infer_shapes(model, symbolic=has_contrib_nodes(model)), _node_set(model))
+            # One table object per candidate, at every setting: the memory model's per-model setup
+            # is cached by the table's identity (a second object would cost a second setup).
+            filled = _fill_from(infer_shapes(model, symbolic=has_contrib_nodes(model)), self.symbolic)
+            self._symbolic = (model, filled, _node_set(model))
         return self._symbolic[1]
 
     def growth(self, model: onnx.ModelProto) -> tuple[PeakGrowth, ...]:

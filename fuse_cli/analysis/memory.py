@@ -212,6 +212,9 @@ class MemoryProfile:
     largest: tuple[LiveTensor, ...]
     unknown_tensors: tuple[str, ...]
     weight_bytes: int
+    # What no execution order can free at the peak step: the peak node's inputs, outputs and
+    # scratch, and the graph inputs. The peak less this bounds what any reordering can gain.
+    unavoidable_at_peak: int = 0
 
 
 def profile_memory(model: onnx.ModelProto, shapes: ShapeTable, *, extra_weights: Iterable[str] = (),
@@ -267,6 +270,13 @@ def _profile_memory(model: onnx.ModelProto, shapes: ShapeTable, extra_weights: I
     if peak_step >= 0 and workspace[peak_step]:
         live.append(LiveTensor(WORKSPACE, workspace[peak_step], peak_node))
 
+    own = set(setup.graph_inputs)
+    if peak_step >= 0:
+        own.update(setup.reads[peak_step], setup.outputs[peak_step])
+    # A view's buffer is listed under its source's name, which may not be the node's own: counted
+    # as avoidable, so the bound stays a bound.
+    unavoidable = sum(t.nbytes for t in live if t.name in own or t.name == WORKSPACE)
+
     written: dict[str, int] = {}
     for op_type, outputs in zip(setup.op_types, setup.outputs):
         for name in outputs:
@@ -286,6 +296,7 @@ def _profile_memory(model: onnx.ModelProto, shapes: ShapeTable, extra_weights: I
                       for n in heapq.nlargest(_LARGEST_COUNT, (n for n in producer if n in known), key=known.__getitem__)),
         unknown_tensors=unknown,
         weight_bytes=sized.weight_bytes,
+        unavoidable_at_peak=unavoidable,
     )
 
 
@@ -330,6 +341,7 @@ class _Setup:
     initializer_bytes: int
     constants: list[tuple[str, int | None]]
     by_table: dict[int, tuple[ShapeTable, _Sized]] = field(default_factory=dict)
+    explicit: tuple[int, ...] | None = None  # the execution order given, when not onnxruntime's
 
     def sized(self, shapes: ShapeTable) -> _Sized:
         held = self.by_table.get(id(shapes))
@@ -350,6 +362,7 @@ class _Setup:
 # The last few models walked. A model is recognised by identity and by a fingerprint of its nodes
 # and names (a model edited in place is set up again); its tables are immutable.
 _SETUPS: list[_Setup] = []
+_EXPLICIT_SETUPS: list[_Setup] = []
 _SETUPS_KEPT = 4
 
 
@@ -360,10 +373,12 @@ def _setup(model: onnx.ModelProto, symbolic_shapes: ShapeTable | None, extra_wei
     stored = list(graph.node)
     extra = frozenset(extra_weights)
     fingerprint = model_fingerprint(model, stored, extra)
-    for setup in _SETUPS if explicit is None else ():
+    wanted = None if explicit is None else tuple(explicit)
+    for setup in _SETUPS if explicit is None else _EXPLICIT_SETUPS:
         # An id is reused once its model is gone; the fingerprint then says whether the new model
         # has the same structure, for which the setup holds as well.
-        if setup.model_id == id(model) and setup.symbolic is symbolic_shapes and setup.fingerprint == fingerprint:
+        if (setup.model_id == id(model) and setup.symbolic is symbolic_shapes and setup.fingerprint == fingerprint
+                and setup.explicit == wanted):
             return setup
     consumed = [consumed_names(node) for node in stored]
     execution_order(graph, consumed)  # the one place that reports a cycle
@@ -406,9 +421,12 @@ def _setup(model: onnx.ModelProto, symbolic_shapes: ShapeTable | None, extra_wei
     setup = _Setup(id(model), symbolic_shapes, fingerprint, labels, [node.op_type for node in nodes], reads,
                    producer, set(producer), planner, keys, opset, inputs, outputs, alias, in_place, count, last_read,
                    graph_inputs, graph_outputs, scratch_nodes, initializer_bytes, constants)
-    if explicit is None:  # an explicit order is a one-off (a scheduler's candidate): not kept
+    setup.explicit = wanted
+    if explicit is None:
         _SETUPS.insert(0, setup)
         del _SETUPS[_SETUPS_KEPT:]
+    else:  # a scheduler's candidate, judged at each shape setting in turn: the last one kept
+        _EXPLICIT_SETUPS[:] = [setup]
     return setup
 
 

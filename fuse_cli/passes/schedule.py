@@ -45,8 +45,10 @@ class Schedule(ModelPass):
 
     def run(self, model: onnx.ModelProto, estimates: Estimates) -> OrderRecord:
         try:
+            floor = None if estimates.floor is None else (lambda order: estimates.floor(model, order))
             result = schedule(model, estimates.sizes(model), lambda order: estimates.peaks(model, order),
-                              estimates.rules, time_cap_s=TIME_CAP_S, extra_weights=estimates.extra_weights)
+                              estimates.rules, time_cap_s=TIME_CAP_S, extra_weights=estimates.extra_weights,
+                              floor=floor)
         except ValueError as exc:  # a graph the order search cannot read (a tensor written twice): as it is
             return OrderRecord(self.name, self.label, tuple(estimates.rules), (), (), 0, "kept", False,
                                f"the order was kept: {exc}", 0.0)

@@ -104,13 +104,16 @@ class Estimates:
     """What a model pass may ask of the memory model (the peak guard's own estimate, so that the
     guard and the pass never disagree): `peaks(model, order)`, the estimated peak of `model`'s
     nodes run in `order` (indices into graph.node) at each shape setting the guard judges;
-    `sizes(model)`, its shapes at the first setting; the graph inputs that are weights; and the
-    execution rules the written order is for (config.schedule_rules)."""
+    `sizes(model)`, its shapes at the first setting; the graph inputs that are weights; the
+    execution rules the written order is for (config.schedule_rules); and `floor(model, order)`,
+    what no order can free at that order's peak at the first setting (a bound read off the
+    estimate already made: no search is built to learn that none can gain)."""
 
     peaks: Callable[[onnx.ModelProto, Sequence[int]], tuple[int, ...]]
     sizes: Callable[[onnx.ModelProto], ShapeTable]
     extra_weights: tuple[str, ...]
     rules: tuple[str, ...]
+    floor: Callable[[onnx.ModelProto, Sequence[int] | None], int] | None = None
 
 
 class ModelPass(Pass):
