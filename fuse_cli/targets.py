@@ -119,7 +119,8 @@ STANDARD: tuple[Capability, ...] = (
     _cap("Attention", "float32 float16", "",
          "opset 23; Q, K, V all 3-D (q_num_heads, kv_num_heads) or all 4-D: 3-D Q with 4-D K/V fails at run time "
          "(attention_helper.h:39 ComputeOutputShapeForAttention). float64 loads but runs as the function body "
-         "(60 elementwise nodes), not a kernel. onnxruntime also runs present outputs without past inputs, which "
+         "(60 elementwise nodes), not a kernel. An attn_mask [B, 1, 1, T] (padding only, broadcast over the queries) fails at run time "
+         "(attention_helper.h:98 ComputeOutputShapeForAttention); [B or 1, 1 or H, S, T] runs. onnxruntime also runs present outputs without past inputs, which "
          "the standard forbids: fuse never emits that",
          domain=""),
 )

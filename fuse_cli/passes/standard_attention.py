@@ -87,7 +87,8 @@ class FuseStandardAttention(PatternPass):
                     or shape.dims[1] not in (1, h) or not same_dim(shape.dims[2], q.dims[1])
                     or not same_dim(shape.dims[3], total.dims[2]) or g.dtype(mask) != g.dtype(m.tensor("query"))):
                 return Decline(f"the mask {mask.name!r} of shape {shape and list(shape.dims)} is not provably "
-                               f"[batch or 1, 1 or {h}, sequence, key length] of the query's dtype (attn_mask)")
+                               f"[batch or 1, 1 or {h}, sequence, key length] of the query's dtype (onnxruntime's "
+                               f"Attention does not broadcast attn_mask over the queries: targets.STANDARD)")
             if g.dtype(mask) != np.float32:
                 return Decline(f"the mask {mask.name!r} is {g.dtype(mask)}: onnxruntime's Attention zeroes rows masked with "
                                f"the dtype's lowest value, which the graph averages, and only a float32 mask is clamped")
