@@ -10,8 +10,8 @@ from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Match
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
-from fuse_cli.toolkit.attention_forms import (MERGED, merge_decline, read_outside, repeat_decline, scale_decline,
-                                              scale_of, split_of)
+from fuse_cli.toolkit.attention_forms import (MERGED, merge_decline, merged_rows, read_outside, repeat_decline,
+                                              scale_decline, scale_of, split_of)
 from fuse_cli.toolkit.heads import flattened_key_t, softmax_key_axis_decline
 from fuse_cli.toolkit.shapes import same_dim
 
@@ -107,7 +107,12 @@ class FuseStandardAttention(PatternPass):
                                  [mask, g.constant("mask_floor", np.array(MASK_FLOOR, np.float32))], [clamped]))
             mask = clamped
         inputs = [m.tensor("query"), m.tensor("key"), m.tensor("value"), mask if mask is not None else gs.Variable.empty()]
-        outputs = [m.root.outputs[0]]
+        y = m.root.outputs[0]
+        if merged_rows(m, h * d):  # [B, S, H*d], then the rows the graph's merge made
+            y = g.variable(f"{m.root.name}_attention_out", like=m.tensor("query"))
+            nodes.append(gs.Node("Reshape", g.unique_name(f"{m.root.name}_rows"), {}, [y, m.tensor("merge_shape")],
+                                 [m.root.outputs[0]]))
+        outputs = [y]
         if "key_cache" in m.nodes:
             inputs += [m.tensor("key_past"), m.tensor("value_past")]
             outputs += [m.node(f"{role}_cache").outputs[0] for role in ("key", "value")]

@@ -109,8 +109,18 @@ def scale_of(m: Match) -> float:
     return scale
 
 
+def merged_rows(m: Match, hidden: int) -> bool:
+    """The merge is [-1, H*d]: dynamo's GPT-2 merges straight into the [B*S, H*d] rows its Gemm reads
+    (a Reshape of the fused [B, S, H*d] output gives the same rows)."""
+    merged = constant_value(m.tensor("merge_shape"))
+    return merged is not None and [int(s) for s in merged.reshape(-1)] == [-1, hidden]
+
+
 def merge_decline(m: Match, g: GraphEditor, hidden: int) -> Decline | None:
-    """The merge Reshape gives [B, S, H*d] of the query's B and S: a constant [0, 0|-1, H*d], or by inference."""
+    """The merge Reshape gives [B, S, H*d] of the query's B and S (a constant [0, 0|-1, H*d], or by
+    inference), or its rows [B*S, H*d] (merged_rows)."""
+    if merged_rows(m, hidden):
+        return None
     q = g.shape(m.tensor("query"))
     merged, out = constant_value(m.tensor("merge_shape")), g.shape(m.root.outputs[0])
     if merged is None:
@@ -119,7 +129,7 @@ def merge_decline(m: Match, g: GraphEditor, hidden: int) -> Decline | None:
             return None
     elif [int(s) for s in merged.reshape(-1)] in ([0, 0, hidden], [0, -1, hidden]) and not m.root.attrs.get("allowzero", 0):
         return None
-    return Decline(f"{m.node('merge').name} reshapes to {merged}, not [0, 0, {hidden}] (merging the heads)")
+    return Decline(f"{m.node('merge').name} reshapes to {merged}, not [0, 0, {hidden}] or [-1, {hidden}] (merging the heads)")
 
 
 def read_outside(t: gs.Tensor, m: Match, g: GraphEditor) -> bool:
