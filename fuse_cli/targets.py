@@ -110,17 +110,21 @@ _BY_KEY = {(c.op, c.domain): c for c in CAPABILITIES}
 # not checked (no GPU at hand), and UNCHECKED says so for targets that promise CUDA.
 STANDARD: tuple[Capability, ...] = (
     _cap("RMSNormalization", "float32 float16 float64", "",
-         "opset 23; bfloat16 not probed; rms-norm emits it for float32 only", domain=""),
+         "opset 23; bfloat16 not probed; rms-norm emits it for float32 only. CPU time 0.61-0.95x the decomposed "
+         "form in decoder exports (benchmarks/results/opset23.md)", domain=""),
     _cap("RotaryEmbedding", "float32 float16", "",
          "opset 23; inputs (X, cos_cache, sin_cache, position_ids?); float64: the schema refuses it. Without "
          "position_ids the caches must be [B, S, d/2] of x's own batch: a batch-1 cache for batch 2 fails at run time "
-         "(\"Inputs 'cos_cache' and 'sin_cache' are expected to have the same shape as input 'x', got 1 and 5\")",
+         "(\"Inputs 'cos_cache' and 'sin_cache' are expected to have the same shape as input 'x', got 1 and 5\"). CPU time "
+         "0.83-0.95x the decomposed form, 1.02x on two 128-token prefills (within the shared CPU's noise: not declined; "
+         "benchmarks/results/opset23.md)",
          domain=""),
     _cap("Attention", "float32 float16", "",
          "opset 23; Q, K, V all 3-D (q_num_heads, kv_num_heads) or all 4-D: 3-D Q with 4-D K/V fails at run time "
          "(attention_helper.h:39 ComputeOutputShapeForAttention). float64 loads but runs as the function body "
          "(60 elementwise nodes), not a kernel. An attn_mask [B, 1, 1, T] (padding only, broadcast over the queries) fails at run time "
-         "(attention_helper.h:98 ComputeOutputShapeForAttention); [B or 1, 1 or H, S, T] runs. onnxruntime also runs present outputs without past inputs, which "
+         "(attention_helper.h:98 ComputeOutputShapeForAttention); [B or 1, 1 or H, S, T] runs. CPU time 0.66-0.96x the decomposed "
+         "form (benchmarks/results/opset23.md). onnxruntime also runs present outputs without past inputs, which "
          "the standard forbids: fuse never emits that",
          domain=""),
 )
