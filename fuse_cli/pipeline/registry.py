@@ -48,6 +48,8 @@ PORTABLE_PIPELINE: tuple[str, ...] = (
     # 4. decomposed normalizations and activations -> single standard operators
     "layer-norm",
     "rms-norm",
+    "standard-rotary-embedding",  # opset 23; before standard-attention, which then finds Q and K as [B, S, H*d]
+    "standard-attention",  # opset 23
     "gelu",
     "hard-sigmoid",
     "hard-swish",
