@@ -81,7 +81,10 @@ CAPABILITIES: tuple[Capability, ...] = (
          "head size % 8 == 0 on CPU; num_heads and kv_num_heads required; seqlens_k [B] int32 and "
          "total_sequence_length int32 inputs. With causal=0 and attention_bias (the graph's own mask) the 1.31 CPU "
          "kernel equals softmax(QK^T*scale + bias)V over repeat_kv'd K/V, fully masked rows included "
-         "(one-node check, 2026-12-01); CUDA with causal=0 unverified: group-query-attention declines there"),
+         "(one-node check, 2026-12-01); CUDA with causal=0 unverified: group-query-attention declines there. With "
+         "past_key/past_value given the CPU kernel refuses batch > 1 when sequence > 1 (1.31.1: \"batch_size must "
+         "be 1 when sequence_length > 1 and past context is given\", one-node check): a decode step with the "
+         "cache (cached-attention) goes to MultiHeadAttention, which takes any batch and step length"),
     _cap("RotaryEmbedding", "float32 float16", "float32 float16 bfloat16",
          "inputs (input, position_ids, cos, sin): not the order of the standard opset-23 RotaryEmbedding. input "
          "[B, S, H*d] (with num_heads) or [B, H, S, d]; position_ids [1] (row start + s) or [B, S]; caches "

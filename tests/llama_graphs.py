@@ -17,7 +17,7 @@ def llama_attention_model(*, heads: int = 4, kv_heads: int = 2, head_size: int =
                           tables: str = "computed", half_bounds: str = "shape", mask: str = "causal-padding",
                           repeat: str = "expand", scale: str = "mul", seq: str | int = "sequence",
                           rotate_order: str = "neg-upper", dynamo: bool = False,
-                          flat_shape: str = "key", cache: str = "none") -> onnx.ModelProto:
+                          flat_shape: str = "key", cache: str = "none", partial: bool = False) -> onnx.ModelProto:
     """freqs: positions times inv_freq by "mul" ([1, S, 1] * [d/2]) or "matmul" ([1, d/2, 1] @ [1, 1, S],
     transposed). tables: "computed" (Cos/Sin of Concat(f, f)), "uneven" (Concat(f, 2f): halves differ),
     "inputs" (cos/sin graph inputs [1, sequence, d]) or "constant" (a static-length table; seq must be
@@ -33,7 +33,9 @@ def llama_attention_model(*, heads: int = 4, kv_heads: int = 2, head_size: int =
     sizes when S == d, but a reinterpretation, not K^T. cache: "none" (output y only), "present" (a prefill:
     the K/V heads are also graph outputs) or "past" (a decode step: past_key/past_value inputs [batch, kv_heads,
     past_sequence, d] concatenated before the new K/V into the present outputs, the mask over
-    attention_mask [batch, past_sequence + sequence] with the causal offset of the past)."""
+    attention_mask [batch, past_sequence + sequence] with the causal offset of the past). partial: as
+    transformers' partial-rotary code (Phi-3) writes it with a rotary dim that is the whole head:
+    Concat(rotary(x[..., :d]), x[..., d:]), the second piece empty."""
     b = GraphBuilder(opset=17, seed=5)
     hidden, kv_hidden, half = heads * head_size, kv_heads * head_size, head_size // 2
     x = b.input("hidden", ["batch", seq, hidden])
@@ -99,8 +101,14 @@ def llama_attention_model(*, heads: int = 4, kv_heads: int = 2, head_size: int =
             to = b.op("Concat", bs, ints(kv_heads, n), rest, axis=0)
         return b.op("Reshape", b.op("Expand", unsq, to), b.op("Concat", bs, ints(heads), rest, axis=0))
 
-    q = rotary(split(linear(hidden), heads))
-    k, v = rotary(split(linear(kv_hidden), kv_heads)), split(linear(kv_hidden), kv_heads)
+    def rotated(t: str) -> str:
+        if not partial:
+            return rotary(t)
+        rot = b.op("Slice", t, ints(0), ints(head_size), ints(3), ints(1))
+        return b.op("Concat", rotary(rot), b.op("Slice", t, ints(head_size), ints(2**63 - 1), ints(3), ints(1)), axis=-1)
+
+    q = rotated(split(linear(hidden), heads))
+    k, v = rotated(split(linear(kv_hidden), kv_heads)), split(linear(kv_hidden), kv_heads)
     if cache == "past":
         k, v = (b.op("Concat", b.input(f"past_{role}", ["batch", kv_heads, "past_sequence", head_size]), t, axis=-2)
                 for role, t in (("key", k), ("value", v)))

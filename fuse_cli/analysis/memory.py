@@ -98,9 +98,10 @@ Workspace. Kernel scratch, live while its node runs:
   with a key padding mask, no [B, S, T] mask buffer stayed resident. Measured on onnxruntime
   1.31 for batch, sequence, key length, heads and head size: within 0.2 MiB of the formula.
 
-- com.microsoft GroupQueryAttention (contrib_ops/cpu/bert/group_query_attention.cc): without
-  its present outputs, the present K/V [B, KV, T, H] it builds anyway, a head-major query copy
-  and the probabilities [B, N, S, T]; measured (see _group_query_attention_workspace);
+- com.microsoft GroupQueryAttention (contrib_ops/cpu/bert/group_query_attention.cc): a head-major
+  query copy, present-sized K/V buffers [B, KV, T, H] (with or without its present outputs) and,
+  unless causal=1 with the presents returned, the probabilities [B, N, S, T]; measured (see
+  _group_query_attention_workspace);
 
 - LRN on float (cpu/nn/lrn.cc) takes two buffers from the temp-space allocator: the scale, as
   big as its input, and one image's padded squares, (C + size - 1) x H x W floats. Measured on
@@ -990,13 +991,14 @@ def _attention_workspace(node: onnx.NodeProto, shapes: ShapeTable) -> int:
 
 
 def _group_query_attention_workspace(node: onnx.NodeProto, shapes: ShapeTable) -> int:
-    """GroupQueryAttention's scratch on the CPU provider, in bytes; 0 when unknown. Without the
-    present_key/present_value outputs (as fuse emits it) the kernel still builds them, [B, KV, T, H]
-    each, beside a head-major query copy [B, N, S, H] and the probabilities [B, N, S, T].
-    Measured on onnxruntime 1.31.1 (causal=0, an attention_bias, no past) at B 4-8, S 128-512,
-    N 8-16, KV 2-4, H 64-128: within 0.07 MiB of that sum (tests/test_analysis_measure.py). With
-    the present outputs requested, probed once, the scratch was the query copy plus about one
-    [B, S, T] buffer: only the query copy is counted there."""
+    """GroupQueryAttention's scratch on the CPU provider, in bytes; 0 when unknown: a head-major
+    query copy [B, N, S, H], present-sized K/V buffers [B, KV, T, H] each (the kernel builds them
+    when the present outputs are not requested, and as much again when they are), and the
+    probabilities [B, N, S, T], which only a causal kernel (causal=1, the default) returning its
+    presents does without. Measured on onnxruntime 1.31.1 with an attention_bias and no past at
+    B 2-64, S 64-512, N 4-16, KV 2-8, H 32-128, causal 0 and 1, with and without the present
+    outputs: within 0.25 MiB of that sum (tests/test_analysis_measure.py). fuse emits causal=0
+    (the graph's own mask is the bias): the probabilities are always there."""
     inputs = list(node.input) + [""] * 11
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     heads, kv_heads = int(attrs.get("num_heads", 0)), int(attrs.get("kv_num_heads", 0))
@@ -1013,10 +1015,9 @@ def _group_query_attention_workspace(node: onnx.NodeProto, shapes: ShapeTable) -
     total = key.shape[1] + (past.shape[2] if past is not None and past.shape is not None and len(past.shape) == 4
                             and isinstance(past.shape[2], int) else 0)
     query_copy = batch * heads * sequence * head_size
-    if any(node.output[1:3]):
-        return bits // 8 * query_copy
     presents = 2 * batch * kv_heads * total * head_size
-    probabilities = batch * heads * sequence * total
+    causal = int(attrs.get("causal", 1))
+    probabilities = 0 if causal and any(node.output[1:3]) else batch * heads * sequence * total
     return bits // 8 * (query_copy + presents + probabilities)
 
 

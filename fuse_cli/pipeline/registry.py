@@ -24,6 +24,7 @@ PORTABLE_PIPELINE: tuple[str, ...] = (
     "eliminate-dropout",
     "eliminate-noop-arith",
     "fold-scale-chains",
+    "eliminate-empty-concat-inputs",  # before eliminate-noop-layout, which removes the one-input Concat left
     "eliminate-noop-layout",
     "eliminate-common-subexpressions",  # exporters compute Shape(x)[i] once per use
     # 2. layout and type plumbing that exporters leave behind
@@ -74,6 +75,7 @@ RUNTIME_PIPELINE: tuple[str, ...] = (
     "skip-layer-norm",
     "skip-simplified-layer-norm",
     "rotary-embedding",  # before the attentions, which then find Q and K rotated in their [B, S, H*d] form
+    "rotary-before-head-split",  # a RotaryEmbedding fused on split heads moves onto the projection too
     "group-query-attention",
     "attention",
     "cached-attention",  # after both: a decode step's K/V are the cache's present heads, not a projection's split
