@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 FUZZ_EXAMPLES ?= 500
 
-.PHONY: install demo test fuzz bench bench-corpus memory-truth verify-corpus sample-models clean
+.PHONY: install demo test fuzz bench bench-corpus memory-truth schedule-bench llm-bench verify-corpus sample-models clean
 
 install: $(STAMP)
 
@@ -33,7 +33,7 @@ test: $(STAMP)
 fuzz: $(STAMP)
 	FUSE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q -n 2 tests/test_fuzz.py
 
-bench: $(BENCH_STAMP) memory-truth
+bench: $(BENCH_STAMP) memory-truth schedule-bench llm-bench
 	$(BIN)/python benchmarks/run.py   # also reads the folder in $$MODELS, when set
 	$(BIN)/python benchmarks/big_models.py --json benchmarks/results/big_models.json > benchmarks/results/big_models.txt; \
 		status=$$?; cat benchmarks/results/big_models.txt; exit $$status
@@ -43,7 +43,19 @@ bench: $(BENCH_STAMP) memory-truth
 memory-truth: $(STAMP)
 	$(BIN)/python benchmarks/memory_truth.py
 
+# The "branchy" and "randwire" groups: fuse's output measured with and without the `schedule` pass,
+# and its time on the 12k-node stack (corpus models from $$FUSE_CORPUS_DIRS where set).
+schedule-bench: $(STAMP)
+	$(BIN)/python benchmarks/schedule_bench.py --out benchmarks/results/schedule.md
+
 # `fuse optimize` with default flags on both corpora and onnx's backend models: verified / unverifiable / why.
+# The "LLM" group: fuse --target ort-cpu against onnxscript's optimize_for_ort, onnxruntime's
+# transformers optimizer (both run in the corpus virtualenv) and its offline extended level, on the
+# decoder corpus that `make bench-corpus` builds (skipped, said so, where it has not been built).
+llm-bench: $(STAMP)
+	$(BIN)/python benchmarks/llm_bench.py --models $(DECODER_MODELS) --anchor-python $(CORPUS_VENV)/bin/python \
+		--out benchmarks/results/llm.md --json benchmarks/results/llm.json
+
 verify-corpus: $(STAMP)
 	$(BIN)/python benchmarks/verify_corpus.py benchmarks/corpus/models benchmarks/corpus/heldout-models --backend \
 		--json benchmarks/results/verify_corpus.json --markdown benchmarks/results/verify_corpus.md
@@ -58,6 +70,7 @@ clean:
 # virtualenv (torch, torchvision, transformers: ~6 GB); fuse and `make test` never need it.
 CORPUS_VENV ?= .venv-corpus
 CORPUS_MODELS ?= benchmarks/corpus/models
+DECODER_MODELS ?= benchmarks/corpus/decoder-models
 CORPUS_STAMP := $(CORPUS_VENV)/.installed
 CORPUS_PACKAGES := torch==2.14.1 torchvision==0.29.1 transformers==5.24.0 timm==1.0.31 onnx==1.23.2 onnxscript==0.7.2 onnxruntime==1.32.0
 
@@ -70,3 +83,4 @@ $(CORPUS_STAMP):
 bench-corpus: $(CORPUS_STAMP)
 	$(CORPUS_VENV)/bin/python benchmarks/corpus/export.py --out $(CORPUS_MODELS)
 	$(CORPUS_VENV)/bin/python benchmarks/corpus/heldout.py --out benchmarks/corpus/heldout-models
+	$(CORPUS_VENV)/bin/python benchmarks/corpus/decoders.py --out $(DECODER_MODELS)

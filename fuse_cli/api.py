@@ -69,11 +69,11 @@ def optimize(model_path: str | os.PathLike, config: FuseConfig, output_path: str
     tables = build_shape_tables(loaded.model, config)
 
     writer = CandidateWriter(loaded, None if dry_run else target_path, config.external_data)
+    estimate = PeakEstimate(loaded, tables.bound, tables.planner, config)
 
     def run(selected: list[Pass]) -> Fused:
-        return fuse(loaded, selected, tables.proofs, tables.bound, config, writer.lot)
-
-    estimate = PeakEstimate(loaded, tables.bound, tables.planner, config)
+        return fuse(loaded, selected, tables.proofs, tables.bound, config, writer.lot,
+                    estimate.estimates(config.schedule_rules))
     try:
         fused, verification, rolled_back, declined = keep_promises(source, loaded, passes, run, estimate, config)
         # The audit (a dry run) says what portability costs; `optimize` does not run the pipeline twice.
@@ -104,10 +104,11 @@ def optimize(model_path: str | os.PathLike, config: FuseConfig, output_path: str
         rolled_back=rolled_back,
         runtime_target_would_add=runtime_extra,
         gates=Gates(config.fail_on_fusable, config.max_peak_bytes, config.fail_on_near_miss, config.require_verified),
-        measured=measure(source, optimized, tables.bound, config) if config.measure else None,
+        measured=measure(source, optimized, tables.bound, config, fused.orders) if config.measure else None,
         allow_mismatch=config.allow_mismatch,
-        memory=memory_audit(estimate, optimized, fused.fusions, tables.bound),
+        memory=memory_audit(estimate, optimized, fused.fusions, tables.bound, fused.orders),
         peak_guard=declined,
         peak_settings=() if config.allow_peak_growth else tuple(tuple(sorted(s.dims.items())) for s in estimate.settings),
+        orders=fused.orders,
     )
     return OptimizeResult(report=report, model_by_reference=optimized)

@@ -11,7 +11,7 @@ copies grow with sequence, a folded weight does not).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import onnx
 
@@ -23,7 +23,8 @@ from fuse_cli.core.domains import has_contrib_nodes
 from fuse_cli.errors import UsageError
 from fuse_cli.graph.io import LoadedModel
 from fuse_cli.input_domain import integer_ranges
-from fuse_cli.pipeline.records import FusionRecord
+from fuse_cli.pipeline.base import Estimates
+from fuse_cli.pipeline.records import FusionRecord, OrderRecord
 from fuse_cli.report.model import MeasuredPeaks, MemoryAudit, PeakGrowth
 
 # The second setting: every symbol LARGER times its bound value, and at least LARGER_AT_LEAST
@@ -50,8 +51,10 @@ class PeakEstimate:
         # use: the audit alone (--allow-peak-growth) never needs it.
         self._larger = ({name: max(value * LARGER, LARGER_AT_LEAST) for name, value in bound.bound_dims.items()}
                         if bound.bound_dims and not config.input_shapes else None)
-        self._profiles: list[tuple[onnx.ModelProto, int, MemoryProfile]] = []  # a few recent, by identity
-        self._symbolic: tuple[onnx.ModelProto, ShapeTable] | None = None
+        # A few recent, by identity and stored order (the `schedule` pass reorders a candidate in place).
+        self._profiles: list[tuple[onnx.ModelProto, int, tuple[str, ...], MemoryProfile]] = []
+        self._table_cache: list[tuple[onnx.ModelProto, int, frozenset[str], tuple[ShapeTable, ShapeTable]]] = []
+        self._symbolic: tuple[onnx.ModelProto, ShapeTable, frozenset[str]] | None = None
 
     def _setting(self, dims, shapes: ShapeTable, input_shapes) -> _Setting:
         before = profile_memory(self.original, shapes, extra_weights=self.defaults, symbolic_shapes=self.symbolic)
@@ -69,26 +72,51 @@ class PeakEstimate:
     def before(self) -> MemoryProfile:
         return self._settings[0].before
 
-    def profile(self, model: onnx.ModelProto, index: int = 0) -> MemoryProfile:
-        for cached, i, profile in self._profiles:
-            if cached is model and i == index:
+    def profile(self, model: onnx.ModelProto, index: int = 0, order: Sequence[int] | None = None) -> MemoryProfile:
+        """The candidate's profile at setting `index`; `order`: its nodes run in that order
+        (indices into graph.node) rather than onnxruntime's."""
+        stored = _stored_order(model)
+        for cached, i, cached_order, profile in self._profiles if order is None else ():
+            if cached is model and i == index and cached_order == stored:
                 return profile
+        bound, planner = self._tables(model, index)
+        profile = profile_memory(model, bound, extra_weights=self.defaults, symbolic_shapes=planner, order=order)
+        if order is None:
+            self._profiles = [*self._profiles[-3:], (model, index, stored, profile)]
+        return profile
+
+    def _tables(self, model: onnx.ModelProto, index: int) -> tuple[ShapeTable, ShapeTable]:
+        """The candidate's sizes at setting `index` and its planner shapes. Shapes do not depend
+        on the node order: a reordered model (same nodes, same identity) keeps its tables."""
+        for cached, i, fingerprint, tables in self._table_cache:
+            if cached is model and i == index and fingerprint == _node_set(model):
+                return tables
         setting = (self._settings if index == 0 else self.settings)[index]
         # onnx cannot infer contrib operators (FusedConv, ...), but a fused node writes the tensor
         # its pattern's root wrote, under the same name: the original's shapes still hold for it.
         bound = _fill_from(_infer(model, setting.dims, setting.input_shapes), setting.shapes)
-        profile = profile_memory(model, bound, extra_weights=self.defaults,
-                                 symbolic_shapes=_fill_from(self._planner_shapes(model), self.symbolic))
-        self._profiles = [*self._profiles[-3:], (model, index, profile)]
-        return profile
+        tables = (bound, self._planner_shapes(model))
+        self._table_cache = [*self._table_cache[-3:], (model, index, _node_set(model), tables)]
+        return tables
+
+    def estimates(self, rules: tuple[str, ...]) -> Estimates:
+        """What the model passes judge orders with: this estimate at every setting the guard uses
+        (the larger one even with --allow-peak-growth: an order is never worse at either)."""
+        return Estimates(
+            peaks=lambda model, order: tuple(self.profile(model, i, order).peak_bytes for i in range(len(self.settings))),
+            sizes=lambda model: self._tables(model, 0)[0], extra_weights=self.defaults, rules=rules,
+            floor=lambda model, order: self.profile(model, 0, order).unavoidable_at_peak)
 
     def _planner_shapes(self, model: onnx.ModelProto) -> ShapeTable:
         """The shapes with no dim bound, as onnxruntime's planner compares them. onnxruntime infers
         its contrib operators' outputs (MultiHeadAttention, ...) at run time: fill what onnx cannot
         infer from its symbolic inference, only then (on a 12k-node graph it takes longer than the
         whole pipeline)."""
-        if self._symbolic is None or self._symbolic[0] is not model:
-            self._symbolic = (model, infer_shapes(model, symbolic=has_contrib_nodes(model)))
+        if self._symbolic is None or self._symbolic[0] is not model or self._symbolic[2] != _node_set(model):
+            # One table object per candidate, at every setting: the memory model's per-model setup
+            # is cached by the table's identity (a second object would cost a second setup).
+            filled = _fill_from(infer_shapes(model, symbolic=has_contrib_nodes(model)), self.symbolic)
+            self._symbolic = (model, filled, _node_set(model))
         return self._symbolic[1]
 
     def growth(self, model: onnx.ModelProto) -> tuple[PeakGrowth, ...]:
@@ -104,14 +132,18 @@ class PeakEstimate:
 
 
 def memory_audit(estimate: PeakEstimate, optimized: onnx.ModelProto, fusions: list[FusionRecord],
-                 bound: ShapeTable) -> MemoryAudit:
+                 bound: ShapeTable, orders: Sequence[OrderRecord] = ()) -> MemoryAudit:
     """Before and after at the bound shapes, and each fusion kind's part of the peak change.
 
     The parts add up to the total: in the order the kinds first fused, each is what taking its
     removed intermediates away too does to the original's peak; what the new operators bring
     (their outputs' buffer reuse, their kernels' scratch) is the remainder, reported as its own
-    row, not spread over the kinds."""
+    row, not spread over the kinds; the node order's part (the `schedule` pass) is the last:
+    the optimized model run in its input order, then in the order written."""
     before, after = estimate.before, estimate.profile(optimized)
+    reordered = next((record for record in orders if record.changed), None)
+    unscheduled = estimate.profile(optimized, 0, reordered.unscheduled) if reordered is not None else None
+    fused_peak = (unscheduled or after).peak_bytes
     removed: dict[tuple[str, str], set[str]] = {}
     for record in fusions:
         removed.setdefault((record.pass_name, record.pattern), set()).update(t.name for t in record.removed)
@@ -124,20 +156,49 @@ def memory_audit(estimate: PeakEstimate, optimized: onnx.ModelProto, fusions: li
         previous = peak
     unknown = tuple(f"{u.tensor}[{u.dim if u.dim is not None else '?'}]" for u in bound.unknown_dims)
     return MemoryAudit(before=before, after=after, peak_delta_by_pattern=tuple(deltas),
-                       peak_delta_other=after.peak_bytes - previous, unknown_dims=unknown)
+                       peak_delta_other=fused_peak - previous, unknown_dims=unknown, unscheduled=unscheduled)
 
 
-def measure(source, optimized: onnx.ModelProto, bound: ShapeTable, config: FuseConfig) -> MeasuredPeaks:
+def measure(source, optimized: onnx.ModelProto, bound: ShapeTable, config: FuseConfig,
+            orders: Sequence[OrderRecord] = ()) -> MeasuredPeaks:
     """The truth the estimate is checked against: both models run in onnxruntime, each in a
     child process, at the same bound shapes the estimate used, integers in the ranges the graph
-    implies (as verification feeds them)."""
+    implies (as verification feeds them); and, where the `schedule` pass reordered the nodes,
+    the optimized model in its input order too, which confirms (or not) the order's part."""
     implied = {**integer_ranges(optimized), **config.int_ranges}
     ranges = {name: span for name, span in implied.items() if span is not None}
+    reordered = next((record for record in orders if record.changed), None)
     try:
+        unscheduled = None
+        if reordered is not None:
+            unscheduled = measure_peak(_stored_in(optimized, reordered.input_order), dims=bound.bound_dims,
+                                       int_ranges=ranges)
         return MeasuredPeaks(before=measure_peak(source, dims=bound.bound_dims, int_ranges=ranges),
-                             after=measure_peak(optimized, dims=bound.bound_dims, int_ranges=ranges))
+                             after=measure_peak(optimized, dims=bound.bound_dims, int_ranges=ranges),
+                             unscheduled=unscheduled)
     except ValueError as exc:
         raise UsageError(f"--measure: {exc}") from exc
+
+
+def _stored_in(model: onnx.ModelProto, order: Sequence[int]) -> onnx.ModelProto:
+    """A copy of `model` with its nodes stored in `order` (for a measurement: it holds the
+    weights twice while it lives)."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    del copy.graph.node[:]
+    copy.graph.node.extend(model.graph.node[i] for i in order)
+    return copy
+
+
+def _stored_order(model: onnx.ModelProto) -> tuple[str, ...]:
+    """The stored node order, by each node's first output (a reordering in place changes it)."""
+    return tuple(node.output[0] if node.output else node.name for node in model.graph.node)
+
+
+def _node_set(model: onnx.ModelProto) -> frozenset[str]:
+    """What a model's shapes depend on that an edit in place could change, cheaply: the tensors
+    its nodes write (a reordering keeps it; a model rewritten in place does not)."""
+    return frozenset(name for node in model.graph.node for name in node.output)
 
 
 def _infer(model: onnx.ModelProto, dims, input_shapes) -> ShapeTable:

@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from fuse_cli.config import load_config, parse_dims, parse_input_shapes, split_names
+from fuse_cli.config import SCHEDULE_FOR, load_config, parse_dims, parse_input_shapes, split_names
 from fuse_cli.errors import EXIT_INTERNAL, FuseError
 from fuse_cli.passes import TARGETS
 from fuse_cli.verify import parse_int_ranges
@@ -82,6 +82,9 @@ def fusion_options(func):
         click.option("--allow-peak-growth", is_flag=True, default=None,
                      help="Keep rewrites that raise the estimated peak activation memory above the original's "
                           "(by default the peak guard leaves them out and says why)."),
+        click.option("--schedule-for", type=click.Choice(SCHEDULE_FOR), default=None,
+                     help="Which execution order the `schedule` pass lowers the peak for: onnxruntime's "
+                          "(default for onnxruntime targets), the stored order, or both (default for --target onnx)."),
         click.option("--require-verified", is_flag=True, default=None,
                      help="CI: exit 1 unless verification confirmed the output (not unverifiable, not inconclusive)."),
         click.option("--fail-on-fusable", is_flag=True, default=None,
@@ -106,7 +109,8 @@ def fusion_options(func):
 
 
 def config_from_options(target, passes, disable, dims, input_shapes, freeze_inputs, fold_limit, upgrade_opset, verify, int_ranges,
-            rtol, atol, allow_mismatch, allow_peak_growth, require_verified, fail_on_fusable, max_peak, fail_on_near_miss, measure):
+            rtol, atol, allow_mismatch, allow_peak_growth, require_verified, fail_on_fusable, max_peak, fail_on_near_miss, measure,
+            schedule_for):
     base = load_config()
     return base.with_overrides(
         target=target,
@@ -128,6 +132,7 @@ def config_from_options(target, passes, disable, dims, input_shapes, freeze_inpu
         max_peak_bytes=int(max_peak * 2**20) if max_peak is not None else None,
         fail_on_near_miss=split_names(fail_on_near_miss) if fail_on_near_miss is not None else None,
         measure=measure,
+        schedule_for=schedule_for,
     )
 
 

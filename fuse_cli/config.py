@@ -22,6 +22,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 DEFAULT_FOLD_LIMIT_BYTES = 64 * 2**20
+# The `schedule` pass's execution rules: onnxruntime's DEFAULT walk, the stored order, or both.
+SCHEDULE_FOR = ("onnxruntime", "stored", "both")
 
 
 # What a symbolic dim nobody bound stands for in the memory estimate and in benchmarks: 1, and the
@@ -52,7 +54,15 @@ class FuseConfig:
     max_peak_bytes: int | None = None  # estimated peak activation memory (after fusion) above this
     fail_on_near_miss: tuple[str, ...] = ()  # these passes report a near-miss
     measure: bool = False  # also measure the peak in onnxruntime (a child process per model)
+    schedule_for: str | None = None  # the node order's execution rule (SCHEDULE_FOR); None: by target
     source: str = "defaults"
+
+    @property
+    def schedule_rules(self) -> tuple[str, ...]:
+        """The execution rules the `schedule` pass orders for: onnxruntime's walk for its targets;
+        for --target onnx both it and the stored order (runtimes that follow the file)."""
+        chosen = self.schedule_for or ("onnxruntime" if self.target != "onnx" else "both")
+        return ("onnxruntime", "stored") if chosen == "both" else (chosen,)
 
     def with_overrides(self, **overrides: Any) -> FuseConfig:
         """Apply CLI values; None means "not given on the command line"."""

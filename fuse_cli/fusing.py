@@ -20,9 +20,9 @@ from fuse_cli.graph.io import LoadedModel, assemble_model, load_graph, unload_un
 from fuse_cli.graph.weights import ParkingLot, mapped_weights_alive
 from fuse_cli.graph.opset import default_opset, ensure_domain_imports
 from fuse_cli.passes import resolve
-from fuse_cli.pipeline.base import Pass
+from fuse_cli.pipeline.base import Estimates, ModelPass, Pass
 from fuse_cli.pipeline.engine import run_pipeline
-from fuse_cli.pipeline.records import FusionRecord, NearMiss
+from fuse_cli.pipeline.records import FusionRecord, NearMiss, OrderRecord
 
 
 @dataclass(frozen=True)
@@ -30,16 +30,21 @@ class Fused:
     model: onnx.ModelProto
     fusions: list[FusionRecord]
     near_misses: list[NearMiss]
+    orders: tuple[OrderRecord, ...] = ()
 
 
 def fuse(loaded: LoadedModel, passes: list[Pass], proofs: ShapeTable, bound: ShapeTable, config: FuseConfig,
-         lot: ParkingLot) -> Fused:
-    """One run of the pipeline on a fresh import of the loaded model. proofs: the shapes checks
-    may rely on; bound: the sizes removed intermediates are counted at (shape_tables.py). The new
-    big weights the passes computed are parked in `lot`: the model holds them by reference."""
+         lot: ParkingLot, estimates: Estimates | None = None) -> Fused:
+    """One run of the pipeline on a fresh import of the loaded model: the graph passes to their
+    fixpoint, cleanup, export, then the model passes once each (they need the memory model's
+    `estimates`; without them they do not run). proofs: the shapes checks may rely on; bound:
+    the sizes removed intermediates are counted at (shape_tables.py). The new big weights the
+    passes computed are parked in `lot`: the model holds them by reference."""
+    model_passes = [p for p in passes if isinstance(p, ModelPass)]
+    passes_on_graph = [p for p in passes if not isinstance(p, ModelPass)]
     # onnx-graphsurgeon's logger print()s its warnings: keep stdout for results (`--json -`).
     with contextlib.redirect_stdout(sys.stderr):
-        graph, fusions, near_misses = _run_passes(loaded, passes, proofs, bound, config, lot)
+        graph, fusions, near_misses = _run_passes(loaded, passes_on_graph, proofs, bound, config, lot)
         graph.cleanup(remove_unused_graph_inputs=False, recurse_subgraphs=False)
         toposort(graph)
         unload_unchanged_weights(graph)
@@ -56,7 +61,8 @@ def fuse(loaded: LoadedModel, passes: list[Pass], proofs: ShapeTable, bound: Sha
     provenance = f"fuse {__version__} --target {config.target} passes: {','.join(p.name for p in passes)}"
     model = assemble_model(loaded, exported, provenance)
     ensure_domain_imports(model)
-    return Fused(model, fusions, near_misses)
+    orders = tuple(p.run(model, estimates) for p in model_passes) if estimates is not None else ()
+    return Fused(model, fusions, near_misses, orders)
 
 
 def _run_passes(loaded: LoadedModel, passes: list[Pass], proofs: ShapeTable, bound: ShapeTable,
@@ -88,7 +94,7 @@ def what_runtime_target_adds(loaded: LoadedModel, proofs: ShapeTable, bound: Sha
     """The cost of portability: fusions only an onnxruntime target would make, by pattern. Only
     the fusion records are needed, so the graph is never exported."""
     portable = set(resolve("onnx", None, config.disable))
-    runtime = resolve(RUNTIME_TARGET, None, config.disable)
+    runtime = [p for p in resolve(RUNTIME_TARGET, None, config.disable) if not isinstance(p, ModelPass)]
     extra = {p.name for p in runtime if p not in portable}
     if not extra:
         return ()

@@ -81,7 +81,10 @@ CAPABILITIES: tuple[Capability, ...] = (
          "head size % 8 == 0 on CPU; num_heads and kv_num_heads required; seqlens_k [B] int32 and "
          "total_sequence_length int32 inputs. With causal=0 and attention_bias (the graph's own mask) the 1.31 CPU "
          "kernel equals softmax(QK^T*scale + bias)V over repeat_kv'd K/V, fully masked rows included "
-         "(one-node check, 2026-12-01); CUDA with causal=0 unverified: group-query-attention declines there"),
+         "(one-node check, 2026-12-01); CUDA with causal=0 unverified: group-query-attention declines there. With "
+         "past_key/past_value given the CPU kernel refuses batch > 1 when sequence > 1 (1.31.1: \"batch_size must "
+         "be 1 when sequence_length > 1 and past context is given\", one-node check): a decode step with the "
+         "cache (cached-attention) goes to MultiHeadAttention, which takes any batch and step length"),
     _cap("RotaryEmbedding", "float32 float16", "float32 float16 bfloat16",
          "inputs (input, position_ids, cos, sin): not the order of the standard opset-23 RotaryEmbedding. input "
          "[B, S, H*d] (with num_heads) or [B, H, S, d]; position_ids [1] (row start + s) or [B, S]; caches "
@@ -99,6 +102,36 @@ CAPABILITIES: tuple[Capability, ...] = (
 )
 _BY_KEY = {(c.op, c.domain): c for c in CAPABILITIES}
 
+
+
+# Standard operators newer than onnxruntime's fused ones, where what the CPU provider runs depends
+# on the dtype. `--target onnx` emits them (its output is verified on onnxruntime's CPU provider);
+# the onnxruntime targets get the com.microsoft forms (rotary-embedding, group-query-attention,
+# cached-attention, simplified-layer-norm). Measured with one-node sessions at graph optimization
+# disabled, onnxruntime-gpu 1.31.1 (the build pyproject installs on Linux x86_64; its CPU provider)
+# and onnxruntime 1.32.0 (CPU build): both alike (benchmarks/opset23_probe.py). "cuda" is empty:
+# not checked (no GPU at hand), and UNCHECKED says so for targets that promise CUDA.
+STANDARD: tuple[Capability, ...] = (
+    _cap("RMSNormalization", "float32 float16 float64", "",
+         "opset 23; bfloat16 not probed; rms-norm emits it for float32 only. CPU time 0.61-0.95x the decomposed "
+         "form in decoder exports (benchmarks/results/opset23.md)", domain=""),
+    _cap("RotaryEmbedding", "float32 float16", "",
+         "opset 23; inputs (X, cos_cache, sin_cache, position_ids?); float64: the schema refuses it. Without "
+         "position_ids the caches must be [B, S, d/2] of x's own batch: a batch-1 cache for batch 2 fails at run time "
+         "(\"Inputs 'cos_cache' and 'sin_cache' are expected to have the same shape as input 'x', got 1 and 5\"). CPU time "
+         "0.83-0.95x the decomposed form, 1.02x on two 128-token prefills (within the shared CPU's noise: not declined; "
+         "benchmarks/results/opset23.md)",
+         domain=""),
+    _cap("Attention", "float32 float16", "",
+         "opset 23; Q, K, V all 3-D (q_num_heads, kv_num_heads) or all 4-D: 3-D Q with 4-D K/V fails at run time "
+         "(attention_helper.h:39 ComputeOutputShapeForAttention). float64 loads but runs as the function body "
+         "(60 elementwise nodes), not a kernel. An attn_mask [B, 1, 1, T] (padding only, broadcast over the queries) fails at run time "
+         "(attention_helper.h:98 ComputeOutputShapeForAttention); [B or 1, 1 or H, S, T] runs. CPU time 0.66-0.96x the decomposed "
+         "form (benchmarks/results/opset23.md). onnxruntime also runs present outputs without past inputs, which "
+         "the standard forbids: fuse never emits that",
+         domain=""),
+)
+_STANDARD_BY_OP = {c.op: c for c in STANDARD}
 
 
 @dataclass(frozen=True)
@@ -168,6 +201,8 @@ def target_reason(target: str, op: str, dtype, domain: str = MS) -> str | None:
     cap = capability(op, domain)
     qualified = cap.qualified if cap else (f"{domain}::{op}" if domain else op)
     if cap is None:
+        if domain == "" and op in _STANDARD_BY_OP:
+            return standard_reason(op, dtype, target)
         if domain == "":
             return None if _is_standard(op) else f"{op} is not an ONNX operator (target {target})"
         return (f"{qualified} is not in fuse's table of onnxruntime operators, so no target may emit it "
@@ -194,6 +229,19 @@ def target_reason(target: str, op: str, dtype, domain: str = MS) -> str | None:
     return reason + (f"; --target {other[0]} allows it" if other else "")
 
 
+def standard_reason(op: str, dtype, target: str) -> str | None:
+    """None if onnxruntime's CPU provider (which verifies every target's output) runs the standard
+    `op` at `dtype` as a kernel, else why not."""
+    dtype = None if dtype is None else dtype_name(dtype)
+    cap = _STANDARD_BY_OP[op]
+    if dtype in cap.cpu:
+        return None
+    if dtype is None:
+        return f"the dtype is unknown, so fuse cannot tell whether onnxruntime's CPU provider runs {op} (target {target})"
+    return (f"onnxruntime's CPU provider has no {dtype} {op} kernel (it runs {_names(cap.cpu)}; "
+            f"target {target})")
+
+
 @dataclass(frozen=True)
 class Unchecked:
     """A kernel a provider has, for a form fuse emits that was checked on other providers only
@@ -202,9 +250,13 @@ class Unchecked:
     op: str
     provider: str
     reason: str
+    domain: str = MS  # "" for a standard operator
 
 
 UNCHECKED: tuple[Unchecked, ...] = (
+    *(Unchecked(c.op, "cuda", f"the standard {c.op}'s CUDA kernel in the pinned onnxruntime-gpu is not checked by fuse "
+                "(no GPU at hand when it was added; target {target}); --target onnx emits it", domain="")
+      for c in STANDARD),
     Unchecked("GroupQueryAttention", "cuda",
               "GroupQueryAttention with causal=0 and an attention_bias is verified on onnxruntime's CPU provider "
               "only (target {target}); --target ort-cpu fuses it"),
@@ -222,7 +274,9 @@ def emit_reason(target: str, op: str, dtype, domain: str = MS) -> str | None:
     reason = target_reason(target, op, dtype, domain)
     if reason is None and (measured := slower(target, op)) is not None:
         reason = measured.reason.format(target=target)
-    unchecked = next((u for u in UNCHECKED if u.op == op and u.provider in PROVIDERS_OF[target]), None)
+    domain = "" if domain == "ai.onnx" else domain
+    unchecked = next((u for u in UNCHECKED if (u.op, u.domain) == (op, domain) and u.provider in PROVIDERS_OF[target]),
+                     None)
     if reason is None and unchecked is not None:
         reason = unchecked.reason.format(target=target)
     return reason

@@ -17,19 +17,25 @@ def llama_attention_model(*, heads: int = 4, kv_heads: int = 2, head_size: int =
                           tables: str = "computed", half_bounds: str = "shape", mask: str = "causal-padding",
                           repeat: str = "expand", scale: str = "mul", seq: str | int = "sequence",
                           rotate_order: str = "neg-upper", dynamo: bool = False,
-                          flat_shape: str = "key") -> onnx.ModelProto:
+                          flat_shape: str = "key", cache: str = "none", partial: bool = False) -> onnx.ModelProto:
     """freqs: positions times inv_freq by "mul" ([1, S, 1] * [d/2]) or "matmul" ([1, d/2, 1] @ [1, 1, S],
     transposed). tables: "computed" (Cos/Sin of Concat(f, f)), "uneven" (Concat(f, 2f): halves differ),
     "inputs" (cos/sin graph inputs [1, sequence, d]) or "constant" (a static-length table; seq must be
     an int). half_bounds: the Slice split "shape" (Shape(x)[3] // 2, as torch writes it) or "const";
     "wrong" splits at d/2 - 1. mask: "causal-padding" ([B, 1, S, S] from attention_mask), "none", or
-    "causal-2d" (the causal [S, S] alone, not the [B or 1, H or 1, S, S] attention_bias wants). repeat: "expand" (repeat_kv), "none" (kv_heads must equal heads) or
+    "causal-2d" (the causal [S, S] alone, not the [B or 1, H or 1, S, S] attention_bias wants), or
+    "padding-only" ([B, 1, 1, T] from attention_mask alone). repeat: "expand" (repeat_kv), "none" (kv_heads must equal heads) or
     "tile" (Expand at axis 1: heads kv0,kv1,kv0,kv1, not repeat_kv's kv0,kv0,kv1,kv1).
     rotate_order "neg-lower" builds Concat(-x1, x2), not rotate_half. dynamo: as torch.onnx.export(dynamo=True)
     writes scaled_dot_product_attention: split and merge shapes computed from Shape (allowzero=1), d^-1/4 on Q
     and on K^T, K^T through a batch-flattened view [-1, S, d] -> Transpose [0, 2, 1] -> [B, H, d, S], and
     Where(IsNaN(p), 0, p) after the softmax. flat_shape "d-first" flattens to [-1, d, S] instead: the same
-    sizes when S == d, but a reinterpretation, not K^T."""
+    sizes when S == d, but a reinterpretation, not K^T. cache: "none" (output y only), "present" (a prefill:
+    the K/V heads are also graph outputs) or "past" (a decode step: past_key/past_value inputs [batch, kv_heads,
+    past_sequence, d] concatenated before the new K/V into the present outputs, the mask over
+    attention_mask [batch, past_sequence + sequence] with the causal offset of the past). partial: as
+    transformers' partial-rotary code (Phi-3) writes it with a rotary dim that is the whole head:
+    Concat(rotary(x[..., :d]), x[..., d:]), the second piece empty."""
     b = GraphBuilder(opset=17, seed=5)
     hidden, kv_hidden, half = heads * head_size, kv_heads * head_size, head_size // 2
     x = b.input("hidden", ["batch", seq, hidden])
@@ -95,9 +101,19 @@ def llama_attention_model(*, heads: int = 4, kv_heads: int = 2, head_size: int =
             to = b.op("Concat", bs, ints(kv_heads, n), rest, axis=0)
         return b.op("Reshape", b.op("Expand", unsq, to), b.op("Concat", bs, ints(heads), rest, axis=0))
 
-    q = rotary(split(linear(hidden), heads))
-    k = repeat_kv(rotary(split(linear(kv_hidden), kv_heads)))
-    v = repeat_kv(split(linear(kv_hidden), kv_heads))
+    def rotated(t: str) -> str:
+        if not partial:
+            return rotary(t)
+        rot = b.op("Slice", t, ints(0), ints(head_size), ints(3), ints(1))
+        return b.op("Concat", rotary(rot), b.op("Slice", t, ints(head_size), ints(2**63 - 1), ints(3), ints(1)), axis=-1)
+
+    q = rotated(split(linear(hidden), heads))
+    k, v = rotated(split(linear(kv_hidden), kv_heads)), split(linear(kv_hidden), kv_heads)
+    if cache == "past":
+        k, v = (b.op("Concat", b.input(f"past_{role}", ["batch", kv_heads, "past_sequence", head_size]), t, axis=-2)
+                for role, t in (("key", k), ("value", v)))
+    presents = [k, v] if cache != "none" else []
+    k, v = repeat_kv(k), repeat_kv(v)
     if dynamo:
         quarter = b.const(np.float32(head_size**-0.25))
         k_dims = b.op("Shape", k)
@@ -112,11 +128,19 @@ def llama_attention_model(*, heads: int = 4, kv_heads: int = 2, head_size: int =
         scores = (b.op("Mul", scores, b.const(np.float32(head_size**-0.5))) if scale == "mul"
                   else b.op("Div", scores, b.const(np.float32(3.0))))
     if mask != "none":
-        m = b.input("attention_mask", ["batch", seq], TensorProto.INT64)
+        m = b.input("attention_mask", ["batch", "past_sequence + sequence" if cache == "past" else seq], TensorProto.INT64)
         rows = b.op("Range", b.const(np.array(0, np.int64)), length, b.const(np.array(1, np.int64)))
-        causal = b.op("LessOrEqual", b.op("Unsqueeze", rows, ints(0)), b.op("Unsqueeze", rows, ints(1)))  # [S, S]
+        if cache == "past":  # key j is visible to query i when j <= past + i
+            total = b.op("Gather", b.op("Shape", m), b.const(np.array(1, np.int64)), axis=0)
+            cols = b.op("Range", b.const(np.array(0, np.int64)), total, b.const(np.array(1, np.int64)))
+            last = b.op("Add", rows, b.op("Sub", total, length))
+            causal = b.op("LessOrEqual", b.op("Unsqueeze", cols, ints(0)), b.op("Unsqueeze", last, ints(1)))  # [S, T]
+        else:
+            causal = b.op("LessOrEqual", b.op("Unsqueeze", rows, ints(0)), b.op("Unsqueeze", rows, ints(1)))  # [S, S]
         keep = b.op("And", causal, b.op("Unsqueeze", b.op("Cast", m, to=TensorProto.BOOL), ints(1)))  # [B, S, S]
         keep = causal if mask == "causal-2d" else b.op("Unsqueeze", keep, ints(1))
+        if mask == "padding-only":  # [B, 1, 1, T]: broadcast over the queries, no causal part
+            keep = b.op("Unsqueeze", b.op("Cast", m, to=TensorProto.BOOL), ints(1, 2))
         scores = b.op("Add", scores, b.op("Where", keep, b.const(np.float32(0)), b.const(np.float32(F32_MIN))))
     probs = b.op("Softmax", scores, axis=-1)
     if dynamo:
@@ -124,4 +148,8 @@ def llama_attention_model(*, heads: int = 4, kv_heads: int = 2, head_size: int =
     context = b.op("Transpose", b.op("MatMul", probs, v), perm=[0, 2, 1, 3])
     merged = (b.op("Reshape", context, b.op("Concat", batch_seq, ints(-1), axis=0), allowzero=1) if dynamo
               else b.op("Reshape", context, ints(0, 0, hidden)))
-    return b.build(b.op("MatMul", merged, b.const(b.rand(hidden, hidden) * hidden**-0.5)), output_names=["y"])
+    y = b.op("MatMul", merged, b.const(b.rand(hidden, hidden) * hidden**-0.5))
+    model = b.build(y, *presents, output_names=["y", "present_key", "present_value"][:1 + len(presents)])
+    for present in model.graph.output[1:]:  # the length exporters declare, not onnx's unk__N for a Concat's sum
+        present.type.tensor_type.shape.dim[2].dim_param = "past_sequence + sequence" if cache == "past" else str(seq)
+    return model

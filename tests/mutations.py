@@ -197,6 +197,9 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("gqa-wrong-scale", "group-query-attention", "scores scaled by 1/d instead of 1/sqrt(d)", "ort-cpu",
              ("llama_attention",), first=("rotary-embedding",),
              after=set_attr("GroupQueryAttention", "scale", lambda v: (v or 8**-0.5) ** 2)),
+    Mutation("cached-attention-mask-dropped", "cached-attention", "the decode step's mask (causal offset, padding) "
+             "not passed", "ort-cpu", ("llama_decode_step",), first=("rotary-embedding",),
+             after=drop_input("MultiHeadAttention", 5)),
     # Skip normalization
     Mutation("skip-layer-norm-residual-dropped", "skip-layer-norm", "x + x instead of x + skip", "ort-cuda",
              ("transformer_block_opset17",), after=replace_input_with("SkipLayerNormalization", 1, 0)),

@@ -148,17 +148,21 @@ def attention(batch, sequence, kv_length, *, mask=False):
     return model([mha], values, [value("y", [batch, sequence, hidden])], initializers, extra_opsets=[MS])
 
 
-def group_query_attention():
+def group_query_attention(presents=False, causal=0):
     """As fuse's group-query-attention pass emits it: causal=0, the graph's mask as attention_bias,
-    no past, no present outputs. B 4, S 256, 8 query heads, 2 key/value heads, head size 64."""
+    no past, with or without the present outputs. B 4, S 256, 8 query heads, 2 key/value heads,
+    head size 64."""
     batch, sequence, heads, kv_heads, size = 4, 256, 8, 2, 64
+    outputs = ["y", "present_key", "present_value"] if presents else ["y"]
     gqa = helper.make_node("GroupQueryAttention", ["q", "k", "v", "", "", "seqlens", "total", "", "", "", "bias"],
-                           ["y"], domain="com.microsoft", num_heads=heads, kv_num_heads=kv_heads)
+                           outputs, domain="com.microsoft", num_heads=heads, kv_num_heads=kv_heads, causal=causal)
     initializers = [numpy_helper.from_array(np.full(batch, sequence - 1, np.int32), "seqlens"),
                     numpy_helper.from_array(np.array(sequence, np.int32), "total")]
     values = [value("q", [batch, sequence, heads * size]), value("k", [batch, sequence, kv_heads * size]),
               value("v", [batch, sequence, kv_heads * size]), value("bias", [batch, 1, sequence, sequence])]
-    return model([gqa], values, [value("y", [batch, sequence, heads * size])], initializers, extra_opsets=[MS])
+    present = [value(name, [batch, kv_heads, sequence, size]) for name in outputs[1:]]
+    return model([gqa], values, [value("y", [batch, sequence, heads * size]), *present], initializers,
+                 extra_opsets=[MS])
 
 
 def bias_gelu():
@@ -203,6 +207,10 @@ def where():
     # q, y 2 MiB each, k, v 0.5 MiB each, bias 1 MiB + the query copy 2 MiB, present K and V
     # 0.5 MiB each, probabilities [4, 8, 256, 256] 8 MiB
     (group_query_attention, 17),
+    # the same + the present outputs 0.5 MiB each; the scratch is unchanged (causal=0)
+    (lambda: group_query_attention(presents=True), 18),
+    # causal=1 returning its presents: no probabilities (10), the graph's mask still read as bias
+    (lambda: group_query_attention(presents=True, causal=1), 10),
 ])
 def test_contrib_kernel_scratch_matches_a_real_run(build, mib):
     m = build()

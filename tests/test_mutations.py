@@ -36,6 +36,7 @@ BUILT = {
     "pad_conv": lambda: pad_conv([0, 0, 1, 1, 0, 0, 1, 1]),
     "attention_scores": lambda: attention_scores(GraphBuilder()),
     "llama_attention": llama_attention_model,
+    "llama_decode_step": lambda: llama_attention_model(cache="past"),
 }
 
 

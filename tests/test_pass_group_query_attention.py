@@ -76,3 +76,13 @@ def test_targets_with_cuda_decline(tmp_path):
     assert GQA not in op_counts(result.model)
     assert any("CPU provider only" in m.reason or "no float32 kernel" in m.reason
                for m in result.report.near_misses if m.pass_name == "group-query-attention")
+
+
+@pytest.mark.parametrize("form", [dict(), dict(dynamo=True), dict(cache="present")], ids=["torchscript", "dynamo", "present"])
+def test_phi3_partial_rotary_over_the_whole_head_fuses(form, tmp_path):
+    """Concat(rotary(x[..., :d]), x[..., d:]): the empty pass-through goes, the rotary moves onto the projection."""
+    model = llama_attention_model(partial=True, **form)
+    result = optimize_model(model, tmp_path, target="ort-cpu")
+    counts = op_counts(result.model)
+    assert counts[GQA] == 1 and counts["com.microsoft::RotaryEmbedding"] == 2 and counts["Concat"] == 1, counts  # cos/sin
+    assert_same_outputs(model, result.model)

@@ -34,6 +34,8 @@ NOOPS = {
     "expand-ones": lambda: layout("Expand", [1, 1]),
     "expand-same-static": lambda: layout("Expand", [3, 4]),
     "expand-lower-rank": lambda: layout("Expand", [4]),
+    "reshape-to-own-shape": lambda: layout("Reshape", [0, 3, 4]),
+    "reshape-minus-one-is-batch": lambda: layout("Reshape", [-1, 3, 4]),  # inference names the -1 batch
 }
 
 
@@ -57,6 +59,7 @@ NOT_NOOPS = {  # each changes x: not this pattern, so neither a rewrite nor a ne
     "expand-over-symbolic": lambda: layout("Expand", [5, 3, 4]),  # batch is not known to be 5
     "expand-higher-rank": lambda: layout("Expand", [1, 1, 1, 1]),
     "tile-runtime-repeats": lambda: _runtime_repeats(),
+    "reshape-reorders": lambda: layout("Reshape", [0, 4, 3]),
 }
 
 

@@ -5,7 +5,7 @@ import pytest
 from fuse_cli.errors import UsageError
 from fuse_cli.passes import REGISTRY, TARGETS, pipeline_for, resolve
 from fuse_cli.passes import PIPELINES
-from fuse_cli.pipeline.base import ALL_TARGETS, GraphPass, PatternPass
+from fuse_cli.pipeline.base import ALL_TARGETS, GraphPass, ModelPass, PatternPass
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -27,7 +27,7 @@ def test_pass_declares_itself(name):
     assert p.targets and p.targets <= ALL_TARGETS
     assert p.min_opset >= 1
     assert p.explanation.strip() != p.description.strip(), "docstring with the math and picture expected"
-    assert isinstance(p, (PatternPass, GraphPass))
+    assert isinstance(p, (PatternPass, GraphPass, ModelPass))
 
 
 def test_onnx_target_emits_only_standard_passes():

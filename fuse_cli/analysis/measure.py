@@ -14,11 +14,15 @@ estimate's graph outputs.
 
 glibc: a freed block normally stays in glibc's heap and the next run reuses it without the
 kernel noticing, so RSS hardly moves (the transformer sample measured 0 bytes). The child pins
-glibc's mmap threshold at 64 KiB (MALLOC_MMAP_THRESHOLD_, which also stops glibc from raising it
-as large blocks are freed): every buffer of 64 KiB or more is its own mapping and goes back to the
-kernel when freed, so RSS follows what onnxruntime holds. numpy's huge-page advice is off, so a
-4 MiB array is not counted as 2 MiB pages. What is left is noise of tens of pages: the kernel's
-RSS counters are per-CPU approximations, and blocks under 64 KiB come from glibc's heap.
+glibc's mmap threshold at 16 KiB (MALLOC_MMAP_THRESHOLD_, which also stops glibc from raising it
+as large blocks are freed): every buffer of 16 KiB or more is its own mapping and goes back to the
+kernel when freed, so RSS follows what onnxruntime holds. At 64 KiB the many small tensors of a
+batch-1 vision model came from heap pages the warm-up had left resident and went uncounted: the
+measured peak was 15-25% low and moved between runs (mobilevit-xxs 6.05 and 6.81 MiB, estimate
+7.53; at 16 KiB 7.43 and 7.50). Below 16 KiB a mapping's page rounding starts to count (a 4 KiB
+tensor takes two pages). numpy's huge-page advice is off, so a 4 MiB array is not counted as
+2 MiB pages. What is left is noise of tens of pages: the kernel's RSS counters are per-CPU
+approximations, and blocks under 16 KiB come from glibc's heap.
 
 Where this cannot work (no /proc/self/clear_refs, a write refused, a C library that is not glibc)
 the result says why, with no figure: never a guess.
@@ -42,7 +46,7 @@ from fuse_cli.errors import FuseError
 
 CLEAR_REFS = "/proc/self/clear_refs"
 STATUS = "/proc/self/status"
-_MMAP_THRESHOLD = 64 * 1024
+_MMAP_THRESHOLD = 16 * 1024
 _CHILD_TIMEOUT_S = 600
 # After the reset VmHWM must sit at VmRSS; a kernel that ignores the write leaves the process's
 # lifetime maximum there. The counters are approximate, so allow some pages of slack.
@@ -62,7 +66,7 @@ def method_sentence(repeats: int) -> str:
     return (
         f"Smallest of {repeats} onnxruntime CPU runs (graph optimizations, memory arena and memory "
         "pattern off, one thread) of VmHWM minus VmRSS, reset through /proc/self/clear_refs after "
-        "a warm-up, in a child process with glibc's mmap threshold at 64 KiB; inputs copied "
+        "a warm-up, in a child process with glibc's mmap threshold at 16 KiB; inputs copied "
         "after the baseline and outputs held, as the estimate counts them."
     )
 

@@ -98,9 +98,10 @@ Workspace. Kernel scratch, live while its node runs:
   with a key padding mask, no [B, S, T] mask buffer stayed resident. Measured on onnxruntime
   1.31 for batch, sequence, key length, heads and head size: within 0.2 MiB of the formula.
 
-- com.microsoft GroupQueryAttention (contrib_ops/cpu/bert/group_query_attention.cc): without
-  its present outputs, the present K/V [B, KV, T, H] it builds anyway, a head-major query copy
-  and the probabilities [B, N, S, T]; measured (see _group_query_attention_workspace);
+- com.microsoft GroupQueryAttention (contrib_ops/cpu/bert/group_query_attention.cc): a head-major
+  query copy, present-sized K/V buffers [B, KV, T, H] (with or without its present outputs) and,
+  unless causal=1 with the presents returned, the probabilities [B, N, S, T]; measured (see
+  _group_query_attention_workspace);
 
 - LRN on float (cpu/nn/lrn.cc) takes two buffers from the temp-space allocator: the scale, as
   big as its input, and one image's padded squares, (C + size - 1) x H x W floats. Measured on
@@ -212,25 +213,32 @@ class MemoryProfile:
     largest: tuple[LiveTensor, ...]
     unknown_tensors: tuple[str, ...]
     weight_bytes: int
+    # What no execution order can free at the peak step: the peak node's inputs, outputs and
+    # scratch, and the graph inputs. The peak less this bounds what any reordering can gain.
+    unavoidable_at_peak: int = 0
 
 
 def profile_memory(model: onnx.ModelProto, shapes: ShapeTable, *, extra_weights: Iterable[str] = (),
-                   absent: Iterable[str] = (), symbolic_shapes: ShapeTable | None = None) -> MemoryProfile:
+                   absent: Iterable[str] = (), symbolic_shapes: ShapeTable | None = None,
+                   order: Sequence[int] | None = None) -> MemoryProfile:
     """Walk the top-level graph once and account every activation's lifetime.
 
     shapes: sizes at the user's bindings. symbolic_shapes: the model's shapes with no dim bound,
     as onnxruntime's planner compares them; inferred from `model` when not given.
     extra_weights: graph inputs to treat as weights (initializers set aside as input defaults).
     absent: tensors that take no memory, for "what if these intermediates did not exist".
-    Raises ValueError when the graph has a cycle.
+    order: the nodes run in this order (indices into graph.node, a topological order) instead of
+    onnxruntime's: what another stored order, or a runtime that follows the stored order, would do.
+    Raises ValueError when the graph has a cycle or `order` is not a topological order.
     """
     with paused_gc():
-        return _profile_memory(model, shapes, extra_weights, absent, symbolic_shapes)
+        return _profile_memory(model, shapes, extra_weights, absent, symbolic_shapes, order)
 
 
 def _profile_memory(model: onnx.ModelProto, shapes: ShapeTable, extra_weights: Iterable[str],
-                    absent: Iterable[str], symbolic_shapes: ShapeTable | None) -> MemoryProfile:
-    setup = _setup(model, symbolic_shapes, extra_weights)
+                    absent: Iterable[str], symbolic_shapes: ShapeTable | None,
+                    order: Sequence[int] | None = None) -> MemoryProfile:
+    setup = _setup(model, symbolic_shapes, extra_weights, order)
     labels, producer = setup.labels, setup.producer
     sized = setup.sized(shapes)
     absent = set(absent)
@@ -263,6 +271,13 @@ def _profile_memory(model: onnx.ModelProto, shapes: ShapeTable, extra_weights: I
     if peak_step >= 0 and workspace[peak_step]:
         live.append(LiveTensor(WORKSPACE, workspace[peak_step], peak_node))
 
+    own = set(setup.graph_inputs)
+    if peak_step >= 0:
+        own.update(setup.reads[peak_step], setup.outputs[peak_step])
+    # A view's buffer is listed under its source's name, which may not be the node's own: counted
+    # as avoidable, so the bound stays a bound.
+    unavoidable = sum(t.nbytes for t in live if t.name in own or t.name == WORKSPACE)
+
     written: dict[str, int] = {}
     for op_type, outputs in zip(setup.op_types, setup.outputs):
         for name in outputs:
@@ -282,6 +297,7 @@ def _profile_memory(model: onnx.ModelProto, shapes: ShapeTable, extra_weights: I
                       for n in heapq.nlargest(_LARGEST_COUNT, (n for n in producer if n in known), key=known.__getitem__)),
         unknown_tensors=unknown,
         weight_bytes=sized.weight_bytes,
+        unavoidable_at_peak=unavoidable,
     )
 
 
@@ -326,6 +342,7 @@ class _Setup:
     initializer_bytes: int
     constants: list[tuple[str, int | None]]
     by_table: dict[int, tuple[ShapeTable, _Sized]] = field(default_factory=dict)
+    explicit: tuple[int, ...] | None = None  # the execution order given, when not onnxruntime's
 
     def sized(self, shapes: ShapeTable) -> _Sized:
         held = self.by_table.get(id(shapes))
@@ -346,23 +363,27 @@ class _Setup:
 # The last few models walked. A model is recognised by identity and by a fingerprint of its nodes
 # and names (a model edited in place is set up again); its tables are immutable.
 _SETUPS: list[_Setup] = []
+_EXPLICIT_SETUPS: list[_Setup] = []
 _SETUPS_KEPT = 4
 
 
-def _setup(model: onnx.ModelProto, symbolic_shapes: ShapeTable | None, extra_weights: Iterable[str]) -> _Setup:
+def _setup(model: onnx.ModelProto, symbolic_shapes: ShapeTable | None, extra_weights: Iterable[str],
+           explicit: Sequence[int] | None = None) -> _Setup:
     graph = model.graph
     # A list: indexing a protobuf repeated field builds a wrapper per access (35 us at 12k nodes).
     stored = list(graph.node)
     extra = frozenset(extra_weights)
     fingerprint = model_fingerprint(model, stored, extra)
-    for setup in _SETUPS:
+    wanted = None if explicit is None else tuple(explicit)
+    for setup in _SETUPS if explicit is None else _EXPLICIT_SETUPS:
         # An id is reused once its model is gone; the fingerprint then says whether the new model
         # has the same structure, for which the setup holds as well.
-        if setup.model_id == id(model) and setup.symbolic is symbolic_shapes and setup.fingerprint == fingerprint:
+        if (setup.model_id == id(model) and setup.symbolic is symbolic_shapes and setup.fingerprint == fingerprint
+                and setup.explicit == wanted):
             return setup
     consumed = [consumed_names(node) for node in stored]
     execution_order(graph, consumed)  # the one place that reports a cycle
-    order = _runtime_order(stored, consumed)
+    order = _runtime_order(stored, consumed) if explicit is None else _checked_order(explicit, stored, consumed)
     nodes = [stored[i] for i in order]
     labels = [node_label(node, index) for node, index in zip(nodes, order)]
     symbolic = symbolic_shapes if symbolic_shapes is not None else infer_shapes(model)
@@ -377,7 +398,7 @@ def _setup(model: onnx.ModelProto, symbolic_shapes: ShapeTable | None, extra_wei
             if name and name not in weights:
                 producer[name] = label
     reads = [_reads(stored[i], consumed[i]) for i in order]
-    planner = _planner_shapes(nodes, _without_data_propagation(model, nodes, symbolic), _declared_dims(graph))
+    planner = _order_free_planner_shapes(model, fingerprint, symbolic, nodes)
     keys = {name: _planner_key(planner.get(name)) for name in producer}
     opset = _default_opset(model)
     inputs = [list(node.input) for node in nodes]
@@ -401,9 +422,42 @@ def _setup(model: onnx.ModelProto, symbolic_shapes: ShapeTable | None, extra_wei
     setup = _Setup(id(model), symbolic_shapes, fingerprint, labels, [node.op_type for node in nodes], reads,
                    producer, set(producer), planner, keys, opset, inputs, outputs, alias, in_place, count, last_read,
                    graph_inputs, graph_outputs, scratch_nodes, initializer_bytes, constants)
-    _SETUPS.insert(0, setup)
-    del _SETUPS[_SETUPS_KEPT:]
+    setup.explicit = wanted
+    if explicit is None:
+        _SETUPS.insert(0, setup)
+        del _SETUPS[_SETUPS_KEPT:]
+    else:  # a scheduler's candidate, judged at each shape setting in turn: the last one kept
+        _EXPLICIT_SETUPS[:] = [setup]
     return setup
+
+
+# Planner shapes depend on the nodes, not on the order they run in (any topological order
+# propagates the same dims): the last model's, kept for the many orders a scheduler judges.
+_PLANNER_SHAPES: list[tuple[int, bytes, ShapeTable, dict[str, TensorInfo]]] = []
+
+
+def _order_free_planner_shapes(model: onnx.ModelProto, fingerprint: bytes, symbolic: ShapeTable,
+                               nodes: Sequence[onnx.NodeProto]) -> dict[str, TensorInfo]:
+    for model_id, kept_fingerprint, kept_symbolic, shapes in _PLANNER_SHAPES:
+        if model_id == id(model) and kept_symbolic is symbolic and kept_fingerprint == fingerprint:
+            return shapes
+    shapes = _planner_shapes(nodes, _without_data_propagation(model, nodes, symbolic), _declared_dims(model.graph))
+    _PLANNER_SHAPES[:] = [(id(model), fingerprint, symbolic, shapes)]
+    return shapes
+
+
+def _checked_order(order: Sequence[int], stored: Sequence[onnx.NodeProto], consumed: Sequence[set[str]]) -> list[int]:
+    """`order` when it runs every node once, each after its producers; else ValueError."""
+    order = list(order)
+    if sorted(order) != list(range(len(stored))):
+        raise ValueError("the order must name every node exactly once")
+    producer = {name: i for i, node in enumerate(stored) for name in node.output if name}
+    done = [False] * len(stored)
+    for i in order:
+        if any(not done[producer[name]] for name in consumed[i] if name in producer):
+            raise ValueError(f"{node_label(stored[i], i)} runs before one of its producers")
+        done[i] = True
+    return order
 
 
 
@@ -412,6 +466,36 @@ def runtime_order(graph: onnx.GraphProto) -> list[int]:
     """Indices into `graph.node` in onnxruntime's default execution order (see the module
     docstring). Iterative: graphs reach 10k+ nodes. Assumes an acyclic graph."""
     return _runtime_order(graph.node, [consumed_names(node) for node in graph.node])
+
+
+def runtime_order_of(nodes: Sequence[onnx.NodeProto], consumed: Sequence[set[str]]) -> list[int]:
+    """onnxruntime's order of `nodes` stored as listed (each node's consumed_names given): what a
+    scheduler's candidate stored order would run as."""
+    return _runtime_order(nodes, consumed)
+
+
+# What a scheduler needs of the kernel rules above, so that its own sizing follows this model.
+
+def weight_names(graph: onnx.GraphProto) -> set[str]:
+    """Initializers and Constant outputs: resident, never counted as activations."""
+    return _weight_names(graph)
+
+
+def is_view(node: onnx.NodeProto, opset: int) -> bool:
+    """Output 0 is a view of input 0 (an Alias kernel): no bytes of its own."""
+    rule = _ALIAS_OPS.get((_domain(node), node.op_type))
+    return rule is not None and rule[0] <= opset <= rule[1]
+
+
+def in_place_input(node: onnx.NodeProto) -> int | None:
+    """The input whose buffer a MayInplace kernel may write its output into, or None."""
+    rule = _INPLACE_OPS.get((_domain(node), node.op_type))
+    return None if rule is None else rule[0]
+
+
+def workspace_bytes(node: onnx.NodeProto, shapes: ShapeTable, opset: int) -> int:
+    """The kernel's scratch while it runs (see "Workspace" in the module docstring)."""
+    return _workspace_bytes(node, shapes, opset)
 
 
 def _runtime_order(nodes: Sequence[onnx.NodeProto], consumed: Sequence[set[str]]) -> list[int]:
@@ -907,13 +991,14 @@ def _attention_workspace(node: onnx.NodeProto, shapes: ShapeTable) -> int:
 
 
 def _group_query_attention_workspace(node: onnx.NodeProto, shapes: ShapeTable) -> int:
-    """GroupQueryAttention's scratch on the CPU provider, in bytes; 0 when unknown. Without the
-    present_key/present_value outputs (as fuse emits it) the kernel still builds them, [B, KV, T, H]
-    each, beside a head-major query copy [B, N, S, H] and the probabilities [B, N, S, T].
-    Measured on onnxruntime 1.31.1 (causal=0, an attention_bias, no past) at B 4-8, S 128-512,
-    N 8-16, KV 2-4, H 64-128: within 0.07 MiB of that sum (tests/test_analysis_measure.py). With
-    the present outputs requested, probed once, the scratch was the query copy plus about one
-    [B, S, T] buffer: only the query copy is counted there."""
+    """GroupQueryAttention's scratch on the CPU provider, in bytes; 0 when unknown: a head-major
+    query copy [B, N, S, H], present-sized K/V buffers [B, KV, T, H] each (the kernel builds them
+    when the present outputs are not requested, and as much again when they are), and the
+    probabilities [B, N, S, T], which only a causal kernel (causal=1, the default) returning its
+    presents does without. Measured on onnxruntime 1.31.1 with an attention_bias and no past at
+    B 2-64, S 64-512, N 4-16, KV 2-8, H 32-128, causal 0 and 1, with and without the present
+    outputs: within 0.25 MiB of that sum (tests/test_analysis_measure.py). fuse emits causal=0
+    (the graph's own mask is the bias): the probabilities are always there."""
     inputs = list(node.input) + [""] * 11
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     heads, kv_heads = int(attrs.get("num_heads", 0)), int(attrs.get("kv_num_heads", 0))
@@ -930,10 +1015,9 @@ def _group_query_attention_workspace(node: onnx.NodeProto, shapes: ShapeTable) -
     total = key.shape[1] + (past.shape[2] if past is not None and past.shape is not None and len(past.shape) == 4
                             and isinstance(past.shape[2], int) else 0)
     query_copy = batch * heads * sequence * head_size
-    if any(node.output[1:3]):
-        return bits // 8 * query_copy
     presents = 2 * batch * kv_heads * total * head_size
-    probabilities = batch * heads * sequence * total
+    causal = int(attrs.get("causal", 1))
+    probabilities = 0 if causal and any(node.output[1:3]) else batch * heads * sequence * total
     return bits // 8 * (query_copy + presents + probabilities)
 
 

@@ -29,6 +29,7 @@ from types import MappingProxyType
 import onnx
 from onnx import TensorProto, helper
 
+from fuse_cli.analysis.shape_values import as_constant_nodes, evaluate_shape_values, initial_values
 from fuse_cli.core.order import execution_order, model_fingerprint
 from fuse_cli.core.tensors import element_size_bits, payload_bytes
 from fuse_cli.input_domain import shape_settings  # the distinct primes verification binds
@@ -40,6 +41,9 @@ _NO_BINDINGS: Mapping = MappingProxyType({})
 # for small shape-like constants (Reshape's shape, Slice's starts, ...); 1 KiB is 128 int64s.
 _KEEP_PAYLOAD_BYTES = 1024
 _STRIPPED_LOCATION = "<payload left out by fuse for shape inference>"
+# Rounds of shape arithmetic evaluated between inferences (shape_values.py): a value computed in
+# one round sizes a Shape read in the next. timm's Swin needs one per stage and block kind.
+_SHAPE_VALUE_ROUNDS = 32
 
 
 @contextlib.contextmanager
@@ -168,6 +172,11 @@ def _infer_shapes(model: onnx.ModelProto, dims: Mapping[str, int], input_shapes:
 
     placeholders: dict[str, tuple[Dim, ...]] = {}
     tensors = _collect(model.graph, inferred.graph, bindings, declared, placeholders)
+    if data_propagation and any(info.shape is None or None in info.shape for info in tensors.values()):
+        resolved = _with_shape_values(copy, inferred)
+        if resolved is not None:
+            inferred, placeholders = resolved, {}
+            tensors = _collect(model.graph, inferred.graph, bindings, declared, placeholders)
     table = ShapeTable(
         tensors=MappingProxyType(tensors),
         unknown_dims=_all_unknown_dims(tensors),
@@ -655,6 +664,34 @@ def _run_inference(model: onnx.ModelProto, data_propagation: bool = True) -> tup
             what = "with data propagation" if options else "without data propagation"
             warnings.append(f"onnx shape inference failed {what}: {_first_line(exc)}")
     return model, tuple(warnings)
+
+
+def _with_shape_values(copy: onnx.ModelProto, inferred: onnx.ModelProto,
+                       rounds: int = _SHAPE_VALUE_ROUNDS) -> onnx.ModelProto | None:
+    """Inference again with the shape arithmetic onnx's data propagation left open computed
+    (shape_values.py) and written into `copy` as Constant nodes, until nothing more is learnt;
+    None when nothing was."""
+    opset = next((o.version for o in copy.opset_import if o.domain in ("", "ai.onnx")), 0)
+    values = initial_values(list(copy.graph.initializer))
+    improved = None
+    for _ in range(rounds):
+        by_name = {vi.name: vi for vi in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output)}
+
+        def shape_of(name: str) -> tuple[int, ...] | None:
+            vi = by_name.get(name)
+            dims = _declared_dims(vi) if vi is not None else None
+            return tuple(dims) if dims is not None and all(isinstance(d, int) for d in dims) else None
+
+        nodes = list(copy.graph.node)
+        if not evaluate_shape_values(nodes, shape_of, opset, values):
+            break
+        nodes, replaced = as_constant_nodes(nodes, values)
+        if not replaced:
+            break
+        del copy.graph.node[:]
+        copy.graph.node.extend(nodes)
+        inferred = improved = _run_inference(copy)[0]
+    return improved
 
 
 def _first_line(exc: BaseException) -> str:

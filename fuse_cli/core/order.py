@@ -72,10 +72,15 @@ def consumed_names(node: onnx.NodeProto) -> set[str]:
     (an If branch that uses `x` keeps `x` alive until the If runs)."""
     names = set(node.input)
     names.discard("")
-    if node.attribute:
+    # Only control flow (and custom operators) holds subgraphs: the attribute scan is skipped for
+    # the rest (2k Conv/Gemm-like nodes with attributes cost 40 ms a walk at 12k nodes).
+    if node.attribute and (node.op_type in _CONTROL_FLOW or node.domain not in ("", "ai.onnx")):
         for graph in _subgraphs(node):
             names |= _outer_references(graph)
     return names
+
+
+_CONTROL_FLOW = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 
 
 def _subgraphs(node: onnx.NodeProto) -> Sequence[onnx.GraphProto]:

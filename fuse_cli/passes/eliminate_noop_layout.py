@@ -1,5 +1,5 @@
 """Layout operators that return their input unchanged: one-input Concat, Tile by ones, Pad by
-zeros, Slice over everything, Expand to the shape x already has."""
+zeros, Slice over everything, Expand to the shape x already has, Reshape to x's own shape."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Alt, Match, Op, Var, constant_value
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
+from fuse_cli.toolkit.shapes import same_dim
 
 # An end at least this large means "to the end" whatever the dim (torch writes INT64_MAX).
 TO_THE_END = 2**31 - 1
@@ -21,17 +22,21 @@ class EliminateNoopLayout(PatternPass):
        x ── Pad(0, ..., 0) ── y                      (any mode)
        x ── Slice(0 .. end, step 1 on every axis) ── y
        x ── Expand(s) ── y                           (s broadcasts to x's own shape)
+       x ── Reshape(s) ── y                          (y's shape is provably x's)
          =>   readers of y read x
 
     Each returns x bit for bit. Slice is whole when, on every sliced axis, the step is 1, the
     start is 0 (or at most -dim) and the end is at least the dim (or INT_MAX-sized, for any dim).
     Expand keeps x when every entry of s is 1 or x's static dim there and s has no more dims than
-    x. Constants only; a dim that is symbolic counts as unknown, never as 1.
+    x. Constants only; a dim that is symbolic counts as unknown, never as 1. Reshape keeps x when
+    shape inference gives y x's rank and, dim by dim, the same static size or the same symbol
+    (torch's dynamo views sdpa's [B, H, S, d] output as [B, -1, S, d] with sizes read at run time).
     """
 
     name = "eliminate-noop-layout"
-    description = "Remove one-input Concat, Tile by ones, Pad by zeros, whole Slice, Expand to x's own shape"
-    label = "no-op Concat/Tile/Pad/Slice/Expand"
+    description = ("Remove one-input Concat, Tile by ones, Pad by zeros, whole Slice, Expand or Reshape to x's "
+                   "own shape")
+    label = "no-op Concat/Tile/Pad/Slice/Expand/Reshape"
     pattern = Alt(
         Op("Concat", Var("x"), name="op"),
         Op("Tile", Var("x"), Var("repeats"), name="op"),
@@ -41,13 +46,15 @@ class EliminateNoopLayout(PatternPass):
            name="op"),
         Op("Slice", Var("x"), name="op"),  # opset < 10: starts/ends/axes attributes
         Op("Expand", Var("x"), Var("shape"), name="op"),
+        Op("Reshape", Var("x"), Var("shape"), name="op"),
     )
 
     def matches(self, m: Match, g: GraphEditor) -> bool:
         """Only the forms that keep x: any other Tile, Pad, Slice or Expand is not this pattern."""
         node = m.node("op")
         return {"Concat": lambda: True, "Tile": lambda: _all(m, "repeats", 1), "Pad": lambda: _pads_zero(m),
-                "Slice": lambda: _whole_slice(m, g), "Expand": lambda: _expand_keeps(m, g)}[node.op]()
+                "Slice": lambda: _whole_slice(m, g), "Expand": lambda: _expand_keeps(m, g),
+                "Reshape": lambda: _reshape_keeps(m, g)}[node.op]()
 
     def check(self, m: Match, g: GraphEditor) -> Decline | None:
         return Decline.unless(g.reroute_reason(m.node("op").outputs[0], m.tensor("x")))
@@ -104,3 +111,9 @@ def _expand_keeps(m: Match, g: GraphEditor) -> bool:
         return False
     trailing = shape.dims[shape.rank - len(target):]
     return all(t == 1 or (isinstance(d, int) and t == d) for t, d in zip(target, trailing))
+
+
+def _reshape_keeps(m: Match, g: GraphEditor) -> bool:
+    source, out = g.shape(m.tensor("x")), g.shape(m.node("op").outputs[0])
+    return (source is not None and out is not None and source.rank == out.rank
+            and all(same_dim(a, b) for a, b in zip(source.dims, out.dims)))

@@ -10,8 +10,8 @@ from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Alt, Const, Match, Op, Var, constant_value
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
-from fuse_cli.toolkit.heads import head_split, softmax_key_axis_decline
-from fuse_cli.toolkit.shapes import same_dim, shape_entries
+from fuse_cli.toolkit.heads import flattened_key_t, head_split, softmax_key_axis_decline
+from fuse_cli.toolkit.shapes import same_dim
 
 HEADS_PERM = [0, 2, 1, 3]
 NOT_SET = lambda value: not value  # noqa: E731
@@ -68,13 +68,17 @@ class FuseGroupQueryAttention(PatternPass):
     from the inferred shapes ([B, KV, n, S, d] and [B, KV*n, S, d]); scale is the product of the
     constant scalars on the scores (and FusedMatMul's alpha). CPU kernel: float32, float16, head
     size % 8 == 0; CUDA's has no float32 kernel and its causal=0 + attention_bias path is not
-    verified by fuse, so targets with CUDA decline.
+    verified by fuse, so targets with CUDA decline. A prefill graph's present K/V outputs (the K/V
+    heads before the repeat) become the node's present_key/present_value outputs.
     """
 
     name = "group-query-attention"
     description = "Fuse grouped-query attention (repeat_kv'd K/V, mask, Softmax) into GroupQueryAttention"
     label = "grouped-query attention -> GroupQueryAttention"
     emits = ("com.microsoft::GroupQueryAttention",)
+    # A prefill graph's present K/V (graph outputs) are the split K/V heads [B, KV, S, d]: without
+    # a past, that is exactly what GroupQueryAttention's present_key/present_value outputs hold.
+    keeps = ("key_heads", "value_heads")
     pattern = Op("Reshape", Op("Transpose", CONTEXT, name="merge_transpose", perm=HEADS_PERM), Var("merge_shape"),
                  name="merge")
 
@@ -108,7 +112,7 @@ class FuseGroupQueryAttention(PatternPass):
         if not by_inference and (merged is None or [int(s) for s in merged.reshape(-1)] not in ([0, 0, h * d], [0, -1, h * d])
                                  or m.root.attrs.get("allowzero", 0)):
             return Decline(f"{m.node('merge').name} reshapes to {merged}, not [0, 0, {h * d}] (merging the heads)")
-        if "key_flatten" in m.nodes and not _flattened_key_t(m, g, d):
+        if "key_flatten" in m.nodes and not flattened_key_t(m, g, d):
             return Decline(f"{m.node('key_flatten').name} and {m.node('key_unflatten').name} are not provably K^T through "
                            f"a batch-flattened view ([-1, S, {d}], Transpose [0, 2, 1], [B, H, {d}, S])")
         for role in ("query", "key", "score"):
@@ -151,7 +155,11 @@ class FuseGroupQueryAttention(PatternPass):
         inputs = [m.tensor("query"), key, m.tensor("value"), gs.Variable.empty(), gs.Variable.empty(), seqlens, total]
         if mask is not None:
             inputs += [gs.Variable.empty()] * 3 + [mask]
-        nodes.append(gs.Node("GroupQueryAttention", g.unique_name(f"{base}_gqa"), attrs, inputs, [m.root.outputs[0]],
+        presents = [m.node(f"{role}_heads").outputs[0] for role in ("key", "value")]
+        outputs = [m.root.outputs[0]]
+        if any(_read_outside(t, m, g) for t in presents):
+            outputs += [t if _read_outside(t, m, g) else gs.Variable.empty() for t in presents]
+        nodes.append(gs.Node("GroupQueryAttention", g.unique_name(f"{base}_gqa"), attrs, inputs, outputs,
                              domain="com.microsoft"))
         return Replacement(nodes=nodes)
 
@@ -165,30 +173,6 @@ def _split(m: Match, g: GraphEditor, role: str) -> tuple[int, int] | Decline:
         return Decline(f"{reshape.name} is not provably a split of {m.tensor(role).name!r} "
                        f"({source and list(source.dims)}) into [batch, sequence, heads, head_size]")
     return split
-
-
-def _flattened_key_t(m: Match, g: GraphEditor, d: int) -> bool:
-    """Reshape(K [B, H, S, d], [-1, S, d]), Transpose [0, 2, 1], Reshape([B, H, d, S]) is K^T: the
-    shape vectors read K's own dims (or give them statically)."""
-    k = m.node("key_flatten").inputs[0]
-    dims = g.shape(k)
-    if dims is None or dims.rank != 4:
-        return False
-
-    def is_dim(entry, axis: int) -> bool:
-        return entry == (k, axis) or isinstance(entry, tuple) and entry[1] == axis and same_dim(g.dim(entry[0], axis),
-                                                                                                dims.dims[axis]) \
-            or isinstance(entry, int) and entry == dims.dims[axis]
-
-    flat = shape_entries(m.tensor("key_flat_shape"), g)
-    unflat = shape_entries(m.tensor("key_unflat_shape"), g)
-    if flat is None or unflat is None or len(flat) != 3 or len(unflat) != 4:
-        return False
-    return (flat[0] == -1 and is_dim(flat[1], 2) and flat[2] == d and is_dim(unflat[0], 0) and is_dim(unflat[1], 1)
-            and unflat[2] == d and is_dim(unflat[3], 2) and not any(n.attrs.get("allowzero", 0) and 0 in
-                                                                  [e for e in entries if isinstance(e, int)]
-                                                                  for n, entries in ((m.node("key_flatten"), flat),
-                                                                                     (m.node("key_unflatten"), unflat))))
 
 
 def _repeat_reason(m: Match, g: GraphEditor, role: str, h: int, kv: int) -> str | None:
@@ -208,6 +192,11 @@ def _repeat_reason(m: Match, g: GraphEditor, role: str, h: int, kv: int) -> str 
                 f"{expanded and list(expanded.dims)} and Reshape to {merged and list(merged.dims)}, where "
                 f"{wanted[0]} and {wanted[1]} are needed")
     return None
+
+
+def _read_outside(t: gs.Tensor, m: Match, g: GraphEditor) -> bool:
+    covered = {id(n) for n in m.covered}
+    return g.is_graph_output(t) or any(id(reader) not in covered for reader in t.outputs)
 
 
 def _node(g: GraphEditor, nodes: list[gs.Node], op: str, inputs: list[gs.Tensor], base: str, **attrs) -> gs.Variable:

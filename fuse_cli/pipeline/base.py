@@ -3,14 +3,18 @@ whole-graph transformation such as constant folding."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
+from fuse_cli.analysis.shapes import ShapeTable
 from fuse_cli.match import Alt, Match, Op
+from fuse_cli.pipeline.records import OrderRecord
 from fuse_cli.targets import TARGETS
 
 ALL_TARGETS = frozenset(TARGETS)
@@ -92,4 +96,32 @@ class GraphPass(Pass):
 
     def run(self, g: GraphEditor) -> list[tuple[list[str], list[str], list[str]]]:
         """Returns (replaced node names, created node names, removed tensor names) per change."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Estimates:
+    """What a model pass may ask of the memory model (the peak guard's own estimate, so that the
+    guard and the pass never disagree): `peaks(model, order)`, the estimated peak of `model`'s
+    nodes run in `order` (indices into graph.node) at each shape setting the guard judges;
+    `sizes(model)`, its shapes at the first setting; the graph inputs that are weights; the
+    execution rules the written order is for (config.schedule_rules); and `floor(model, order)`,
+    what no order can free at that order's peak at the first setting (a bound read off the
+    estimate already made: no search is built to learn that none can gain)."""
+
+    peaks: Callable[[onnx.ModelProto, Sequence[int]], tuple[int, ...]]
+    sizes: Callable[[onnx.ModelProto], ShapeTable]
+    extra_weights: tuple[str, ...]
+    rules: tuple[str, ...]
+    floor: Callable[[onnx.ModelProto, Sequence[int] | None], int] | None = None
+
+
+class ModelPass(Pass):
+    """A transformation of the exported model, run once after the graph passes reached their
+    fixpoint: the stored node order, which graphsurgeon's cleanup and sort would not keep. Changes
+    no operator and no value; returns the record of what it did, `model` changed in place."""
+
+    label: ClassVar[str]
+
+    def run(self, model: onnx.ModelProto, estimates: Estimates) -> OrderRecord:
         raise NotImplementedError

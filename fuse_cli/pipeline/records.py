@@ -38,3 +38,30 @@ class NearMiss:
     pattern: str
     nodes: tuple[str, ...]
     reason: str
+
+
+@dataclass(frozen=True)
+class OrderRecord:
+    """What the node-order pass did. Peaks are estimated bytes per execution rule ("onnxruntime":
+    the order onnxruntime's walk makes of the stored order; "stored": as stored), one per shape
+    setting the peak guard judges (the bound dims first). `unscheduled` is the input order's
+    onnxruntime execution as indices into the written nodes, and `input_order` its stored order
+    (both empty when the order was kept), so the report can show and measure the model without
+    the pass."""
+
+    pass_name: str
+    pattern: str
+    rules: tuple[str, ...]
+    peaks_before: tuple[tuple[int, ...], ...]  # per rule, in `rules` order
+    peaks_after: tuple[tuple[int, ...], ...]
+    lower_bound: int        # no order's peak is below this at the bound dims
+    method: str             # "kept", or the candidate that won ("liu", "dp", "dp-beam", "local")
+    exact: bool             # the winner is the dynamic program's optimum (see scheduling/program.py)
+    reason: str             # why the order was kept
+    seconds: float
+    unscheduled: tuple[int, ...] = ()
+    input_order: tuple[int, ...] = ()
+
+    @property
+    def changed(self) -> bool:
+        return self.method != "kept"

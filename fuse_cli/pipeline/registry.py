@@ -24,6 +24,7 @@ PORTABLE_PIPELINE: tuple[str, ...] = (
     "eliminate-dropout",
     "eliminate-noop-arith",
     "fold-scale-chains",
+    "eliminate-empty-concat-inputs",  # before eliminate-noop-layout, which removes the one-input Concat left
     "eliminate-noop-layout",
     "eliminate-common-subexpressions",  # exporters compute Shape(x)[i] once per use
     # 2. layout and type plumbing that exporters leave behind
@@ -48,12 +49,16 @@ PORTABLE_PIPELINE: tuple[str, ...] = (
     # 4. decomposed normalizations and activations -> single standard operators
     "layer-norm",
     "rms-norm",
+    "standard-rotary-embedding",  # opset 23; before standard-attention, which then finds Q and K as [B, S, H*d]
+    "standard-attention",  # opset 23
     "gelu",
     "hard-sigmoid",
     "hard-swish",
     # 5. bias into Gemm, then whatever BatchNormalization is left
     "matmul-add",
     "bn-affine",
+    # 6. last, on the final operators: the stored node order (a model pass, run once)
+    "schedule",
 )
 
 # onnxruntime targets: the portable pipeline with onnxruntime's fused operators slotted in where
@@ -70,8 +75,10 @@ RUNTIME_PIPELINE: tuple[str, ...] = (
     "skip-layer-norm",
     "skip-simplified-layer-norm",
     "rotary-embedding",  # before the attentions, which then find Q and K rotated in their [B, S, H*d] form
+    "rotary-before-head-split",  # a RotaryEmbedding fused on split heads moves onto the projection too
     "group-query-attention",
     "attention",
+    "cached-attention",  # after both: a decode step's K/V are the cache's present heads, not a projection's split
     "gelu",
     "contrib-gelu",
     "fast-gelu",
@@ -84,6 +91,7 @@ RUNTIME_PIPELINE: tuple[str, ...] = (
     "fused-conv",
     "fused-gemm",
     "bn-affine",
+    "schedule",
 )
 
 PIPELINES: dict[str, tuple[str, ...]] = {

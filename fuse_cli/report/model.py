@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from fuse_cli.analysis.measure import Measurement
 from fuse_cli.analysis.memory import MemoryProfile
 from fuse_cli.errors import EXIT_CHECK_FAILED, EXIT_OK
-from fuse_cli.pipeline.records import FusionRecord, NearMiss
+from fuse_cli.pipeline.records import FusionRecord, NearMiss, OrderRecord
 from fuse_cli.verify import MISMATCH, VerifyResult
 
 SCHEMA_VERSION = 2
@@ -40,6 +40,13 @@ class MemoryAudit:
     peak_delta_by_pattern: tuple[tuple[str, str, int], ...]  # (pass, pattern, delta bytes)
     unknown_dims: tuple[str, ...]  # "tensor[dim]" entries whose size stays unknown
     peak_delta_other: int = 0
+    # The optimized model run in the order it had before the `schedule` pass (None: order kept);
+    # the node order's part of the peak change is after - unscheduled.
+    unscheduled: MemoryProfile | None = None
+
+    @property
+    def peak_delta_order(self) -> int:
+        return 0 if self.unscheduled is None else self.after.peak_bytes - self.unscheduled.peak_bytes
 
 
 @dataclass(frozen=True)
@@ -82,10 +89,12 @@ class RolledBack:
 
 @dataclass(frozen=True)
 class MeasuredPeaks:
-    """Peak activation memory measured in onnxruntime, original and fused, at the bound shapes."""
+    """Peak activation memory measured in onnxruntime, original and fused, at the bound shapes;
+    `unscheduled`: the fused model in its order before the `schedule` pass (None: order kept)."""
 
     before: Measurement
     after: Measurement
+    unscheduled: Measurement | None = None
 
 
 @dataclass(frozen=True)
@@ -124,6 +133,7 @@ class Report:
     measured: MeasuredPeaks | None = None
     peak_guard: tuple[PeakDecline, ...] = ()  # passes left out because they raised the estimated peak
     peak_settings: tuple[tuple[tuple[str, int], ...], ...] = ()  # the dims the guard judged (empty: it was off)
+    orders: tuple[OrderRecord, ...] = ()  # what the `schedule` pass did (empty: it did not run)
 
     def rows(self) -> list[FusionRow]:
         """Fusions grouped by (pass, pattern) in the order they first happened."""

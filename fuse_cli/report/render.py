@@ -51,17 +51,34 @@ def savings_rows(report: Report) -> list[tuple[str, ...]]:
     if rows and report.memory is not None and report.memory.peak_delta_other:
         rows.append(("Rest: folded weights, new operators' buffers and scratch", "", "", "", "", "",
                      _signed_bytes(report.memory.peak_delta_other)))
+    order = order_row(report)
+    if order:
+        rows.append(order)
     for decline in report.peak_guard:
         worst = max(decline.growth, key=lambda g: g.after_bytes - g.before_bytes)
         rows.append((decline.pattern, decline.pass_name, "-", "-", "-", "-",
                      f"left out: {_signed_bytes(worst.after_bytes - worst.before_bytes)}"))
-    if report.rows():
+    if report.rows() or order:
         all_rows = report.rows()
         total_peak = report.memory.after.peak_bytes - report.memory.before.peak_bytes if report.memory else None
         rows.append(("Total", "", str(sum(r.count for r in all_rows)), str(sum(r.nodes_removed for r in all_rows)),
                      str(sum(r.intermediates_removed for r in all_rows)), human_bytes(report.removed_bytes),
                      _signed_bytes(total_peak)))
     return rows
+
+
+def order_row(report: Report) -> tuple[str, ...] | None:
+    """The `schedule` pass's row, when it reordered: the peak in onnxruntime's order (the peak
+    column's figures) and, where it ordered for the stored order too, that one's."""
+    audit = report.memory
+    record = next((r for r in report.orders if r.changed), None)
+    if record is None or audit is None or audit.unscheduled is None:
+        return None
+    text = f"Node order: peak {human_bytes(audit.unscheduled.peak_bytes)} -> {human_bytes(audit.after.peak_bytes)}"
+    for rule, before, after in zip(record.rules, record.peaks_before, record.peaks_after):
+        if rule == "stored":
+            text += f" (stored: {human_bytes(before[0])} -> {human_bytes(after[0])})"
+    return (text, record.pass_name, "-", "0", "0", "-", _signed_bytes(audit.peak_delta_order))
 
 
 def _signed_bytes(n: int | None) -> str:
@@ -119,7 +136,10 @@ def memory_lines(report: Report) -> list[str]:
     ]
     measured = report.measured
     if measured is not None:
-        for label, estimate, m in (("before", b.peak_bytes, measured.before), ("after", a.peak_bytes, measured.after)):
+        sides = [("before", b.peak_bytes, measured.before), ("after", a.peak_bytes, measured.after)]
+        if measured.unscheduled is not None and audit.unscheduled is not None:
+            sides.insert(1, ("after, input node order", audit.unscheduled.peak_bytes, measured.unscheduled))
+        for label, estimate, m in sides:
             if m.peak_bytes is None:
                 lines.append(f"Measured peak {label}: not measurable here ({m.reason})")
             else:
@@ -216,8 +236,12 @@ def _render_audit(report: Report, console: Console) -> None:
     audit = report.memory
     scale = max(audit.before.peak_bytes, audit.after.peak_bytes, 1)
     console.print("Live activations over execution steps (peak marked by the tallest bar, same scale):", highlight=False)
-    console.print(f"  before |{sparkline(audit.before.timeline, scale=scale)}|", highlight=False)
-    console.print(f"  after  |{sparkline(audit.after.timeline, scale=scale)}|", highlight=False)
+    lines = [("before", audit.before.timeline), ("after", audit.after.timeline)]
+    if audit.unscheduled is not None:  # the `schedule` pass reordered: the fused model in its input order too
+        lines.insert(1, ("after, input node order", audit.unscheduled.timeline))
+    width = max(len(label) for label, _ in lines)
+    for label, timeline in lines:
+        console.print(f"  {label:<{width}} |{sparkline(timeline, scale=scale)}|", highlight=False)
     for title, tensors in (("Alive at the peak (after fusion)", audit.after.live_at_peak[:10]),
                            ("Largest activations (after fusion)", audit.after.largest)):
         table = Table(title=title, title_justify="left")
@@ -263,7 +287,9 @@ def to_json_dict(report: Report) -> dict[str, Any]:
         "written_files": list(report.written_files),
         "notes": list(report.notes),
         "measured": None if report.measured is None else {
-            "peak_bytes": {"before": report.measured.before.peak_bytes, "after": report.measured.after.peak_bytes},
+            "peak_bytes": {"before": report.measured.before.peak_bytes, "after": report.measured.after.peak_bytes,
+                           "after_input_order": None if report.measured.unscheduled is None
+                           else report.measured.unscheduled.peak_bytes},
             "method": report.measured.before.method,
             "reason": report.measured.before.reason or report.measured.after.reason,
         },
@@ -273,10 +299,18 @@ def to_json_dict(report: Report) -> dict[str, Any]:
                        for d in report.peak_guard],
         "peak_guard_settings": [dict(s) for s in report.peak_settings],
         "runtime_target_would_add": [{"pattern": p, "count": c} for p, c in report.runtime_target_would_add],
+        "schedule": [_order_json(record) for record in report.orders],
         "failures": list(report.failures),
         "exit_code": report.exit_code,
         "memory": _memory_json(report),
     }
+
+
+def _order_json(record) -> dict[str, Any]:
+    return {"pass": record.pass_name, "changed": record.changed, "method": record.method, "exact": record.exact,
+            "reason": record.reason, "seconds": round(record.seconds, 3), "lower_bound_bytes": record.lower_bound,
+            "peak_bytes": {rule: {"before": list(before), "after": list(after)}
+                           for rule, before, after in zip(record.rules, record.peaks_before, record.peaks_after)}}
 
 
 def _verification_json(result: VerifyResult) -> dict[str, Any]:
@@ -306,6 +340,8 @@ def _memory_json(report: Report) -> dict[str, Any] | None:
         "weight_bytes": {"before": audit.before.weight_bytes, "after": audit.after.weight_bytes},
         "unknown_dims": list(audit.unknown_dims),
         "peak_delta_other": audit.peak_delta_other,
+        "peak_delta_order": audit.peak_delta_order,
+        "peak_bytes_input_order": None if audit.unscheduled is None else audit.unscheduled.peak_bytes,
         "assumed_dims": {name: UNBOUND_DIM for name in report.unbound_dims},
         "before": side(audit.before),
         "after": side(audit.after),

@@ -6,9 +6,9 @@ from __future__ import annotations
 import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor
-from fuse_cli.match import constant_value
+from fuse_cli.match import Match, constant_value
 from fuse_cli.pipeline.base import Decline
-from fuse_cli.toolkit.shapes import same_dim
+from fuse_cli.toolkit.shapes import same_dim, shape_entries
 
 
 def head_split(reshape: gs.Node, g: GraphEditor) -> tuple[int, int] | None:
@@ -36,3 +36,28 @@ def softmax_key_axis_decline(softmax: gs.Node, opset: int) -> Decline | None:
     default is 1 before opset 13, where Softmax flattened the trailing axes)."""
     axis = softmax.attrs.get("axis", -1 if opset >= 13 else 1)
     return None if axis in (-1, 3) else Decline(f"{softmax.name} normalizes axis {axis}, not the key axis 3")
+
+
+def flattened_key_t(m: Match, g: GraphEditor, d: int) -> bool:
+    """Reshape(K [B, H, S, d], [-1, S, d]), Transpose [0, 2, 1], Reshape([B, H, d, S]) is K^T (torch
+    dynamo's sdpa): the shape vectors read K's own dims (or give them statically). The match names
+    key_flatten, key_flat_shape and key_unflat_shape."""
+    k = m.node("key_flatten").inputs[0]
+    dims = g.shape(k)
+    if dims is None or dims.rank != 4:
+        return False
+
+    def is_dim(entry, axis: int) -> bool:
+        return entry == (k, axis) or isinstance(entry, tuple) and entry[1] == axis and same_dim(g.dim(entry[0], axis),
+                                                                                                dims.dims[axis]) \
+            or isinstance(entry, int) and entry == dims.dims[axis]
+
+    flat = shape_entries(m.tensor("key_flat_shape"), g)
+    unflat = shape_entries(m.tensor("key_unflat_shape"), g)
+    if flat is None or unflat is None or len(flat) != 3 or len(unflat) != 4:
+        return False
+    return (flat[0] == -1 and is_dim(flat[1], 2) and flat[2] == d and is_dim(unflat[0], 0) and is_dim(unflat[1], 1)
+            and unflat[2] == d and is_dim(unflat[3], 2) and not any(n.attrs.get("allowzero", 0) and 0 in
+                                                                  [e for e in entries if isinstance(e, int)]
+                                                                  for n, entries in ((m.node("key_flatten"), flat),
+                                                                                     (m.node("key_unflatten"), unflat))))

@@ -1,0 +1,53 @@
+"""Concat inputs that are provably empty along the concatenated axis add nothing: drop them."""
+
+from __future__ import annotations
+
+import onnx_graphsurgeon as gs
+
+from fuse_cli.graph.edit import GraphEditor, Replacement
+from fuse_cli.match import Match, Op, Var
+from fuse_cli.pipeline.base import PatternPass
+from fuse_cli.pipeline.registry import register
+
+MAX_INPUTS = 64  # Concat is variadic; the matcher's Op has a fixed arity, so inputs are optional Vars
+
+
+@register
+class EliminateEmptyConcatInputs(PatternPass):
+    """a [.., n, ..] ──┐
+       e [.., 0, ..] ──┼── Concat(axis) ── y   =>   a, b ── Concat(axis) ── y
+       b [.., m, ..] ──┘
+
+    An input whose static size along the axis is 0 contributes no element, so y is the same
+    without it, bit for bit (eliminate-noop-layout then removes a Concat left with one input).
+    transformers' partial-rotary code (Phi-3) leaves Concat(rotated, x[..., rotary_dim:]) with a
+    rotary_dim that is the whole head: the pass-through Slice is empty and hides the rotated query
+    from the attention patterns. Only a 0 that shape inference proves (a static dim); a symbolic
+    dim is never taken as 0, and an input that is empty on another axis only is left alone. At
+    least one input stays, so y keeps its dtype and rank.
+    """
+
+    name = "eliminate-empty-concat-inputs"
+    description = "Drop Concat inputs whose size along the concatenated axis is a static 0"
+    label = "Concat of an empty input"
+    pattern = Op("Concat", *(Var(f"in{i}", optional=True) for i in range(MAX_INPUTS)), name="concat")
+
+    def matches(self, m: Match, g: GraphEditor) -> bool:
+        concat = m.node("concat")
+        empty = [_empty(t, concat, g) for t in concat.inputs]
+        return any(empty) and not all(empty)
+
+    def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
+        concat = m.node("concat")
+        inputs = [t for t in concat.inputs if not _empty(t, concat, g)]
+        node = gs.Node(op="Concat", name=g.unique_name(f"{concat.name}_nonempty"), attrs=dict(concat.attrs),
+                       inputs=inputs, outputs=[concat.outputs[0]])
+        return Replacement(nodes=[node])
+
+
+def _empty(tensor: gs.Tensor, concat: gs.Node, g: GraphEditor) -> bool:
+    shape = g.shape(tensor)
+    axis = concat.attrs.get("axis")
+    if shape is None or axis is None or not -shape.rank <= axis < shape.rank:
+        return False
+    return shape.static(axis % shape.rank) == 0

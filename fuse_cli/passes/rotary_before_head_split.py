@@ -1,0 +1,61 @@
+"""A RotaryEmbedding on split heads [B, H, S, d] moves onto the [B, S, H*d] projection it was split from."""
+
+from __future__ import annotations
+
+import onnx_graphsurgeon as gs
+
+from fuse_cli.graph.edit import GraphEditor, Replacement
+from fuse_cli.match import Match, Op, Var
+from fuse_cli.pipeline.base import Decline, PatternPass
+from fuse_cli.pipeline.registry import register
+from fuse_cli.toolkit.heads import head_split
+
+MS = "com.microsoft"
+HEADS_PERM = [0, 2, 1, 3]
+
+
+@register
+class RotaryBeforeHeadSplit(PatternPass):
+    """x3 [B, S, H*d] ─ Reshape [B, S, H, d] ─ Transpose[0,2,1,3] ─ RotaryEmbedding(pos, cos, sin) ─ y
+        =>  x3 ─ RotaryEmbedding(pos, cos, sin; num_heads=H) ─ Reshape ─ Transpose[0,2,1,3] ─ y
+
+    com.microsoft RotaryEmbedding rotates each head of a [B, S, H*d] input (num_heads H) exactly as
+    it rotates [B, H, S, d]: position s of head h reads cos/sin row position_ids + s either way, so
+    y is the same bit for bit. rotary-embedding emits the 3-D form itself where it finds the head
+    split right under x; where something stood in between when it fused (Phi-3's x[..., :d], a
+    whole Slice that eliminate-noop-layout removes afterwards) the kernel runs on the split heads
+    and the attention patterns, which read Q and K as projections, do not see it. The split is
+    redone after the kernel, so the Reshape and Transpose that stay are what attention removes.
+    """
+
+    name = "rotary-before-head-split"
+    description = "Move a RotaryEmbedding on split heads [B, H, S, d] onto the [B, S, H*d] projection"
+    label = "RotaryEmbedding on heads -> on the projection"
+    emits = ("com.microsoft::RotaryEmbedding",)
+    pattern = Op("RotaryEmbedding", Op("Transpose", Op("Reshape", Var("x3"), Var("split_shape"), name="split"),
+                                       name="heads", perm=HEADS_PERM),
+                 Var("position_ids"), Var("cos"), Var("sin"), domain=MS, name="rotary")
+
+    def check(self, m: Match, g: GraphEditor) -> Decline | None:
+        split = m.node("split")
+        if head_split(split, g) is None:
+            shape = g.shape(m.tensor("x3"))
+            return Decline(f"{split.name} does not provably split {m.tensor('x3').name!r} "
+                           f"({shape and list(shape.dims)}) into [batch, sequence, heads, head_size]")
+        return None
+
+    def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
+        split, transpose, rotary, x3 = m.node("split"), m.node("heads"), m.node("rotary"), m.tensor("x3")
+        heads, d = head_split(split, g)
+        attrs = {**rotary.attrs, "num_heads": heads, "rotary_embedding_dim": rotary.attrs.get("rotary_embedding_dim") or d}
+        rotated = g.variable(f"{rotary.name}_projection", like=x3)
+        rotated.shape = list(g.shape(x3).dims)  # what later passes of this run read (the tables predate it)
+        split_out = g.variable(f"{rotary.name}_split", like=x3)
+        split_out.shape = list(g.shape(split.outputs[0]).dims)
+        return Replacement(nodes=[
+            gs.Node("RotaryEmbedding", g.unique_name(rotary.name), attrs, [x3, *rotary.inputs[1:]], [rotated], domain=MS),
+            gs.Node("Reshape", g.unique_name(f"{rotary.name}_split"), dict(split.attrs), [rotated, split.inputs[1]],
+                    [split_out]),
+            gs.Node("Transpose", g.unique_name(f"{rotary.name}_heads"), dict(transpose.attrs), [split_out],
+                    [rotary.outputs[0]]),
+        ])

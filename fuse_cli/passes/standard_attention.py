@@ -1,0 +1,147 @@
+"""A decoder's attention, prefill or decode step with a KV cache, grouped K/V or not -> ONNX's
+standard Attention (opset 23)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from fuse_cli.graph.edit import GraphEditor, Replacement
+from fuse_cli.match import Match
+from fuse_cli.pipeline.base import Decline, PatternPass
+from fuse_cli.pipeline.registry import register
+from fuse_cli.toolkit.attention_forms import (MERGED, merge_decline, merged_rows, read_outside, repeat_decline,
+                                              scale_decline, scale_of, split_of)
+from fuse_cli.toolkit.heads import flattened_key_t, softmax_key_axis_decline
+from fuse_cli.toolkit.shapes import same_dim
+
+
+# s + MASK_FLOOR rounds to MASK_FLOOR in float32 for every |s| < 3e22, as s + float32's lowest rounds to
+# the lowest: a row masked throughout stays uniform, while onnxruntime 1.31/1.32's CPU Attention
+# writes zeros for a row whose mask is -inf or exactly float32's lowest (one-node probe).
+MASK_FLOOR = -1e30
+
+
+@register
+class FuseStandardAttention(PatternPass):
+    """y = merge_heads(softmax(Q repeat_kv(K)^T * scale + mask) repeat_kv(V)), K = Concat(past_key, K_new) or K_new
+
+      q [B, S, H*d]  ─ Reshape[0,0,H,d] ─ Transpose[0,2,1,3] ──────────────────────────────────────┐
+      k [B, S, KV*d] ─ Reshape ─ Transpose ─ (Concat(past_key, ., axis 2) = present_key) ─ repeat_kv ─ K^T ─ MatMul
+        ─ (*c) ─ (Add(mask)) ─ Softmax ─ MatMul ─ Transpose[0,2,1,3] ─ Reshape[0,0,H*d] ─ y
+      v [B, S, KV*d] ─ Reshape ─ Transpose ─ (Concat(past_value, ., axis 2) = present_value) ─ repeat_kv ┘
+        =>  Attention(q, k, v, attn_mask=mask, past_key, past_value; q_num_heads=H, kv_num_heads=KV, scale)
+              -> y, present_key, present_value
+
+    The 3-D form: Q/K/V in their projected [B, S, heads*d] form (standard-rotary-embedding leaves
+    them so), grouped by kv_num_heads (head h reads K/V head h // (H/KV), which is repeat_kv's
+    row-major merge), so neither the repeated copies nor the scores [B, H, S, T] are written. A
+    decode step's cache Concat becomes the operator's past inputs and present outputs. The
+    graph's own additive mask (causal with the past's offset, padding; [B or 1, 1 or H, S, T]) is
+    passed as attn_mask with is_causal=0, so whatever mask the graph computes stays exact, clamped
+    to -1e30 from below (see MASK_FLOOR: exact for finite masks; a row masked throughout with -inf,
+    NaN or zeros in the graph, becomes uniform). A
+    prefill whose K/V heads are graph outputs keeps their Reshape + Transpose (ONNX allows present
+    outputs only with past inputs). onnxruntime's CPU kernel: float32, float16; its float64 is
+    the function body, not a kernel (targets.STANDARD). dynamo's SDPA forms (d^-1/4 on Q and K^T,
+    K^T through a batch-flattened view, Where(IsNaN(p), 0, p)) are matched too; the NaN guard is
+    the identity on finite inputs.
+    """
+
+    name = "standard-attention"
+    description = "Fuse decoder attention (grouped K/V, KV cache, mask) into the standard Attention (opset 23)"
+    label = "attention -> Attention (opset 23)"
+    emits = ("Attention",)
+    min_opset = 23
+    keeps = ("key_cache", "value_cache", "key_heads", "value_heads")
+    pattern = MERGED
+
+    def emitted_at(self, m: Match, g: GraphEditor) -> tuple[np.dtype | None, None]:
+        return g.dtype(m.tensor("query")), None
+
+    def check(self, m: Match, g: GraphEditor) -> Decline | None:
+        if decline := softmax_key_axis_decline(m.node("softmax"), g.opset):
+            return decline
+        split = {role: split_of(m, g, role) for role in ("query", "key", "value")}
+        if declined := next((s for s in split.values() if isinstance(s, Decline)), None):
+            return declined
+        (h, d), (kv, dk), (kv_v, dv) = split.values()
+        if dk != d or dv != d or kv_v != kv or h % kv:
+            return Decline(f"the heads do not group: query {h}x{d}, key {kv}x{dk}, value {kv_v}x{dv}")
+        if decline := repeat_decline(m, g, "key", h, kv) or repeat_decline(m, g, "value", h, kv):
+            return decline
+        q, k, v = (g.shape(m.tensor(r)) for r in ("query", "key", "value"))
+        if not (same_dim(q.dims[0], k.dims[0]) and same_dim(k.dims[0], v.dims[0]) and same_dim(q.dims[1], k.dims[1])
+                and same_dim(k.dims[1], v.dims[1])):
+            return Decline(f"query {list(q.dims)}, key {list(k.dims)} and value {list(v.dims)} are not provably one "
+                           f"batch of one sequence (self-attention over the new tokens)")
+        if decline := _cache_decline(m, g, kv, d) or merge_decline(m, g, h * d) or scale_decline(m):
+            return decline
+        if "key_flatten" in m.nodes and not flattened_key_t(m, g, d):
+            return Decline(f"{m.node('key_flatten').name} and {m.node('key_unflatten').name} are not provably K^T through "
+                           f"a batch-flattened view ([-1, T, {d}], Transpose [0, 2, 1], [B, H, {d}, T])")
+        mask = m.tensor("mask")
+        if mask is not None:
+            shape, total = g.shape(mask), g.shape(m.node("context").inputs[1])  # V as read: [B, H, T, d]
+            if (shape is None or total is None or shape.rank != 4 or shape.dims[0] not in (1, q.dims[0])
+                    or shape.dims[1] not in (1, h) or not same_dim(shape.dims[2], q.dims[1])
+                    or not same_dim(shape.dims[3], total.dims[2]) or g.dtype(mask) != g.dtype(m.tensor("query"))):
+                return Decline(f"the mask {mask.name!r} of shape {shape and list(shape.dims)} is not provably "
+                               f"[batch or 1, 1 or {h}, sequence, key length] of the query's dtype (onnxruntime's "
+                               f"Attention does not broadcast attn_mask over the queries: targets.STANDARD)")
+            if g.dtype(mask) != np.float32:
+                return Decline(f"the mask {mask.name!r} is {g.dtype(mask)}: onnxruntime's Attention zeroes rows masked with "
+                               f"the dtype's lowest value, which the graph averages, and only a float32 mask is clamped")
+        return None
+
+    def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
+        (h, d), (kv, _) = split_of(m, g, "query"), split_of(m, g, "key")
+        attrs = {"q_num_heads": h, "kv_num_heads": kv, "is_causal": 0}
+        scale = scale_of(m)  # float64 product, rounded once into the attribute
+        if not np.isclose(scale, d**-0.5, rtol=1e-6, atol=0):
+            attrs["scale"] = scale
+        mask, nodes = m.tensor("mask"), []
+        if mask is not None:  # onnxruntime zeroes rows masked with exactly float32's lowest; -1e30 averages them as the graph does
+            clamped = g.variable(f"{mask.name}_clamped", like=mask)
+            nodes.append(gs.Node("Max", g.unique_name(f"{mask.name}_clamp"), {},
+                                 [mask, g.constant("mask_floor", np.array(MASK_FLOOR, np.float32))], [clamped]))
+            mask = clamped
+        inputs = [m.tensor("query"), m.tensor("key"), m.tensor("value"), mask if mask is not None else gs.Variable.empty()]
+        y = m.root.outputs[0]
+        if merged_rows(m, h * d):  # [B, S, H*d], then the rows the graph's merge made
+            y = g.variable(f"{m.root.name}_attention_out", like=m.tensor("query"))
+            nodes.append(gs.Node("Reshape", g.unique_name(f"{m.root.name}_rows"), {}, [y, m.tensor("merge_shape")],
+                                 [m.root.outputs[0]]))
+        outputs = [y]
+        if "key_cache" in m.nodes:
+            inputs += [m.tensor("key_past"), m.tensor("value_past")]
+            outputs += [m.node(f"{role}_cache").outputs[0] for role in ("key", "value")]
+        for role in ("key", "value"):  # new heads read elsewhere (a prefill's present): computed as the graph did
+            split, heads = m.node(f"{role}_split"), m.node(f"{role}_heads")
+            if read_outside(heads.outputs[0], m, g):
+                out = g.variable(f"{split.name}_out", like=m.tensor(role))
+                nodes += [gs.Node("Reshape", g.unique_name(split.name), dict(split.attrs), [m.tensor(role), split.inputs[1]],
+                                  [out]),
+                          gs.Node("Transpose", g.unique_name(heads.name), dict(heads.attrs), [out], heads.outputs[:1])]
+        while inputs[-1].name == "":
+            inputs.pop()
+        nodes.append(gs.Node("Attention", g.unique_name(f"{m.node('softmax').name}_attention"), attrs, inputs, outputs))
+        return Replacement(nodes=nodes)
+
+
+def _cache_decline(m: Match, g: GraphEditor, kv: int, d: int) -> Decline | None:
+    """Both K and V cached or neither; the past is [B, KV, P, d] of the new tokens' batch, one P for K and V."""
+    cached = [role for role in ("key", "value") if f"{role}_cache" in m.nodes]
+    if len(cached) == 1:
+        return Decline(f"only the {cached[0]} is concatenated to a past: Attention takes past key and value together")
+    if not cached:
+        return None
+    q = g.shape(m.tensor("query"))
+    pk, pv = g.shape(m.tensor("key_past")), g.shape(m.tensor("value_past"))
+    if (pk is None or pv is None or pk.rank != 4 or pv.rank != 4 or pk.static(1) != kv or pv.static(1) != kv
+            or pk.static(3) != d or pv.static(3) != d or not same_dim(pk.dims[0], q.dims[0])
+            or not same_dim(pv.dims[0], q.dims[0]) or not same_dim(pk.dims[2], pv.dims[2])):
+        return Decline(f"the past {m.tensor('key_past').name!r} {pk and list(pk.dims)} and "
+                       f"{m.tensor('value_past').name!r} {pv and list(pv.dims)} are not provably [batch, {kv}, "
+                       f"past length, {d}] with one past length")
+    return None

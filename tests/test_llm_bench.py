@@ -1,0 +1,35 @@
+"""benchmarks/llm_bench.py's tables from made-up rows: no model is run and no timing is asserted."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "llm_bench.py"
+spec = importlib.util.spec_from_file_location("llm_bench", SCRIPT)
+llm_bench = importlib.util.module_from_spec(spec)
+sys.modules["llm_bench"] = llm_bench  # its dataclasses look their module up
+spec.loader.exec_module(llm_bench)
+
+
+def row(fuse_all: float, anchor_all: float, anchor_peak: int) -> "llm_bench.ModelRow":
+    tools = [llm_bench.ToolRow("original", nodes=100, attentions=0, latency_ms={"disabled": 1.0, "all": 1.0},
+                               peak_bytes=8 << 20, session_ms=20.0)]
+    for name, ratio, peak, attn in (("fuse", fuse_all, 6 << 20, 2), ("onnxscript", anchor_all, anchor_peak, 2),
+                                    ("ort-transformers", 1.0, 8 << 20, 0), ("ort-extended", 1.0, 8 << 20, 0)):
+        tools.append(llm_bench.ToolRow(name, nodes=50, attentions=attn, max_abs_diff=1e-6,
+                                       latency_ratio={"disabled": 0.9, "all": ratio}, peak_bytes=peak, session_ms=10.0))
+    return llm_bench.ModelRow("llama-prefill", {"batch": 1, "sequence": 128}, {"disabled": 1.01, "all": 0.98}, tools)
+
+
+def test_an_anchor_ahead_beyond_the_noise_is_listed():
+    text = llm_bench.markdown([row(fuse_all=0.9, anchor_all=0.8, anchor_peak=4 << 20)], quick=True)
+    assert "- llama-prefill, all: onnxscript 0.80 vs fuse 0.90 (noise 0.02)" in text
+    assert "- llama-prefill, peak: onnxscript 4.00 MiB vs fuse 6.00 MiB" in text
+    assert "| fuse | 1 | 0.900 | 0.900 |" in text
+
+
+def test_within_the_noise_nothing_is_listed():
+    text = llm_bench.markdown([row(fuse_all=0.9, anchor_all=0.89, anchor_peak=6 << 20)], quick=True)
+    assert text.rstrip().endswith("None.")

@@ -1,0 +1,102 @@
+"""cached-attention: a decoder's attention over its KV cache (present = Concat(past, new), repeated
+by repeat_kv or not) -> com.microsoft MultiHeadAttention; and group-query-attention's prefill with
+present outputs."""
+
+from __future__ import annotations
+
+import pytest
+
+from fuse_cli.verify import verify_models
+from tests.conftest import optimize_model
+from tests.graphs import assert_declined, op_counts
+from tests.llama_graphs import llama_attention_model
+
+MHA, GQA = "com.microsoft::MultiHeadAttention", "com.microsoft::GroupQueryAttention"
+TOTAL = "past_sequence + sequence"
+# distinct primes for distinct symbols, and a decode step of one token
+SIZES = ({"batch": 3, "sequence": 5, "past_sequence": 7, TOTAL: 12},
+         {"batch": 5, "sequence": 1, "past_sequence": 11, TOTAL: 12})
+MASK_VALUES = {"attention_mask": (0, 2)}
+
+
+def assert_same_outputs(original, fused) -> None:
+    for dims in SIZES:
+        for seed in (0, 1):
+            result = verify_models(original, fused, dims=dims, seed=seed, rtol=1e-4, atol=1e-5, int_ranges=MASK_VALUES)
+            assert result.passed, result.outputs
+
+
+def rotated(tmp_path, **kwargs):
+    """The decode-step block after rotary-embedding, as the attentions find it in the pipeline."""
+    model = llama_attention_model(cache="past", **kwargs)
+    model = optimize_model(model, tmp_path, name="rotated", target="ort-cpu", passes=("rotary-embedding",)).model
+    # as an exporter writes it: no inferred shapes (onnx's unk__N placeholders would read as symbols)
+    del model.graph.value_info[:]
+    return model
+
+
+FORMS = {
+    "grouped-kv-repeated": dict(),
+    "three-groups": dict(heads=6, kv_heads=2),
+    "one-kv-head-per-head": dict(kv_heads=4, repeat="none"),
+    "custom-scale": dict(scale="div"),
+    "no-mask": dict(mask="none"),
+    "dynamo-sdpa": dict(dynamo=True),
+}
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_decode_step_attention_fuses_into_multi_head_attention(form, tmp_path):
+    model = rotated(tmp_path, **FORMS[form])
+    result = optimize_model(model, tmp_path, target="ort-cpu", passes=("group-query-attention", "cached-attention"))
+    counts = op_counts(result.model)
+    assert counts[MHA] == 1 and "Softmax" not in counts and GQA not in counts, counts
+    # the cache stays as the graph computes it: its Concats are the present outputs
+    assert counts["Concat"] >= 2 and [o.name for o in result.model.graph.output] == ["y", "present_key", "present_value"]
+    assert_same_outputs(model, result.model)
+
+
+def test_the_full_runtime_pipeline_fuses_a_decode_step(tmp_path):
+    model = llama_attention_model(cache="past")
+    result = optimize_model(model, tmp_path, target="ort-cpu")
+    counts = op_counts(result.model)
+    assert counts[MHA] == 1 and "Softmax" not in counts, counts
+    assert_same_outputs(model, result.model)
+
+
+@pytest.mark.parametrize("form", {"repeated": dict(), "one-kv-head-per-head": dict(kv_heads=4, repeat="none")})
+def test_a_prefill_with_present_outputs_fuses_into_group_query_attention(form, tmp_path):
+    model = llama_attention_model(cache="present", **{"grouped-kv-repeated": {}, **FORMS}.get(form, {}))
+    result = optimize_model(model, tmp_path, target="ort-cpu", passes=("rotary-embedding", "group-query-attention"))
+    counts = op_counts(result.model)
+    assert counts[GQA] == 1 and "Softmax" not in counts and "Transpose" not in counts, counts
+    (node,) = [n for n in result.model.graph.node if n.op_type == "GroupQueryAttention"]
+    assert list(node.output)[1:] == ["present_key", "present_value"]
+    sizes = [{"batch": 3, "sequence": 7}, {"batch": 5, "sequence": 11}]
+    for dims in sizes:
+        assert verify_models(model, result.model, dims=dims, seed=0, rtol=1e-4, atol=1e-5,
+                             int_ranges=MASK_VALUES).passed
+
+
+DECLINES = {
+    "rank-2-mask": (dict(mask="causal-2d"), "is not provably [batch or 1, 1 or 4, sequence, key length]"),
+    "mask-broadcast-over-queries": (dict(mask="padding-only"),
+                                    "is not provably [batch or 1, 1 or 4, sequence, key length]"),
+    "dynamo-flattened-to-d-first": (dict(dynamo=True, flat_shape="d-first"),
+                                    "are not provably K^T through a batch-flattened view"),
+}
+
+
+@pytest.mark.parametrize("case", DECLINES)
+def test_near_forms_decline_with_the_reason(case, tmp_path):
+    kwargs, reason = DECLINES[case]
+    model = rotated(tmp_path, **kwargs)
+    result = optimize_model(model, tmp_path, target="ort-cpu", passes=("cached-attention",))
+    assert_declined(model, result, "cached-attention", reason)
+
+
+def test_targets_with_cuda_fuse_it_too(tmp_path):
+    """MultiHeadAttention has a float32 kernel on both providers."""
+    model = rotated(tmp_path)
+    result = optimize_model(model, tmp_path, target="ort", passes=("cached-attention",))
+    assert op_counts(result.model)[MHA] == 1

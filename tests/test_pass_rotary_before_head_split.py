@@ -1,0 +1,59 @@
+"""rotary-before-head-split: RotaryEmbedding on Transpose(Reshape(x3)) heads -> on x3, split after it."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from tests.conftest import optimize_model
+from tests.graphs import GraphBuilder, assert_declined, op_counts, signature
+from tests.test_pass_rotary_embedding import assert_same_outputs
+
+PASSES = ("rotary-before-head-split",)
+HEADS, D, MAX_POSITIONS = 3, 8, 32
+
+
+def rotary_on_heads(*, hidden: int | str = HEADS * D, perm=(0, 2, 1, 3), rotary_dim: int | None = None):
+    """x3 [batch, sequence, H*d] -> Reshape [0, 0, H, d] -> Transpose(perm) -> RotaryEmbedding -> Neg -> y."""
+    b = GraphBuilder(extra_opsets={"com.microsoft": 1})
+    x3 = b.input("x", ["batch", "sequence", hidden])
+    heads = b.op("Transpose", b.op("Reshape", x3, b.const(np.array([0, 0, HEADS, D], np.int64))), perm=list(perm))
+    angles = np.arange(MAX_POSITIONS)[:, None] * (10000.0 ** (-np.arange(D // 2) / (D // 2)))[None]
+    attrs = {"rotary_embedding_dim": rotary_dim} if rotary_dim else {}
+    rotated = b.op("RotaryEmbedding", heads, b.const(np.array([1], np.int64)), b.const(np.cos(angles).astype(np.float32)),
+                   b.const(np.sin(angles).astype(np.float32)), domain="com.microsoft", **attrs)
+    model = b.build(b.op("Neg", rotated), output_names=["y"])
+    model.graph.output[0].type.tensor_type.elem_type = onnx.TensorProto.FLOAT  # onnx cannot infer the contrib op
+    return model
+
+
+def test_rotary_moves_onto_the_projection(tmp_path):
+    model = rotary_on_heads()
+    result = optimize_model(model, tmp_path, target="ort-cpu", passes=PASSES)
+    (node,) = [n for n in result.model.graph.node if n.op_type == "RotaryEmbedding"]
+    assert node.input[0] == "x"
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    assert (attrs["num_heads"], attrs["rotary_embedding_dim"]) == (HEADS, D)
+    assert op_counts(result.model)["Transpose"] == 1
+    assert_same_outputs(model, result.model, sizes=({"batch": 2, "sequence": 5}, {"batch": 3, "sequence": 7}))
+
+
+def test_other_layouts_are_not_this_pattern(tmp_path):
+    model = rotary_on_heads(perm=(0, 2, 3, 1))
+    result = optimize_model(model, tmp_path, target="ort-cpu", passes=PASSES)
+    assert signature(result.model) == signature(model)
+    assert not result.report.fusions and not result.report.near_misses
+
+
+def test_an_unproved_split_declines(tmp_path):
+    model = rotary_on_heads(hidden="hidden")
+    result = optimize_model(model, tmp_path, target="ort-cpu", passes=PASSES)
+    assert_declined(model, result, "rotary-before-head-split", "does not provably split")
+
+
+@pytest.mark.parametrize("target", ["onnx"])
+def test_portable_target_never_runs_it(tmp_path, target):
+    model = rotary_on_heads()
+    result = optimize_model(model, tmp_path, target=target)
+    assert op_counts(result.model)["com.microsoft::RotaryEmbedding"] == 1

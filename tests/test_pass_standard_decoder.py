@@ -1,0 +1,139 @@
+"""standard-rotary-embedding and standard-attention: a decoder's rotary embedding and attention
+(prefill, or a decode step over its KV cache; grouped K/V or not) -> ONNX's opset-23
+RotaryEmbedding and Attention, for --target onnx, checked against the original in onnxruntime."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from fuse_cli import targets
+from fuse_cli.pipeline.registry import pipeline_for
+from fuse_cli.report.upgrade_hint import upgrade_hint_lines
+from fuse_cli.verify import verify_models
+from tests.conftest import optimize_model
+from tests.graphs import op_counts
+from tests.llama_graphs import llama_attention_model
+from tests.test_pass_cached_attention import MASK_VALUES, assert_same_outputs
+
+PASSES = ("standard-rotary-embedding", "standard-attention")
+
+
+def upgraded(model: onnx.ModelProto, tmp_path, passes=PASSES, name="model"):
+    return optimize_model(model, tmp_path, name=name, upgrade_opset=23, passes=passes)
+
+
+def attrs_of(model: onnx.ModelProto, op: str) -> dict:
+    (node,) = [n for n in model.graph.node if n.op_type == op]
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+
+
+FORMS = {  # llama_attention_model's switches, the heads and K/V heads, whether a decode step
+    "prefill-grouped": (dict(), 4, 2),
+    "prefill-no-mask": (dict(mask="none"), 4, 2),
+    "prefill-three-groups": (dict(heads=6, kv_heads=2), 6, 2),
+    "prefill-custom-scale": (dict(scale="div"), 4, 2),
+    "prefill-no-repeat": (dict(kv_heads=4, repeat="none"), 4, 4),
+    "prefill-present-outputs": (dict(cache="present"), 4, 2),
+    "prefill-dynamo-sdpa": (dict(dynamo=True), 4, 2),
+    "decode-grouped": (dict(cache="past"), 4, 2),
+    "decode-no-repeat": (dict(cache="past", kv_heads=4, repeat="none"), 4, 4),
+    "decode-dynamo-sdpa": (dict(cache="past", dynamo=True), 4, 2),
+}
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_decoder_attention_fuses_into_standard_operators(form, tmp_path):
+    kwargs, heads, kv_heads = FORMS[form]
+    model = llama_attention_model(**kwargs)
+    result = upgraded(model, tmp_path)
+    counts = op_counts(result.model)
+    assert counts["Attention"] == 1 and counts["RotaryEmbedding"] == 2 and "Softmax" not in counts, counts
+    assert not any(n.domain for n in result.model.graph.node)  # standard operators only
+    attrs = attrs_of(result.model, "Attention")
+    assert (attrs["q_num_heads"], attrs["kv_num_heads"], attrs["is_causal"]) == (heads, kv_heads, 0)
+    assert attrs.get("scale") == (pytest.approx(1 / 3) if kwargs.get("scale") == "div" else None)
+    (node,) = [n for n in result.model.graph.node if n.op_type == "Attention"]
+    if kwargs.get("cache") == "past":  # the cache Concat is gone: past in, present out
+        assert list(node.input)[4:] == ["past_key", "past_value"] and list(node.output)[1:] == ["present_key",
+                                                                                             "present_value"]
+        assert counts["Concat"] <= 3, counts  # shape vectors only
+    else:  # ONNX allows present outputs only with past inputs: a prefill's present heads stay as computed
+        assert len(node.output) == 1
+    onnx.checker.check_model(result.model, full_check=True)
+    assert_same_outputs(model, result.model)
+
+
+def test_the_onnx_pipeline_fuses_them_after_an_upgrade(tmp_path):
+    model = llama_attention_model(cache="past")
+    result = optimize_model(model, tmp_path, upgrade_opset=23)
+    counts = op_counts(result.model)
+    assert counts["Attention"] == 1 and counts["RotaryEmbedding"] == 2 and counts["RMSNormalization"] == 0, counts
+    assert_same_outputs(model, result.model)
+
+
+def test_rows_masked_throughout_stay_as_the_graph_computes_them(tmp_path):
+    """attention_mask all zeros masks every row with float32's lowest value: the graph averages V
+    there, onnxruntime's Attention would write zeros without the clamp."""
+    model = llama_attention_model(cache="past")
+    result = upgraded(model, tmp_path)
+    assert op_counts(result.model)["Max"] == 1
+    for dims in ({"batch": 3, "sequence": 5, "past_sequence": 7, "past_sequence + sequence": 12},):
+        check = verify_models(model, result.model, dims=dims, seed=0, rtol=1e-4, atol=1e-5,
+                              int_ranges={"attention_mask": (0, 1)})
+        assert check.passed, check.outputs
+
+
+def test_old_opset_waits_for_the_upgrade(tmp_path):
+    result = optimize_model(llama_attention_model(), tmp_path, passes=PASSES)
+    assert "Attention" not in op_counts(result.model) and "RotaryEmbedding" not in op_counts(result.model)
+    reasons = [m.reason for m in result.report.near_misses if m.pass_name in PASSES]
+    assert reasons and all("pass --upgrade-opset 23" in r for r in reasons), reasons
+    (line,) = upgrade_hint_lines(result.report)
+    assert "--upgrade-opset 23" in line
+
+
+def test_onnxruntime_targets_keep_their_contrib_forms():
+    for target in ("ort", "ort-cpu", "ort-cuda"):
+        assert not set(PASSES) & set(pipeline_for(target))
+    assert set(PASSES) <= set(pipeline_for("onnx"))
+
+
+DECLINES = {
+    "tiled-not-repeated": ("standard-attention", dict(repeat="tile"), "is not provably repeat_kv"),
+    "rank-2-mask": ("standard-attention", dict(mask="causal-2d"),
+                    "is not provably [batch or 1, 1 or 4, sequence, key length]"),
+    "padding-only-mask": ("standard-attention", dict(cache="past", mask="padding-only"),
+                          "does not broadcast attn_mask over the queries"),
+    "dynamo-flattened-to-d-first": ("standard-attention", dict(dynamo=True, flat_shape="d-first", seq=8),
+                                    "are not provably K^T through a batch-flattened view"),
+    "uneven-tables": ("standard-rotary-embedding", dict(tables="uneven"), "are not provably equal"),
+    "wrong-half": ("standard-rotary-embedding", dict(half_bounds="wrong"), "not [0:4] of the last axis"),
+    "neg-lower-not-rotate-half": ("standard-rotary-embedding", dict(rotate_order="neg-lower"),
+                                  "not [0:4] of the last axis"),
+}
+
+
+@pytest.mark.parametrize("case", DECLINES)
+def test_near_forms_decline_with_the_reason(case, tmp_path):
+    name, kwargs, reason = DECLINES[case]
+    model = llama_attention_model(**kwargs)
+    if name == "standard-attention":  # as the pipeline finds it: rotary embeddings already fused
+        model = upgraded(model, tmp_path, passes=("standard-rotary-embedding",), name="rotated").model
+    result = upgraded(model, tmp_path, passes=(name,))
+    assert not result.report.fusions
+    (miss,) = [m.reason for m in result.report.near_misses if m.pass_name == name][:1]
+    assert reason in miss
+    assert_same_outputs(model, result.model)
+
+
+def test_what_onnxruntime_does_not_run_is_declined():
+    assert targets.standard_reason("RotaryEmbedding", np.float32, "onnx") is None
+    assert "no float64 RotaryEmbedding kernel" in targets.standard_reason("RotaryEmbedding", np.float64, "onnx")
+    assert "no float64 Attention kernel" in targets.emit_reason("onnx", "Attention", np.float64, "")
+    # the CUDA kernels are unchecked: a target that promises CUDA declines them, the CPU target does not
+    assert "not checked" in targets.emit_reason("ort-cuda", "Attention", np.float32, "")
+    assert targets.emit_reason("ort-cpu", "Attention", np.float32, "") is None
+    # onnxruntime's com.microsoft operators of the same names are not affected
+    assert targets.emit_reason("ort-cuda", "RotaryEmbedding", np.float16) is None
