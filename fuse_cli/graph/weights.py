@@ -68,12 +68,14 @@ def _without_big_payloads(data: mmap.mmap, location: str) -> bytes:
         graphs += 1
         if graphs > 1:  # a graph split over several records (legal, never written by onnx): parse it whole
             raise ValueError("the graph is stored in parts")
-        graph = bytearray()
+        # records are copied in runs; only an initializer long enough to hold a big payload is cut
+        graph, run_start = bytearray(), value_start
         for g_number, g_start, g_value_start, g_end in _fields(data, value_start, end):
-            if g_number == _GRAPH_INITIALIZER:
+            if g_number == _GRAPH_INITIALIZER and g_end - g_value_start >= BIG_WEIGHT_BYTES:
+                graph += data[run_start:g_start]
                 graph += _record(_GRAPH_INITIALIZER, _tensor_by_reference(data, g_value_start, g_end, location))
-            else:
-                graph += data[g_start:g_end]
+                run_start = g_end
+        graph += data[run_start:end]
         rest += _record(_MODEL_GRAPH, bytes(graph))
     return bytes(rest)
 
