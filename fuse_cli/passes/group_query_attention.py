@@ -158,7 +158,10 @@ class FuseGroupQueryAttention(PatternPass):
         presents = [m.node(f"{role}_heads").outputs[0] for role in ("key", "value")]
         outputs = [m.root.outputs[0]]
         if any(_read_outside(t, m, g) for t in presents):
-            outputs += [t if _read_outside(t, m, g) else gs.Variable.empty() for t in presents]
+            # Both or neither: the kernel refuses one present without the other (BERT's dynamo
+            # export reads only K's heads again); the one nobody reads gets a name of its own.
+            outputs += [t if _read_outside(t, m, g) else g.variable(f"{base}_present_{role}")
+                        for t, role in zip(presents, ("key", "value"))]
         nodes.append(gs.Node("GroupQueryAttention", g.unique_name(f"{base}_gqa"), attrs, inputs, outputs,
                              domain="com.microsoft"))
         return Replacement(nodes=nodes)
