@@ -48,6 +48,7 @@ from fuse_cli.analysis.measure import measure_peak  # noqa: E402
 from fuse_cli.analysis.memory import profile_memory  # noqa: E402
 from fuse_cli.analysis.shapes import infer_shapes  # noqa: E402
 from fuse_cli.config import FuseConfig  # noqa: E402
+from fuse_cli.input_domain import free_symbols, with_computed_dims  # noqa: E402
 
 MIB = 1 << 20
 LARGE_PEAK = 16 * MIB
@@ -150,10 +151,9 @@ def _apply_manifest(model: Model, manifest: dict) -> None:
 
 
 def _input_symbols(path: Path) -> list[str]:
-    m = onnx.load(str(path), load_external_data=False)
-    initializers = {t.name for t in m.graph.initializer}
-    return sorted({d.dim_param for vi in m.graph.input if vi.name not in initializers
-                   for d in vi.type.tensor_type.shape.dim if d.dim_param})
+    """The free symbols: a dim written as arithmetic (`past_sequence + sequence`) is computed from
+    them (with_computed_dims), never sized on its own."""
+    return sorted(free_symbols(onnx.load(str(path), load_external_data=False)))
 
 
 def _is_sequence(symbol: str) -> bool:
@@ -172,7 +172,7 @@ def settings_for(model: Model) -> dict[str, dict]:
     large = dict(small)
     batch_like = [s for s in model.symbols if not _is_sequence(s)] or model.symbols
     while True:
-        peak = profile_memory(m, infer_shapes(m, large), symbolic_shapes=infer_shapes(m)).peak_bytes
+        peak = profile_memory(m, infer_shapes(m, with_computed_dims(m, large)), symbolic_shapes=infer_shapes(m)).peak_bytes
         if peak >= LARGE_PEAK or max(large[s] for s in batch_like) * 2 > MAX_BATCH:
             break
         for s in batch_like:
@@ -188,9 +188,11 @@ def measure(model, dims: dict, int_ranges: dict) -> int | None:
 
 def run_model(model: Model, targets: list[str], wanted_settings: list[str]) -> list[Case]:
     cases = []
-    for setting, dims in settings_for(model).items():
+    proto = onnx.load(str(model.path), load_external_data=False)
+    for setting, free in settings_for(model).items():
         if setting not in wanted_settings:
             continue
+        dims = with_computed_dims(proto, free)
         try:
             measured_before = measure(model.path, dims, model.int_ranges)
         except Exception as exc:  # noqa: BLE001 - one model's failure is a row, not the end of the run

@@ -72,6 +72,23 @@ def shape_settings(model: onnx.ModelProto, bound: Mapping[str, int] | None = Non
             for ones in variants]
 
 
+def with_computed_dims(model: onnx.ModelProto, values: Mapping[str, int]) -> dict[str, int]:
+    """`values` (sizes of free symbols) plus every input dim written as arithmetic of them
+    (`past_sequence + sequence`), as shape_settings computes it."""
+    return _evaluate_all({p: _parse(p) for p in _input_dim_params(model)}, values)
+
+
+def free_symbols(model: onnx.ModelProto) -> list[str]:
+    """The names a size must be chosen for: input dim_params, and the names inside arithmetic ones."""
+    names: list[str] = []
+    for param in _input_dim_params(model):
+        expr = _parse(param)
+        for name in (_names(expr) if expr is not None else [param]):
+            if name not in names:
+                names.append(name)
+    return names
+
+
 _MAX_ONES = 3  # candidates with a symbol at 1: each costs a load of the original when the one before fails
 
 
