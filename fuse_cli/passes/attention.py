@@ -9,6 +9,7 @@ from fuse_cli.graph.edit import GraphEditor, Replacement, TensorShape
 from fuse_cli.match import Alt, Const, Match, Op, Var, constant_value
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
+from fuse_cli.toolkit.attention_proofs import scale_decline, scale_of
 from fuse_cli.toolkit.heads import softmax_key_axis_decline
 from fuse_cli.toolkit.shapes import same_dim, shape_entries
 
@@ -140,11 +141,8 @@ class FuseMultiHeadAttention(PatternPass):
         if not inferred and (merged is None or len(merged) != 3 or merged[0] not in first or merged[1] not in lengths
                              or merged[2] != hv * dv or m.node("merge").attrs.get("allowzero", 0) and 0 in merged):
             return Decline(f"{m.node('merge').name} reshapes to {merged}, not [0, 0, {hv * dv}] (merging the heads)")
-        for role in ("query", "key", "score"):
-            c = constant_value(m.tensor(f"{role}_scale")) if m.tensor(f"{role}_scale") is not None else 1.0
-            if np.size(c) != 1 or not np.all(np.isfinite(c)) or np.all(c == 0):
-                scaling = m.node(f"{role}_scaling").name
-                return Decline(f"{scaling} scales by {np.ravel(c)[:4].tolist()}, not a finite nonzero scalar")
+        if decline := scale_decline(m):
+            return decline
         alpha = m.node("qk").attrs.get("alpha", 1.0)
         if not (np.isfinite(alpha) and alpha != 0):
             return Decline(f"{m.node('qk').name} scales by alpha {alpha}, not a finite nonzero scalar")
@@ -161,11 +159,7 @@ class FuseMultiHeadAttention(PatternPass):
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
         h, d = _heads(m, g, "query")
-        scale = float(m.node("qk").attrs.get("alpha", 1.0))  # float64 product, rounded once into the attribute
-        for role in ("query", "key", "score"):
-            if m.tensor(f"{role}_scale") is not None:
-                c = float(constant_value(m.tensor(f"{role}_scale")).reshape(-1)[0])
-                scale *= c if m.node(f"{role}_scaling").op == "Mul" else 1.0 / c
+        scale = scale_of(m)  # float64 product, rounded once into the attribute
         attrs = {"num_heads": h}
         if not np.isclose(scale, d**-0.5, rtol=1e-6, atol=0):
             attrs["scale"] = scale

@@ -1,5 +1,6 @@
 """A decoder's attention, prefill or decode step with a KV cache, grouped K/V or not -> ONNX's
-standard Attention (opset 23)."""
+standard Attention (opset 23). The pattern and its proofs are the toolkit's (attention_forms.DECODER,
+attention_proofs), which the com.microsoft attention passes share."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Match
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
-from fuse_cli.toolkit.attention_forms import (MERGED, merge_decline, merged_rows, read_outside, repeat_decline,
-                                              scale_decline, scale_of, split_of)
-from fuse_cli.toolkit.heads import flattened_key_t, softmax_key_axis_decline
+from fuse_cli.toolkit.attention_forms import DECODER
+from fuse_cli.toolkit.attention_proofs import (grouped_heads, key_t_decline, mask_fits, merge_decline, merged_rows,
+                                               read_outside, scale_decline, scale_of, split_of)
 from fuse_cli.toolkit.shapes import same_dim
 
 
@@ -54,38 +55,24 @@ class FuseStandardAttention(PatternPass):
     emits = ("Attention",)
     min_opset = 23
     keeps = ("key_cache", "value_cache", "key_heads", "value_heads")
-    pattern = MERGED
+    pattern = DECODER
 
     def emitted_at(self, m: Match, g: GraphEditor) -> tuple[np.dtype | None, None]:
         return g.dtype(m.tensor("query")), None
 
     def check(self, m: Match, g: GraphEditor) -> Decline | None:
-        if decline := softmax_key_axis_decline(m.node("softmax"), g.opset):
+        grouped = grouped_heads(m, g)
+        if isinstance(grouped, Decline):
+            return grouped
+        h, kv, d = grouped
+        if decline := (_cache_decline(m, g, kv, d) or merge_decline(m, g, h * d, rows=True) or scale_decline(m)
+                       or key_t_decline(m, g, d)):
             return decline
-        split = {role: split_of(m, g, role) for role in ("query", "key", "value")}
-        if declined := next((s for s in split.values() if isinstance(s, Decline)), None):
-            return declined
-        (h, d), (kv, dk), (kv_v, dv) = split.values()
-        if dk != d or dv != d or kv_v != kv or h % kv:
-            return Decline(f"the heads do not group: query {h}x{d}, key {kv}x{dk}, value {kv_v}x{dv}")
-        if decline := repeat_decline(m, g, "key", h, kv) or repeat_decline(m, g, "value", h, kv):
-            return decline
-        q, k, v = (g.shape(m.tensor(r)) for r in ("query", "key", "value"))
-        if not (same_dim(q.dims[0], k.dims[0]) and same_dim(k.dims[0], v.dims[0]) and same_dim(q.dims[1], k.dims[1])
-                and same_dim(k.dims[1], v.dims[1])):
-            return Decline(f"query {list(q.dims)}, key {list(k.dims)} and value {list(v.dims)} are not provably one "
-                           f"batch of one sequence (self-attention over the new tokens)")
-        if decline := _cache_decline(m, g, kv, d) or merge_decline(m, g, h * d) or scale_decline(m):
-            return decline
-        if "key_flatten" in m.nodes and not flattened_key_t(m, g, d):
-            return Decline(f"{m.node('key_flatten').name} and {m.node('key_unflatten').name} are not provably K^T through "
-                           f"a batch-flattened view ([-1, T, {d}], Transpose [0, 2, 1], [B, H, {d}, T])")
         mask = m.tensor("mask")
         if mask is not None:
-            shape, total = g.shape(mask), g.shape(m.node("context").inputs[1])  # V as read: [B, H, T, d]
-            if (shape is None or total is None or shape.rank != 4 or shape.dims[0] not in (1, q.dims[0])
-                    or shape.dims[1] not in (1, h) or not same_dim(shape.dims[2], q.dims[1])
-                    or not same_dim(shape.dims[3], total.dims[2]) or g.dtype(mask) != g.dtype(m.tensor("query"))):
+            total = g.shape(m.node("context").inputs[1])  # V as read: [B, H, T, d]
+            if not mask_fits(m, g, h, None if total is None else total.dims[2]):
+                shape = g.shape(mask)
                 return Decline(f"the mask {mask.name!r} of shape {shape and list(shape.dims)} is not provably "
                                f"[batch or 1, 1 or {h}, sequence, key length] of the query's dtype (onnxruntime's "
                                f"Attention does not broadcast attn_mask over the queries: targets.STANDARD)")

@@ -1,4 +1,5 @@
-"""Rotary position embedding in the rotate-half form -> ONNX's standard RotaryEmbedding (opset 23)."""
+"""Rotary position embedding in the rotate-half form -> ONNX's standard RotaryEmbedding (opset 23).
+The pattern and its proofs are toolkit.rotary's, which rotary-embedding shares."""
 
 from __future__ import annotations
 
@@ -7,13 +8,12 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Match
-from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
-from fuse_cli.toolkit.rotary import ROTARY, rotary_decline, split_heads
+from fuse_cli.toolkit.rotary import RotateHalfFusion, split_heads
 
 
 @register
-class FuseStandardRotaryEmbedding(PatternPass):
+class FuseStandardRotaryEmbedding(RotateHalfFusion):
     """y = x * cos + rotate_half(x) * sin, rotate_half(x) = Concat(-x[..., d/2:], x[..., :d/2])
 
       x [B, H, S, d] ─┬──────────────────────────────────────── Mul(cos) ─┐
@@ -37,13 +37,6 @@ class FuseStandardRotaryEmbedding(PatternPass):
     label = "rotary embedding -> RotaryEmbedding (opset 23)"
     emits = ("RotaryEmbedding",)
     min_opset = 23
-    pattern = ROTARY
-
-    def emitted_at(self, m: Match, g: GraphEditor) -> tuple[np.dtype | None, None]:
-        return g.dtype(m.tensor("x")), None
-
-    def check(self, m: Match, g: GraphEditor) -> Decline | None:
-        return rotary_decline(m, g)
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
         x, base, nodes = m.tensor("x"), m.node("rotary").name, []

@@ -1,9 +1,6 @@
 """Rotate-half rotary embeddings: the pattern and the proofs a fusion into a RotaryEmbedding needs
 (the Slices take the two halves, cos/sin hold one row per position with equal halves, Q/K's head
-split), shared by the passes that emit the standard (opset 23) operator.
-
-The same proofs as passes/rotary_embedding.py (com.microsoft RotaryEmbedding), which predates
-this module; see docs/ARCHITECTURE.md's toolkit row."""
+split), shared by rotary-embedding (com.microsoft) and standard-rotary-embedding (opset 23)."""
 
 from __future__ import annotations
 
@@ -12,7 +9,7 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, TensorShape
 from fuse_cli.match import Match, Op, Var, constant_value, producer_of
-from fuse_cli.pipeline.base import Decline
+from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.toolkit.heads import head_split
 from fuse_cli.toolkit.shapes import same_dim
 from fuse_cli.toolkit.values import INT_MAX, int_value
@@ -48,6 +45,19 @@ def rotary_decline(m: Match, g: GraphEditor) -> Decline | None:
     if g.dtype(m.tensor("cos")) != g.dtype(m.tensor("x")) or g.dtype(m.tensor("sin")) != g.dtype(m.tensor("x")):
         return Decline("cos and sin are not of x's dtype")
     return None
+
+
+class RotateHalfFusion(PatternPass):
+    """The rotate-half match and its proofs (rotary_decline); a subclass writes the rewrite, the
+    RotaryEmbedding it emits."""
+
+    pattern = ROTARY
+
+    def emitted_at(self, m: Match, g: GraphEditor) -> tuple[np.dtype | None, None]:
+        return g.dtype(m.tensor("x")), None
+
+    def check(self, m: Match, g: GraphEditor) -> Decline | None:
+        return rotary_decline(m, g)
 
 
 def split_heads(x: gs.Tensor, g: GraphEditor) -> tuple[gs.Tensor, int, gs.Node, gs.Node] | None:

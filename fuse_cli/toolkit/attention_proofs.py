@@ -1,0 +1,134 @@
+"""The proofs a fusion of toolkit.attention_forms' decoder attention needs: the head splits and
+their grouping, repeat_kv's shapes, K^T through dynamo's flattened view, the scale, the mask's
+shape, the merge of the heads. Each returns a Decline (or a plain fact) computed from the match."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from fuse_cli.graph.edit import GraphEditor
+from fuse_cli.match import Match, constant_value
+from fuse_cli.pipeline.base import Decline
+from fuse_cli.toolkit.heads import flattened_key_t, head_split, softmax_key_axis_decline
+from fuse_cli.toolkit.shapes import same_dim
+
+
+def split_of(m: Match, g: GraphEditor, role: str) -> tuple[int, int] | Decline:
+    """(heads, head size) of the Reshape splitting the [B, S, heads*head_size] input (toolkit.heads)."""
+    reshape = m.node(f"{role}_split")
+    split = head_split(reshape, g)
+    if split is None:
+        source = g.shape(m.tensor(role))
+        return Decline(f"{reshape.name} is not provably a split of {m.tensor(role).name!r} "
+                       f"({source and list(source.dims)}) into [batch, sequence, heads, head_size]")
+    return split
+
+
+def grouped_heads(m: Match, g: GraphEditor) -> tuple[int, int, int] | Decline:
+    """(H, KV, d) of a self-attention over the new tokens: scores normalized over the key axis; Q, K
+    and V split into heads of one size d, K and V into KV heads that repeat_kv (or nothing, KV = H)
+    repeats to H; the three of one batch and one sequence."""
+    if decline := softmax_key_axis_decline(m.node("softmax"), g.opset):
+        return decline
+    split = {role: split_of(m, g, role) for role in ("query", "key", "value")}
+    if declined := next((s for s in split.values() if isinstance(s, Decline)), None):
+        return declined
+    (h, d), (kv, dk), (kv_v, dv) = split.values()
+    if dk != d or dv != d or kv_v != kv or h % kv:
+        return Decline(f"the heads do not group: query {h}x{d}, key {kv}x{dk}, value {kv_v}x{dv}")
+    if decline := repeat_decline(m, g, "key", h, kv) or repeat_decline(m, g, "value", h, kv):
+        return decline
+    q, k, v = (g.shape(m.tensor(r)) for r in ("query", "key", "value"))
+    if not (same_dim(q.dims[0], k.dims[0]) and same_dim(k.dims[0], v.dims[0]) and same_dim(q.dims[1], k.dims[1])
+            and same_dim(k.dims[1], v.dims[1])):
+        return Decline(f"query {list(q.dims)}, key {list(k.dims)} and value {list(v.dims)} are not provably one "
+                       f"batch of one sequence (self-attention over the new tokens)")
+    return h, kv, d
+
+
+def repeat_decline(m: Match, g: GraphEditor, role: str, h: int, kv: int) -> Decline | None:
+    """repeat_kv's Unsqueeze(2), Expand and Reshape give [B, KV, n, T, d] then [B, KV*n, T, d], n = h / kv."""
+    if f"{role}_repeat" not in m.nodes:
+        return None if kv == h else Decline(f"{role} has {kv} heads, not {h}, and is not repeated by repeat_kv")
+    source = g.shape(m.node(f"{role}_unsqueeze").inputs[0])
+    axes = m.tensor(f"{role}_axes")
+    axes = constant_value(axes) if axes is not None else m.node(f"{role}_unsqueeze").attrs.get("axes")
+    expanded, merged = (g.shape(m.node(f"{role}_{n}").outputs[0]) for n in ("expand", "repeat"))
+    wanted = (source and [source.dims[0], kv, h // kv, *source.dims[2:]], source and [source.dims[0], h, *source.dims[2:]])
+    if (axes is None or [int(a) for a in np.ravel(axes)] != [2] or expanded is None or merged is None or source is None
+            or expanded.rank != 5 or merged.rank != 4
+            or not all(same_dim(a, b) for a, b in zip(expanded.dims, wanted[0]))
+            or not all(same_dim(a, b) for a, b in zip(merged.dims, wanted[1]))):
+        return Decline(f"{m.node(f'{role}_repeat').name} is not provably repeat_kv: Unsqueeze(2) {axes}, Expand to "
+                       f"{expanded and list(expanded.dims)} and Reshape to {merged and list(merged.dims)}, where "
+                       f"{wanted[0]} and {wanted[1]} are needed")
+    return None
+
+
+def key_t_decline(m: Match, g: GraphEditor, d: int) -> Decline | None:
+    """K^T through dynamo's batch-flattened view is K^T only when its shapes read K's own dims."""
+    if "key_flatten" not in m.nodes or flattened_key_t(m, g, d):
+        return None
+    return Decline(f"{m.node('key_flatten').name} and {m.node('key_unflatten').name} are not provably K^T through "
+                   f"a batch-flattened view ([-1, T, {d}], Transpose [0, 2, 1], [B, H, {d}, T])")
+
+
+def scale_decline(m: Match) -> Decline | None:
+    for role in ("query", "key", "score"):
+        if m.tensor(f"{role}_scale") is not None:
+            c = constant_value(m.tensor(f"{role}_scale"))
+            if c.size != 1 or not np.isfinite(c).all() or not c.any():
+                return Decline(f"{m.node(f'{role}_scaling').name} scales by {c.reshape(-1)[:4].tolist()}, "
+                               f"not a finite nonzero scalar")
+    return None
+
+
+def scale_of(m: Match) -> float:
+    """The product of the constant scalars on Q, K^T and the scores (and FusedMatMul's alpha), in float64."""
+    scale = float(m.node("qk").attrs.get("alpha", 1.0))
+    for role in ("query", "key", "score"):
+        if m.tensor(f"{role}_scale") is not None:
+            c = float(constant_value(m.tensor(f"{role}_scale")).reshape(-1)[0])
+            scale *= c if m.node(f"{role}_scaling").op == "Mul" else 1.0 / c
+    return scale
+
+
+def mask_fits(m: Match, g: GraphEditor, h: int, length) -> bool:
+    """The additive mask is [B or 1, 1 or H, S, length] of the query's dtype, S the query's length:
+    the fused kernels broadcast it over the batch and the heads only."""
+    mask, q = m.tensor("mask"), g.shape(m.tensor("query"))
+    shape = g.shape(mask)
+    return (shape is not None and shape.rank == 4 and shape.dims[0] in (1, q.dims[0]) and shape.dims[1] in (1, h)
+            and same_dim(shape.dims[2], q.dims[1]) and same_dim(shape.dims[3], length)
+            and g.dtype(mask) == g.dtype(m.tensor("query")))
+
+
+def merged_rows(m: Match, hidden: int) -> bool:
+    """The merge is [-1, H*d]: dynamo's GPT-2 merges straight into the [B*S, H*d] rows its Gemm reads
+    (a Reshape of the fused [B, S, H*d] output gives the same rows)."""
+    merged = constant_value(m.tensor("merge_shape"))
+    return merged is not None and [int(s) for s in merged.reshape(-1)] == [-1, hidden]
+
+
+def merge_decline(m: Match, g: GraphEditor, hidden: int, *, rows: bool) -> Decline | None:
+    """The merge Reshape gives [B, S, H*d] of the query's B and S (a constant [0, 0|-1, H*d], or by
+    inference), or, where the pass reshapes its output (rows=True), the rows [B*S, H*d] (merged_rows)."""
+    if rows and merged_rows(m, hidden):
+        return None
+    q = g.shape(m.tensor("query"))
+    merged, out = constant_value(m.tensor("merge_shape")), g.shape(m.root.outputs[0])
+    if merged is None:
+        if (out is not None and out.rank == 3 and out.static(2) == hidden and same_dim(out.dims[0], q.dims[0])
+                and same_dim(out.dims[1], q.dims[1])):
+            return None
+    elif [int(s) for s in merged.reshape(-1)] in ([0, 0, hidden], [0, -1, hidden]) and not m.root.attrs.get("allowzero", 0):
+        return None
+    wanted = f"[0, 0, {hidden}] or [-1, {hidden}]" if rows else f"[0, 0, {hidden}]"
+    return Decline(f"{m.node('merge').name} reshapes to {merged}, not {wanted} (merging the heads)")
+
+
+def read_outside(t: gs.Tensor, m: Match, g: GraphEditor) -> bool:
+    """t is a graph output or read by a node the match does not cover (a prefill's present K/V heads)."""
+    covered = {id(n) for n in m.covered}
+    return g.is_graph_output(t) or any(id(reader) not in covered for reader in t.outputs)
