@@ -8,7 +8,6 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from fuse_cli.passes import pipeline_for
 from tests.conftest import assert_equivalent, optimize_model
 from tests.graphs import assert_declined, signature
 from tests.test_pass_contrib_gelu import HIDDEN, activation
@@ -83,9 +82,11 @@ def test_a_row_bias_is_left_alone(tmp_path):
     assert not result.report.fusions
 
 
-def test_not_on_cuda_where_bias_gelu_is_faster():
-    assert "pin-gelu-bias" in pipeline_for("onnx") and "pin-gelu-bias" in pipeline_for("ort-cpu")
-    assert "pin-gelu-bias" not in pipeline_for("ort-cuda")
+def test_not_on_cuda_where_bias_gelu_is_faster(tmp_path):
+    model = activation(form="erf", x_shape=SEQUENCE_INPUT, bias_shape=(HIDDEN,))
+    result = optimize_model(model, tmp_path, target="ort-cuda", passes=("contrib-gelu", "pin-gelu-bias"))
+    assert [f.pass_name for f in result.report.fusions] == ["contrib-gelu"]
+    assert bias_shapes(result.model) == [[HIDDEN]]
 
 
 def test_default_pipeline_keeps_the_row(tmp_path):
