@@ -26,7 +26,8 @@ class PinGeluBias(PatternPass):
     because its shapes are unknown to onnxruntime (Reshape to a Shape-computed target); fuse's
     constant shapes make them known and so brought the slower kernel in: BiasGelu 0 -> 12 at
     level all on a timm Swin-T, 0 -> 4 on two dynamo BERT/ViT exports (--target ort-cpu), 0 -> 12
-    on DeiT-tiny with --allow-peak-growth, where it cost 1.4% of the run.
+    on DeiT-tiny with --allow-peak-growth (0.4-1.4% of its run there, near the noise floor;
+    benchmarks/results/level_all.md).
 
     A [1, N] bias adds the same value to every row: exact (the same bits) when input has rank >= 2,
     the sum keeping input's shape. Runs last among the graph passes, after matmul-add has taken
