@@ -122,6 +122,12 @@ def match_attr(capture: str, key: str, value) -> Callable[[object], None]:
     return tamper
 
 
+def _bias_as_column(node: gs.Node) -> None:
+    index = next(i for i, t in enumerate(node.inputs) if isinstance(t, gs.Constant))
+    values = np.asarray(node.inputs[index].values)
+    node.inputs[index] = gs.Constant(f"{node.inputs[index].name}_mutated", values.reshape(-1, 1))
+
+
 def _bf16(values: np.ndarray) -> np.ndarray:
     """Round float32 through bfloat16 (8 significant bits) and back: a rounding done twice."""
     bits = values.astype(np.float32).view(np.uint32)
@@ -175,6 +181,8 @@ MUTATIONS: tuple[Mutation, ...] = (
              after=rename_op("Gelu", "QuickGelu", "com.microsoft")),
     Mutation("bias-gelu-bias-dropped", "bias-gelu", "the bias is not passed to BiasGelu", "ort-cuda",
              ("transformer_block_opset17",), first=("contrib-gelu",), after=both(drop_input("BiasGelu", 1), rename_op("BiasGelu", "Gelu"))),
+    Mutation("pin-gelu-bias-column", "pin-gelu-bias", "the bias written as an [N, 1] column, not a [1, N] row", "onnx",
+             ("transformer_block_opset17",), after=lambda rep, m, g: _bias_as_column(_node(rep, "Add"))),
     # Attention
     Mutation("attention-swapped-qk", "attention", "query and key swapped", "ort-cpu", ("transformer_block_opset17",),
              after=swap_inputs("MultiHeadAttention", 0, 1)),

@@ -16,12 +16,13 @@ PASSES = ("eliminate-noop-arith",)
 def arith(op, value, *, constant_first=False, x_shape=("batch", 3), dtype=np.float32, as_node=False):
     """Abs(x) -> op(., constant) named "arith" -> Relu -> y."""
     b = GraphBuilder()
-    elem = {np.float32: T.FLOAT, np.int64: T.INT64, np.float16: T.FLOAT16}[dtype]
-    t = b.op("Abs", b.input("x", list(x_shape), dtype=elem))
+    elem = {np.float32: T.FLOAT, np.int64: T.INT64, np.float16: T.FLOAT16, np.bool_: T.BOOL}[dtype]
+    before, after = ("Not", "Not") if dtype == np.bool_ else ("Abs", "Neg")
+    t = b.op(before, b.input("x", list(x_shape), dtype=elem))
     value = np.asarray(value, dtype=dtype)
     c = b.op("Constant", value=numpy_helper.from_array(value)) if as_node else b.const(value)
     a = b.op(op, *((c, t) if constant_first else (t, c)), name="arith")
-    return b.build(b.op("Neg", a), output_names=["y"])
+    return b.build(b.op(after, a), output_names=["y"])
 
 
 @pytest.mark.parametrize("op, value, kw", [
@@ -73,6 +74,37 @@ def test_not_matched(tmp_path, op, value):
     result = optimize_model(model, tmp_path, passes=PASSES)
     assert signature(result.model) == signature(model)
     assert not result.report.near_misses
+
+
+@pytest.mark.parametrize("op, value, kw", [
+    ("And", True, {}),
+    ("And", np.ones((1, 3), bool), {"constant_first": True}),  # dynamo's And(new_ones, mask)
+    ("Or", [False, False, False], {}),
+    ("Xor", False, {"constant_first": True}),
+], ids=["x-and-true", "ones-and-x", "x-or-false", "false-xor-x"])
+def test_logic_identity_removed(tmp_path, op, value, kw):
+    model = arith(op, value, dtype=np.bool_, **kw)
+    result = optimize_model(model, tmp_path, passes=PASSES)
+    assert op_counts(result.model) == {"Not": 2}
+    for dims in ({"batch": 1}, {"batch": 3}):
+        assert_equivalent(model, result.model, dims=dims, rtol=0.0, atol=0.0)
+
+
+@pytest.mark.parametrize("op, value", [("And", False), ("Or", True), ("Xor", True), ("And", [True, False, True])],
+                         ids=["x-and-false", "x-or-true", "x-xor-true", "x-and-mixed"])
+def test_logic_not_matched(tmp_path, op, value):
+    model = arith(op, value, dtype=np.bool_)
+    result = optimize_model(model, tmp_path, passes=PASSES)
+    assert signature(result.model) == signature(model)
+    assert not result.report.near_misses
+
+
+def test_logic_constant_that_broadcasts_is_kept(tmp_path):
+    model = arith("And", np.ones((2, 3), bool), dtype=np.bool_)
+    result = optimize_model(model, tmp_path, passes=PASSES)
+    assert signature(result.model) == signature(model)
+    (miss,) = [m.reason for m in result.report.near_misses if m.pass_name == "eliminate-noop-arith"]
+    assert "may broadcast" in miss
 
 
 def test_input_to_output_is_kept(tmp_path):

@@ -11,17 +11,10 @@ from fuse_cli.graph.edit import GraphEditor, Replacement, TensorShape
 from fuse_cli.match import Alt, Const, Match, Op, Var, constant_value
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
-from fuse_cli.toolkit.activations import ERF_GATE, HALF, TANH_GATE, X, bias_reason, bias_tensor
+from fuse_cli.toolkit.activations import ERF_GATE, TANH_GATE, X, bias_reason, bias_tensor, decomposed_gelu
 
 # x = input + bias: named "x", the Add's output is the very x the rest of the pattern reads
 BIASED_X = Op("Add", Var("input"), Const(lambda value: True, name="bias"), name="x")
-
-
-def decomposed_gelu(gate, x=X) -> Alt:
-    """gelu's forms: (x * gate) * 0.5, (0.5 * x) * gate or x * (0.5 * gate), operands in either order."""
-    return Alt(Op("Mul", Op("Mul", x, gate, name="inner"), HALF, name="outer"),
-               Op("Mul", Op("Mul", x, HALF, name="inner"), gate, name="outer"),
-               Op("Mul", x, Op("Mul", HALF, gate, name="inner"), name="outer"))
 
 
 class _Activation(PatternPass):

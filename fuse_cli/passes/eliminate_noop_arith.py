@@ -1,4 +1,4 @@
-"""Arithmetic with the identity element: x*1, x/1, x+0, x-0 leave x as it was."""
+"""Arithmetic and logic with the identity element: x*1, x/1, x+0, x-0, x and true, x or/xor false leave x as it was."""
 
 from __future__ import annotations
 
@@ -9,30 +9,33 @@ from fuse_cli.match import Const, Match, Op, Var, constant_value
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
 
-IDENTITY_ELEMENT = {"Add": 0, "Sub": 0, "Mul": 1, "Div": 1}
+IDENTITY_ELEMENT = {"Add": 0, "Sub": 0, "Mul": 1, "Div": 1, "And": True, "Or": False, "Xor": False}
 
 
 def _uniform_zero_or_one(value: np.ndarray) -> bool:
-    if value.size == 0 or value.dtype == np.bool_ or value.flat[0] not in (0, 1):
+    # a bool constant only meets And/Or/Xor: ONNX's arithmetic operators take no bool
+    if value.size == 0 or value.flat[0] not in (0, 1):
         return False
     return bool(np.all(value == value.flat[0]))
 
 
 @register
 class EliminateNoopArithmetic(PatternPass):
-    """x ── Mul/Div(1) ── y,  x ── Add/Sub(0) ── y   =>   readers of y read x
+    """x ── Mul/Div(1) ── y,  x ── Add/Sub(0) ── y,  x ── And(true) / Or(false) / Xor(false) ── y
+       =>   readers of y read x
 
-    Mul and Add in either order; Sub and Div only with the constant second (0 - x and 1 / x are
-    not x). Every element of the constant must be the identity element, and the constant must
+    Mul, Add, And, Or and Xor in either order (torch's dynamo export writes And(ones, mask)); Sub
+    and Div only with the constant second (0 - x and 1 / x are not x). Every element of the constant must be the identity element, and the constant must
     not broadcast x to a larger shape: each of its dims, aligned from the right, is 1 or x's
     static dim there, and its rank is at most x's. Exact for integers; for floats x*1, x/1, x-0
-    give x bit for bit, and x+0 too except that a -0.0 in x comes out as +0.0 (an equal value).
+    give x bit for bit, and x+0 too except that a -0.0 in x comes out as +0.0 (an equal value);
+    the logic forms are exact.
     """
 
     name = "eliminate-noop-arith"
-    description = "Remove x*1, x/1, x+0 and x-0 with a constant that does not broadcast x"
-    label = "x*1, x/1, x+0, x-0"
-    pattern = Op(("Add", "Sub", "Mul", "Div"), Var("x"), Const(_uniform_zero_or_one, name="constant"), name="op")
+    description = "Remove x*1, x/1, x+0, x-0, x and true, x or/xor false with a constant that does not broadcast x"
+    label = "x*1, x/1, x+0, x-0, x and true, x or false"
+    pattern = Op(tuple(IDENTITY_ELEMENT), Var("x"), Const(_uniform_zero_or_one, name="constant"), name="op")
 
     def matches(self, m: Match, g: GraphEditor) -> bool:
         """x*0 or x+1 is not a near-miss of x*1: only the op's own identity element counts."""

@@ -24,6 +24,13 @@ TANH_GATE = Op("Add", Op("Tanh", Op("Mul", Const(scalar_close(math.sqrt(2.0 / ma
                                     Op("Add", X, Op("Mul", Const(scalar_close(0.044715)), CUBE))), name="tanh"), ONE)
 
 
+def decomposed_gelu(gate, x=X) -> Alt:
+    """gelu's forms: (x * gate) * 0.5, (0.5 * x) * gate or x * (0.5 * gate), operands in either order."""
+    return Alt(Op("Mul", Op("Mul", x, gate, name="inner"), HALF, name="outer"),
+               Op("Mul", Op("Mul", x, HALF, name="inner"), gate, name="outer"),
+               Op("Mul", x, Op("Mul", HALF, gate, name="inner"), name="outer"))
+
+
 def bias_reason(g: GraphEditor, bias: gs.Tensor | None, add: gs.Node | None, shape: TensorShape,
                 dtype: np.dtype) -> Decline | None:
     """None if `bias` (added to a tensor of `shape` and `dtype`) is a constant over the last axis
