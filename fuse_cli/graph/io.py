@@ -35,7 +35,7 @@ from fuse_cli.core.tensors import payload_bytes
 from fuse_cli.core.domains import default_opset_or_none, is_default_domain
 from fuse_cli.errors import FuseError, ModelLoadError
 from fuse_cli.graph import weights
-from fuse_cli.graph.weights import MappedValues
+from fuse_cli.graph.weights import MappedValues, encode_varint, length_delimited
 
 # protobuf refuses to serialize a message of 2 GiB or more; leave headroom for the graph itself.
 INLINE_SAVE_LIMIT_BYTES = 1_800_000_000
@@ -563,11 +563,11 @@ def _write_streamed(model: onnx.ModelProto, model_file: Path) -> list:
     placed = []
     with open(model_file, "wb") as out:
         out.write(rest.SerializeToString())
-        out.write(_length_delimited(_MODEL_GRAPH_FIELD, graph.SerializeToString()))
+        out.write(length_delimited(_MODEL_GRAPH_FIELD, graph.SerializeToString()))
         for tensor in model.graph.initializer:
             source = weights.reference(tensor)
             if source is None:
-                out.write(_length_delimited(_MODEL_GRAPH_FIELD, _length_delimited(
+                out.write(length_delimited(_MODEL_GRAPH_FIELD, length_delimited(
                     _GRAPH_INITIALIZER_FIELD, tensor.SerializeToString())))
                 continue
             file, offset, length = source
@@ -575,10 +575,10 @@ def _write_streamed(model: onnx.ModelProto, model_file: Path) -> list:
             head.CopyFrom(tensor)
             head.ClearField("external_data")
             head.ClearField("data_location")
-            payload_key = _varint(_TENSOR_RAW_DATA_FIELD << 3 | 2) + _varint(length)
+            payload_key = encode_varint(_TENSOR_RAW_DATA_FIELD << 3 | 2) + encode_varint(length)
             record = head.SerializeToString() + payload_key
-            out.write(_varint(_MODEL_GRAPH_FIELD << 3 | 2) + _varint(_delimited_size(len(record) + length)))
-            out.write(_varint(_GRAPH_INITIALIZER_FIELD << 3 | 2) + _varint(len(record) + length) + record)
+            out.write(encode_varint(_MODEL_GRAPH_FIELD << 3 | 2) + encode_varint(_delimited_size(len(record) + length)))
+            out.write(encode_varint(_GRAPH_INITIALIZER_FIELD << 3 | 2) + encode_varint(len(record) + length) + record)
             placed.append((tensor, model_file.name, out.tell(), length))
             _copy_bytes(file, offset, length, out)
     return placed
@@ -586,7 +586,7 @@ def _write_streamed(model: onnx.ModelProto, model_file: Path) -> list:
 
 def _delimited_size(size: int) -> int:
     """The size of a length-delimited record whose payload is `size` bytes (tag of one byte)."""
-    return 1 + len(_varint(size)) + size
+    return 1 + len(encode_varint(size)) + size
 
 
 def _copy_field(message, descriptor, value) -> None:
@@ -600,19 +600,6 @@ def _copy_field(message, descriptor, value) -> None:
         getattr(message, descriptor.name).CopyFrom(value)
     else:
         setattr(message, descriptor.name, value)
-
-
-def _length_delimited(field_number: int, payload: bytes) -> bytes:
-    return _varint(field_number << 3 | 2) + _varint(len(payload)) + payload
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def _save_with_external_data(model: onnx.ModelProto, model_file: Path, data_name: str, relink: bool) -> list:

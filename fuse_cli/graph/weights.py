@@ -73,10 +73,10 @@ def _without_big_payloads(data: mmap.mmap, location: str) -> bytes:
         for g_number, g_start, g_value_start, g_end in _fields(data, value_start, end):
             if g_number == _GRAPH_INITIALIZER and g_end - g_value_start >= BIG_WEIGHT_BYTES:
                 graph += data[run_start:g_start]
-                graph += _record(_GRAPH_INITIALIZER, _tensor_by_reference(data, g_value_start, g_end, location))
+                graph += length_delimited(_GRAPH_INITIALIZER, _tensor_by_reference(data, g_value_start, g_end, location))
                 run_start = g_end
         graph += data[run_start:end]
-        rest += _record(_MODEL_GRAPH, bytes(graph))
+        rest += length_delimited(_MODEL_GRAPH, bytes(graph))
     return bytes(rest)
 
 
@@ -134,11 +134,12 @@ def _varint(data, position: int, end: int) -> tuple[int, int]:
         shift += 7
 
 
-def _record(number: int, payload: bytes) -> bytes:
-    return _encode_varint(number << 3 | _LENGTH_DELIMITED) + _encode_varint(len(payload)) + payload
+def length_delimited(number: int, payload: bytes) -> bytes:
+    """A protobuf field `number` holding `payload` (wire type 2), as the writer in graph/io.py streams them."""
+    return encode_varint(number << 3 | _LENGTH_DELIMITED) + encode_varint(len(payload)) + payload
 
 
-def _encode_varint(value: int) -> bytes:
+def encode_varint(value: int) -> bytes:
     out = bytearray()
     while value > 0x7F:
         out.append(value & 0x7F | 0x80)
