@@ -100,3 +100,65 @@ def test_sequence_producers_are_not_folded(tmp_path):
     result = optimize_model(model, tmp_path, verify=True)
     assert result.report.verification.passed
     assert op_counts(result.model) == Counter({"SequenceEmpty": 1, "SequenceInsert": 1, "SequenceAt": 1})
+
+
+def filled(b: GraphBuilder, shape, fill: float) -> str:
+    """A weight built at run time, as the onnx package's light zoo writes every weight."""
+    return b.op("ConstantOfShape", ints(b, shape), value=numpy_helper.from_array(np.array([fill], np.float32), "v"))
+
+
+def twin_branches(b: GraphBuilder, fills=(0.02, 0.02), *, bn: bool = False) -> str:
+    """Two Convs on one input whose weights are built by two ConstantOfShape nodes (9 KiB each,
+    over the size CSE compares by value), each branch with its own BatchNormalization when `bn`."""
+    x = b.input("x", [1, 16, 8, 8])
+    branches = []
+    for index, fill in enumerate(fills):
+        y = b.op("Conv", x, filled(b, [16, 16, 3, 3], fill), pads=[1, 1, 1, 1])
+        if bn:
+            y = b.op("BatchNormalization", y, *(b.const(b.rand(16, low=0.5, high=1.5)) for _ in range(4)))
+        branches.append(b.op("Relu", y, name=f"relu{index}"))
+    return b.op("Concat", *branches, axis=1)
+
+
+def conv_weights(model) -> list[str]:
+    return [n.input[1] for n in model.graph.node if n.op_type == "Conv"]
+
+
+def test_equal_folded_weights_become_one_so_cse_merges_the_branches(tmp_path):
+    b = GraphBuilder()
+    model = b.build(twin_branches(b), output_names=["y"])
+    folded = optimize_model(model, tmp_path, name="folded", passes=("fold-constants",)).model
+    first, second = conv_weights(folded)
+    assert first == second and len(folded.graph.initializer) == 1  # one weight (the Convs have no bias)
+    result = optimize_model(model, tmp_path, passes=("fold-constants", "eliminate-common-subexpressions"))
+    assert op_counts(result.model) == {"Conv": 1, "Relu": 1, "Concat": 1}
+    assert_equivalent(model, result.model, rtol=0.0, atol=0.0)
+
+
+def test_different_folded_weights_stay_apart(tmp_path):
+    b = GraphBuilder()
+    model = b.build(twin_branches(b, fills=(0.02, 0.03)), output_names=["y"])
+    result = optimize_model(model, tmp_path, passes=("fold-constants", "eliminate-common-subexpressions"))
+    first, second = conv_weights(result.model)
+    assert first != second
+    assert op_counts(result.model) == {"Conv": 2, "Relu": 2, "Concat": 1}
+    assert_equivalent(model, result.model, rtol=0.0, atol=0.0)
+
+
+def test_onnxruntime_runs_no_more_convolutions_of_the_output_than_of_the_original(tmp_path):
+    """light_inception_v2's form: identical built weights, then a BatchNormalization per branch.
+    onnxruntime merges the original's twin Convs itself (before folding their weights); fuse's
+    output must let it merge them too (it ran 1.05x the original at level all when it did not)."""
+    from tests.test_pass_pin_gelu_bias import ort_level_all_ops
+
+    b = GraphBuilder()
+    model = b.build(twin_branches(b, bn=True), output_names=["y"])
+    result = optimize_model(model, tmp_path)
+    assert op_counts(result.model)["Conv"] == 1  # the shared Conv: each branch keeps its BatchNormalization
+
+    def convolutions(counts):
+        return sum(v for k, v in counts.items() if k in ("Conv", "FusedConv"))
+
+    original, fused = ort_level_all_ops(model, tmp_path, "original"), ort_level_all_ops(result.model, tmp_path, "fused")
+    assert convolutions(fused) <= convolutions(original)
+    assert_equivalent(model, result.model)

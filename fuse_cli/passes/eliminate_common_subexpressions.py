@@ -10,13 +10,11 @@ from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Match, constant_value
 from fuse_cli.pipeline.base import GraphPass
 from fuse_cli.pipeline.registry import register
+from fuse_cli.toolkit.constness import VALUE_KEY_BYTES
 
 # Their outputs differ from run to run (or node to node): two of them are two different values.
 RANDOM_OPS = frozenset({"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial",
                         "Bernoulli", "Dropout"})
-# Constants up to this size are compared by value (exporters write the same axes or index
-# tensor once per use); larger ones only by identity, so no weight is read to be compared.
-VALUE_KEY_BYTES = 4096
 
 
 @register

@@ -6,6 +6,11 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.match import constant_value
 
+# eliminate-common-subexpressions compares constants up to this size by value (exporters write the
+# same axes or index tensor once per use); larger ones only by identity, so no weight is read to be
+# compared. fold-constants makes its equal folded values over this size one tensor, for that reason.
+VALUE_KEY_BYTES = 4096
+
 
 def computed_at_run_time(tensor: gs.Tensor | None) -> bool:
     """Is the tensor an activation, produced by a node other than Constant? A pattern's weight
