@@ -220,6 +220,42 @@ def test_contrib_kernel_scratch_matches_a_real_run(build, mib):
     assert abs(estimate - actual) <= 0.05 * actual, (estimate, actual)
 
 
+def attention_between_projections():
+    """A decoder layer's shape of reuse around MultiHeadAttention with [B, N, L, H] key and value
+    (as the cached-attention pass emits it). x [batch, 128, 128]; u = x W1 and g = Exp(u) are
+    [batch, 128, 1024] (8 MiB at batch 16), dead before attention; after it u2 = o W1 and
+    g2 = Exp(u2) have the same planner shape only if the attention output is [batch, 128, 128]
+    as onnxruntime infers it: then they take g's and u's dead buffers, which stay allocated
+    across the attention."""
+    heads, size, length, wide = 4, 32, 256, 1024
+    hidden = heads * size
+    nodes = [node("MatMul", ["x", "w1"], ["u"]), node("Exp", ["u"], ["g"]), node("MatMul", ["g", "w2"], ["q"]),
+             helper.make_node("MultiHeadAttention", ["q", "k", "v", "", "", "bias"], ["o"], name="mha",
+                              domain="com.microsoft", num_heads=heads),
+             node("MatMul", ["o", "w1"], ["u2"]), node("Exp", ["u2"], ["g2"]), node("MatMul", ["g2", "w2"], ["y"])]
+    kv = ["batch", heads, "total", size]
+    return model(nodes, [value("x", ["batch", 128, hidden]), value("k", kv), value("v", kv),
+                         value("bias", ["batch", 1, 128, "total"])], [value("y", ["batch", 128, hidden])],
+                 [floats("w1", [hidden, wide]), floats("w2", [wide, hidden])], extra_opsets=[MS])
+
+
+def test_attention_output_shape_lets_buffers_be_held_across_it():
+    m = attention_between_projections()
+    shapes = {name: info.shape for name, info in planner_shapes(m).items()}
+    assert shapes["o"] == ("batch", 128, 128)  # query[0], query[1], value[1] * value[3]
+    assert shapes["u2"] == shapes["u"] == ("batch", 128, 1024)
+    assert {name: shapes[name] for name in ("o", "u2", "g2")} == {
+        name: shape for name, shape in onnxruntime_shapes(m).items() if name in ("o", "u2", "g2")}
+    dims = {"batch": 16, "total": 256}
+    p = profile(m, **dims)
+    # at the attention: x, q, o 1 MiB each, k, v, bias 2 MiB each, u's and g's buffers (held for
+    # u2 and g2) 8 MiB each, scratch: the query copy 1 MiB, probabilities [16, 4, 128, 256] 8 MiB,
+    # output before its transpose 1 MiB. Freed at once, u's and g's buffers would make it 19.
+    assert p.peak_node.startswith("mha") and p.peak_bytes == 35 * MIB
+    actual = measured(m, **dims)
+    assert abs(p.peak_bytes - actual) <= 0.05 * actual, (p.peak_bytes, actual)
+
+
 def test_ort_cpu_fused_transformer_estimate_is_within_15_percent_of_the_measured_peak(tmp_path):
     # The transformer sample fused for onnxruntime's CPU provider (MultiHeadAttention, Gelu: BiasGelu
     # is declined there, LayerNormalization), estimated and measured as `fuse report --target ort-cpu

@@ -547,8 +547,21 @@ def _stand_ins(node: onnx.NodeProto, opset: int) -> list[onnx.NodeProto]:
                 operands.append(name)
         return [*nodes, helper.make_node("MatMul", operands, [out])]
     if key == (_MS, "MultiHeadAttention") and len(inputs) >= 3 and inputs[1] and inputs[2]:
-        # [B, S, D] x [B, L, D]^T x [B, L, Dv] -> [B, S, Dv]; key/value as [B, N, L, H] fail the
-        # rank-3 transpose and stay unknown.
+        # onnxruntime's inference (MultiHeadAttentionTypeAndShapeInference, bert_defs.cc) writes
+        # [query[0], query[1], value[2]] for a 3-D value and [query[0], query[1], value[1] *
+        # value[3]] for a 4-D one ([B, N, L, H]), whatever the ranks: an Einsum that takes the
+        # query's first two dims and the value's dims but its first and its key length ([Dv] or
+        # [N, H]), flattened into one ([?, Dv] or [?, N * H]: a single dim keeps its name), then
+        # put behind the query's first two. The product's dims must be the query's, never a
+        # broadcast with the value's: onnxruntime's planner compares them (memory.py), and a
+        # stand-in that lost them, or got the rank wrong, kept every tensor after attention
+        # from sharing a buffer where onnxruntime does.
+        if opset >= 12:
+            heads, flat = f"{out}::fuse-value-heads", f"{out}::fuse-value-flat"
+            return [helper.make_node("Einsum", [inputs[0], inputs[2]], [heads], equation="bsd,z...lh->bs...h"),
+                    helper.make_node("Flatten", [heads], [flat], axis=2),
+                    helper.make_node("Einsum", [inputs[0], flat], [out], equation="bsd,kx->bsx")]
+        # Before Einsum: [B, S, D] x [B, L, D]^T x [B, L, Dv] -> [B, S, Dv], for a 3-D value only.
         key_t, scores = f"{out}::fuse-key-t", f"{out}::fuse-scores"
         return [helper.make_node("Transpose", [inputs[1]], [key_t], perm=[0, 2, 1]),
                 helper.make_node("MatMul", [inputs[0], key_t], [scores]),
