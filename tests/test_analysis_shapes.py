@@ -344,3 +344,18 @@ def test_a_model_edited_in_place_is_inferred_again():
     assert infer_shapes(model).get("y").shape == ("batch", 3)
     model.graph.node[0].CopyFrom(helper.make_node("Transpose", ["x"], ["y"]))
     assert infer_shapes(model, {"batch": 2}).get("y").shape == (3, 2)
+
+
+def test_group_query_attention_presents_are_sized():
+    """Without a past, present_key/present_value are K and V split into heads: sized, so the
+    memory model counts them (left unknown they were not)."""
+    node = helper.make_node("GroupQueryAttention", ["q", "k", "v", "", "", "seqlens", "total"], ["y", "pk", "pv"],
+                            domain="com.microsoft", num_heads=4, kv_num_heads=2)
+    inputs = [value("q", ["batch", "sequence", 128]), value("k", ["batch", "sequence", 64]),
+              value("v", ["batch", "sequence", 64]), value("seqlens", ["batch"], TensorProto.INT32),
+              value("total", [], TensorProto.INT32)]
+    m = model([node], inputs, [value("y"), value("pk"), value("pv")],
+              extra_opsets=[helper.make_opsetid("com.microsoft", 1)])
+    table = infer_shapes(m, {"batch": 3, "sequence": 5})
+    assert table.get("y").shape == (3, 5, 128)
+    assert table.get("pk").shape == table.get("pv").shape == (3, 2, 5, 32)

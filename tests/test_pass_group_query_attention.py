@@ -86,3 +86,21 @@ def test_phi3_partial_rotary_over_the_whole_head_fuses(form, tmp_path):
     counts = op_counts(result.model)
     assert counts[GQA] == 1 and counts["com.microsoft::RotaryEmbedding"] == 2 and counts["Concat"] == 1, counts  # cos/sin
     assert_same_outputs(model, result.model)
+
+
+def test_heads_read_outside_the_attention_decline(tmp_path):
+    """K's heads read by another node (BERT's dynamo export reads them with a Reshape): the kernel
+    would have to return them as a present output, which measured a higher peak than the
+    decomposed attention (bert-base dynamo 8.25 -> 15.87 MiB), so the pass declines."""
+    model = llama_attention_model()
+    graph = model.graph
+    expand = next(n for n in graph.node if n.op_type == "Expand")
+    unsqueeze = next(n for n in graph.node if n.output[0] == expand.input[0])
+    k_heads = unsqueeze.input[0]
+    graph.node.append(onnx.helper.make_node("ReduceMax", [k_heads], ["k_heads_max"], keepdims=0))
+    graph.output.append(onnx.helper.make_tensor_value_info("k_heads_max", onnx.TensorProto.FLOAT, []))
+    result = optimize_model(model, tmp_path, target="ort-cpu", passes=PASSES)
+    assert GQA not in op_counts(result.model)
+    (miss,) = [m.reason for m in result.report.near_misses if m.pass_name == "group-query-attention"]
+    assert "is read by an unnamed ReduceMax outside the attention" in miss, miss
+    assert_same_outputs(model, result.model)

@@ -139,6 +139,12 @@ class GraphEditor:
                 return reason
         return None
 
+    def read_outside(self, t: gs.Tensor, m: Match) -> list[gs.Node]:
+        """The nodes that read `t` outside the match, less those that die with it (replace_reason's
+        rule: a Shape computing a matched Reshape's shape is inside)."""
+        covered = {id(n) for n in m.covered}
+        return [r for r in t.outputs if id(r) not in covered and not self._feeds_only(r, covered)]
+
     def _feeds_only(self, node: gs.Node, covered: set[int], limit: int = 32) -> bool:
         """Do all of `node`'s results end as the shape input of covered Reshapes or Expands
         (through at most `limit` other nodes)? Then they die with the match; a result a rewrite
