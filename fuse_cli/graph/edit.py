@@ -122,7 +122,6 @@ class GraphEditor:
         matched Reshape's shape) dies with it and counts as inside. `kept` nodes are exempt: the
         rewrite promises to produce their outputs too (e.g. SkipLayerNormalization's optional sum
         output). Returns None or the reason."""
-        covered = {id(n) for n in m.covered}
         exempt = {id(n) for n in kept}
         for node in m.covered:
             if node is m.root or id(node) in exempt:
@@ -130,18 +129,18 @@ class GraphEditor:
             for out in node.outputs:
                 if self.is_graph_output(out):
                     return f"{label(node)}'s output {out.name!r} is a graph output"
-                for consumer in out.outputs:
-                    if id(consumer) not in covered and not self._feeds_only(consumer, covered):
-                        return f"{label(node)}'s output {out.name!r} is also read by {label(consumer)}"
+                readers = self.outside_readers(out, m)
+                if readers:
+                    return f"{label(node)}'s output {out.name!r} is also read by {label(readers[0])}"
         for var_name, consumer in m.const_vars:
             reason = self.not_constant_reason(m.tensors[var_name], var_name, consumer)
             if reason:
                 return reason
         return None
 
-    def read_outside(self, t: gs.Tensor, m: Match) -> list[gs.Node]:
-        """The nodes that read `t` outside the match, less those that die with it (replace_reason's
-        rule: a Shape computing a matched Reshape's shape is inside)."""
+    def outside_readers(self, t: gs.Tensor, m: Match) -> list[gs.Node]:
+        """The nodes that read `t` outside the match, less those whose results flow only into the
+        match (a Shape computing a matched Reshape's shape dies with it: inside)."""
         covered = {id(n) for n in m.covered}
         return [r for r in t.outputs if id(r) not in covered and not self._feeds_only(r, covered)]
 

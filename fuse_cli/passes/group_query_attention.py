@@ -12,7 +12,7 @@ from fuse_cli.match import Match
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
 from fuse_cli.toolkit.attention_forms import PREFILL
-from fuse_cli.toolkit.attention_proofs import (grouped_heads, key_t_decline, mask_fits, merge_decline, read_outside,
+from fuse_cli.toolkit.attention_proofs import (grouped_heads, key_t_decline, mask_fits, merge_decline,
                                                scale_decline, scale_of, split_of)
 
 
@@ -63,7 +63,7 @@ class FuseGroupQueryAttention(PatternPass):
             return decline
         for role in ("key", "value"):
             heads = m.node(f"{role}_heads").outputs[0]
-            readers = g.read_outside(heads, m)
+            readers = g.outside_readers(heads, m)
             if readers:
                 # Read elsewhere, the heads would come out of the kernel as a present output, and
                 # with its presents returned it holds more than the decomposed attention did
@@ -101,10 +101,11 @@ class FuseGroupQueryAttention(PatternPass):
             inputs += [gs.Variable.empty()] * 3 + [mask]
         presents = [m.node(f"{role}_heads").outputs[0] for role in ("key", "value")]
         outputs = [m.root.outputs[0]]
-        if any(read_outside(t, m, g) for t in presents):
-            # Both or neither: the kernel refuses one present without the other; the one that is
-            # not a graph output gets a name of its own.
-            outputs += [t if read_outside(t, m, g) else g.variable(f"{base}_present_{role}")
+        # check() declined heads read by any node outside: what remains is a graph output (a
+        # prefill's KV cache). Both or neither: the kernel refuses one present without the other;
+        # the one that is not a graph output gets a name of its own.
+        if any(g.is_graph_output(t) for t in presents):
+            outputs += [t if g.is_graph_output(t) else g.variable(f"{base}_present_{role}")
                         for t, role in zip(presents, ("key", "value"))]
         nodes.append(gs.Node("GroupQueryAttention", g.unique_name(f"{base}_gqa"), attrs, inputs, outputs,
                              domain="com.microsoft"))

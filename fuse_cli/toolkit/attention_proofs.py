@@ -131,4 +131,4 @@ def merge_decline(m: Match, g: GraphEditor, hidden: int, *, rows: bool) -> Decli
 def read_outside(t: gs.Tensor, m: Match, g: GraphEditor) -> bool:
     """t is a graph output or read by a node the match does not cover and that does not die with
     it (a prefill's present K/V heads; not repeat_kv's Shape of them, which only sizes the match)."""
-    return g.is_graph_output(t) or bool(g.read_outside(t, m))
+    return g.is_graph_output(t) or bool(g.outside_readers(t, m))
