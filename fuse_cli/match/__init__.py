@@ -73,6 +73,16 @@ class Op:
         return (self.op_type,) if isinstance(self.op_type, str) else tuple(self.op_type)
 
 
+# Variadic operators (Concat, Sum, ...): the matcher's Op has a fixed arity, so a node with any
+# number of inputs up to this many is matched as one whose inputs are all optional.
+MAX_VARIADIC_INPUTS = 64
+
+
+def variadic(op_type: str, name: str, count: int = MAX_VARIADIC_INPUTS) -> Op:
+    """An `op_type` node named `name` with 1 to `count` inputs, captured as in0, in1, ..."""
+    return Op(op_type, *(Var(f"in{i}", optional=True) for i in range(count)), name=name)
+
+
 @dataclass(frozen=True)
 class Alt:
     """The first of several alternative patterns that fits (all are tried on backtracking)."""

@@ -6,7 +6,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
-from fuse_cli.match import Alt, Match, Op, Var, constant_value
+from fuse_cli.match import Alt, Match, Op, Var, constant_value, variadic
 from fuse_cli.toolkit.conv_weights import (FOLDABLE_DTYPES, batchnorm_affine, batchnorm_reason, bn_params_reason,
                                            output_channels, refolded_conv, scale_output_channels)
 from fuse_cli.pipeline.base import Decline, PatternPass
@@ -24,7 +24,7 @@ def _conv(i: int) -> Op:
 # is not a Conv; listing per-input alternatives instead would backtrack through 2^n matches.
 ALL_CONVS = tuple(Op("Concat", *(_conv(i) for i in range(n)), name="concat")
                   for n in range(1, MAX_INPUTS + 1))
-ANY_CONCAT = Op("Concat", *(Var(f"in{i}", optional=True) for i in range(MAX_INPUTS)), name="concat")
+ANY_CONCAT = variadic("Concat", "concat", MAX_INPUTS)
 
 
 @register

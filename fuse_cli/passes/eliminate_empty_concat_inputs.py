@@ -5,12 +5,9 @@ from __future__ import annotations
 import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
-from fuse_cli.match import Match, Op, Var
+from fuse_cli.match import Match, variadic
 from fuse_cli.pipeline.base import PatternPass
 from fuse_cli.pipeline.registry import register
-
-MAX_INPUTS = 64  # Concat is variadic; the matcher's Op has a fixed arity, so inputs are optional Vars
-
 
 @register
 class EliminateEmptyConcatInputs(PatternPass):
@@ -30,7 +27,7 @@ class EliminateEmptyConcatInputs(PatternPass):
     name = "eliminate-empty-concat-inputs"
     description = "Drop Concat inputs whose size along the concatenated axis is a static 0"
     label = "Concat of an empty input"
-    pattern = Op("Concat", *(Var(f"in{i}", optional=True) for i in range(MAX_INPUTS)), name="concat")
+    pattern = variadic("Concat", "concat")
 
     def matches(self, m: Match, g: GraphEditor) -> bool:
         concat = m.node("concat")

@@ -6,12 +6,9 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.core.domains import is_default_domain
 from fuse_cli.graph.edit import GraphEditor, Replacement
-from fuse_cli.match import Match, Op, Var
+from fuse_cli.match import Match, variadic
 from fuse_cli.pipeline.base import PatternPass
 from fuse_cli.pipeline.registry import register
-
-MAX_INPUTS = 64  # Concat is variadic; the matcher's Op has a fixed arity, so inputs are optional Vars
-
 
 @register
 class FlattenConcats(PatternPass):
@@ -27,7 +24,7 @@ class FlattenConcats(PatternPass):
     name = "flatten-concats"
     description = "Merge a Concat into the Concat on the same axis that alone reads it"
     label = "Concat + Concat"
-    pattern = Op("Concat", *(Var(f"in{i}", optional=True) for i in range(MAX_INPUTS)), name="outer")
+    pattern = variadic("Concat", "outer")
 
     def matches(self, m: Match, g: GraphEditor) -> bool:
         outer = m.node("outer")
