@@ -13,6 +13,20 @@ from fuse_cli.config import FuseConfig
 from fuse_cli.verify import verify_models
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def benchmark_script(stem: str, module_name: str | None = None):
+    """benchmarks/<stem>.py as a module (the folder is not a package). Registered in sys.modules
+    before it runs: its dataclasses look their module up while the file executes."""
+    import importlib.util
+    import sys
+
+    name = module_name or stem
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{stem}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 SAMPLES = REPO / "sample_models"
 LIGHT_MODELS = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 

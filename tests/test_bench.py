@@ -4,7 +4,6 @@ checked is that the JSON carries exactly the fields benchmarks/README.md documen
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import subprocess
@@ -17,7 +16,7 @@ from fuse_cli.bench import BENCH_SCHEMA_VERSION, QUICK, BenchRow, Latency, bench
 from fuse_cli.report.bench import bench_to_json_dict, render_bench_markdown, render_bench_rich
 from fuse_cli.config import FuseConfig
 from fuse_cli.errors import UsageError
-from tests.conftest import REPO, SAMPLES
+from tests.conftest import REPO, SAMPLES, benchmark_script
 
 README = REPO / "benchmarks" / "README.md"
 RUN = REPO / "benchmarks" / "run.py"
@@ -135,12 +134,8 @@ def test_bench_row_fields_are_documented():
 
 @pytest.fixture(scope="module")
 def run_module():
-    spec = importlib.util.spec_from_file_location("benchmarks_run", RUN)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file runs
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
+    yield benchmark_script("run", "benchmarks_run")
+    del sys.modules["benchmarks_run"]
 
 
 def test_run_quick_writes_markdown_and_json(tmp_path, run_module):

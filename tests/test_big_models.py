@@ -4,8 +4,6 @@ peak memory live in benchmarks/big_models.py, not here (machines are noisy)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 
 import numpy as np
 import onnx
@@ -16,21 +14,13 @@ from onnx import TensorProto
 from fuse_cli import api
 from fuse_cli.config import FuseConfig
 from fuse_cli.graph import io
-from tests.conftest import REPO, assert_equivalent
+from tests.conftest import assert_equivalent, benchmark_script
 from tests.graphs import op_counts
 
 pytestmark = pytest.mark.slow
 
 
-def _benchmark():
-    spec = importlib.util.spec_from_file_location("big_models", REPO / "benchmarks" / "big_models.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("big_models", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-big_models = _benchmark()
+big_models = benchmark_script("big_models")
 
 
 def test_a_deep_stack_fuses_every_block(tmp_path):

@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from tests.conftest import benchmark_script
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "llm_bench.py"
-spec = importlib.util.spec_from_file_location("llm_bench", SCRIPT)
-llm_bench = importlib.util.module_from_spec(spec)
-sys.modules["llm_bench"] = llm_bench  # its dataclasses look their module up
-spec.loader.exec_module(llm_bench)
+llm_bench = benchmark_script("llm_bench")
 
 
 def row(fuse_all: float, anchor_all: float, anchor_peak: int) -> "llm_bench.ModelRow":

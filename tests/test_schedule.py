@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,10 +22,11 @@ from fuse_cli.scheduling import MIN_GAIN_BYTES, memory_judge, reorder, schedule
 from fuse_cli.scheduling import walks
 from fuse_cli.scheduling.dag import Dag
 from fuse_cli.verify import make_session, random_inputs
+from tests.conftest import benchmark_script
 from tests.graphs import GraphBuilder
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from branchy_models import parallel_qkv_transformer, randwire  # noqa: E402
+branchy_models = benchmark_script("branchy_models")
+parallel_qkv_transformer, randwire = branchy_models.parallel_qkv_transformer, branchy_models.randwire
 
 
 def two_branches(channels: int = 8, size: int = 128, wide: int = 64, out: int = 16, narrow_last: bool = True) -> onnx.ModelProto:

@@ -5,8 +5,6 @@ an embedded model optimized without a second copy of its weights in memory."""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
-import sys
 import tracemalloc
 
 import numpy as np
@@ -17,18 +15,10 @@ from fuse_cli import api
 from fuse_cli.config import FuseConfig
 from fuse_cli.graph import weights
 from fuse_cli.graph.io import read_original
-from tests.conftest import REPO, assert_equivalent
+from tests.conftest import assert_equivalent, benchmark_script
 
 
-def _builders():
-    spec = importlib.util.spec_from_file_location("memory_models", REPO / "benchmarks" / "memory_models.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("memory_models", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-memory_models = _builders()
+memory_models = benchmark_script("memory_models")
 # 96 channels: each conv weight is 332 KiB, over weights.BIG_WEIGHT_BYTES, so it is held by reference
 CHANNELS = 96
 
