@@ -160,7 +160,8 @@ def _is_sequence(symbol: str) -> bool:
     return any(word in symbol.lower() for word in SEQUENCE_WORDS)
 
 
-def settings_for(model: Model) -> dict[str, dict]:
+def settings_for(model: Model, m: onnx.ModelProto) -> dict[str, dict]:
+    """The small and large free-symbol settings of `model` (`m`: its graph, weights not loaded)."""
     if model.settings.get("small") and model.settings.get("large"):
         return model.settings
     if not model.symbols:
@@ -168,11 +169,11 @@ def settings_for(model: Model) -> dict[str, dict]:
     small = model.settings.get("small") or {s: 128 if _is_sequence(s) else 1 for s in model.symbols}
     if model.settings.get("large"):
         return {"small": small, "large": model.settings["large"]}
-    m = onnx.load(str(model.path), load_external_data=False)
     large = dict(small)
     batch_like = [s for s in model.symbols if not _is_sequence(s)] or model.symbols
+    planner = infer_shapes(m)
     while True:
-        peak = profile_memory(m, infer_shapes(m, with_computed_dims(m, large)), symbolic_shapes=infer_shapes(m)).peak_bytes
+        peak = profile_memory(m, infer_shapes(m, with_computed_dims(m, large)), symbolic_shapes=planner).peak_bytes
         if peak >= LARGE_PEAK or max(large[s] for s in batch_like) * 2 > MAX_BATCH:
             break
         for s in batch_like:
@@ -189,7 +190,7 @@ def measure(model, dims: dict, int_ranges: dict) -> int | None:
 def run_model(model: Model, targets: list[str], wanted_settings: list[str]) -> list[Case]:
     cases = []
     proto = onnx.load(str(model.path), load_external_data=False)
-    for setting, free in settings_for(model).items():
+    for setting, free in settings_for(model, proto).items():
         if setting not in wanted_settings:
             continue
         dims = with_computed_dims(proto, free)

@@ -45,13 +45,8 @@ def shape_settings(model: onnx.ModelProto, bound: Mapping[str, int] | None = Non
     another ([N, 4] + [M, 4]) and so accept only N == M or a 1 on one side; distinct sizes for
     the others keep them apart."""
     bound = dict(bound or {})
-    params = _input_dim_params(model)
-    expressions = {p: _parse(p) for p in params}
-    symbols: list[str] = []
-    for param, expr in expressions.items():
-        for name in (_names(expr) if expr is not None else [param]):
-            if name not in symbols and name not in bound:
-                symbols.append(name)
+    expressions = {p: _parse(p) for p in _input_dim_params(model)}
+    symbols = [name for name in free_symbols(model) if name not in bound]
     if not symbols:
         named = [name for name in bound if any(name == p or (e is not None and name in _names(e))
                                                for p, e in expressions.items())]
