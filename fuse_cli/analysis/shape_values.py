@@ -148,12 +148,13 @@ def _mod(args, attrs, opset):
     return [np.mod(a, b)]  # the divisor's sign, as onnx's integer Mod
 
 
-def _binary(fn):
+def _binary(fn, keeps_dtype: bool = True):
+    """An elementwise rule; arithmetic keeps its inputs' dtype, a comparison gives booleans."""
     def rule(args, attrs, opset):
         a, b = args
         if a.dtype != b.dtype:
             raise TypeError("mixed types")
-        return [fn(a, b).astype(a.dtype) if fn not in _COMPARISONS else fn(a, b)]
+        return [fn(a, b).astype(a.dtype) if keeps_dtype else fn(a, b)]
     return rule
 
 
@@ -283,8 +284,6 @@ def _reduce(fn):
     return rule
 
 
-_COMPARISONS = (np.equal, np.less, np.greater, np.less_equal, np.greater_equal)
-
 _RULES: dict[str, Callable] = {
     "Constant": _constant,
     "Shape": _shape,
@@ -308,11 +307,11 @@ _RULES: dict[str, Callable] = {
     "Mul": _binary(np.multiply),
     "Div": _div,
     "Mod": _mod,
-    "Equal": _binary(np.equal),
-    "Less": _binary(np.less),
-    "Greater": _binary(np.greater),
-    "LessOrEqual": _binary(np.less_equal),
-    "GreaterOrEqual": _binary(np.greater_equal),
+    "Equal": _binary(np.equal, keeps_dtype=False),
+    "Less": _binary(np.less, keeps_dtype=False),
+    "Greater": _binary(np.greater, keeps_dtype=False),
+    "LessOrEqual": _binary(np.less_equal, keeps_dtype=False),
+    "GreaterOrEqual": _binary(np.greater_equal, keeps_dtype=False),
     "Max": _variadic(np.maximum),
     "Min": _variadic(np.minimum),
     "Neg": _unary(np.negative),
