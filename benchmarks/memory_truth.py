@@ -20,8 +20,10 @@ Settings: `small` is batch 1 (sequence-like dims 128) unless the manifest says o
 doubles the batch-like dims until the estimated peak before fusion reaches 16 MiB (at most 65536),
 again unless the manifest gives it. A model without symbolic dims has one setting.
 
-Writes memory_truth.json and memory_truth.md: estimate / measured per case, measured after /
-before (the "never worse" figure) and a summary: worst ratio, cases within 15% among those whose
+Each run is measured twice (measure_peak): resident (VmHWM) and, where memray is installed (the
+`bench` extra), allocated (the C allocator's exact high-water mark). Writes memory_truth.json and
+memory_truth.md: estimate / measured per case and measurement, measured after / before (the "never
+worse" figure) and a summary per measurement: worst ratio, cases within 15% among those whose
 measured peak is at least 1 MiB, outliers. The causes found for outliers, written by hand in
 memory_truth_notes.md beside the results, go under the summary;
 `--render benchmarks/results/memory_truth.json` rewrites the Markdown from a run's JSON and the
@@ -71,6 +73,9 @@ class Case:
     estimate_after: int | None = None
     measured_before: int | None = None
     measured_after: int | None = None
+    # the allocator's exact high-water mark (memray), where it is installed
+    allocated_before: int | None = None
+    allocated_after: int | None = None
     nodes_before: int | None = None
     nodes_after: int | None = None
     peak_node_before: str = ""
@@ -83,7 +88,10 @@ class Case:
             return round(a / b, 3) if a is not None and b else None
         return {"before": ratio(self.estimate_before, self.measured_before),
                 "after": ratio(self.estimate_after, self.measured_after),
-                "measured_after_over_before": ratio(self.measured_after, self.measured_before)}
+                "measured_after_over_before": ratio(self.measured_after, self.measured_before),
+                "before_allocated": ratio(self.estimate_before, self.allocated_before),
+                "after_allocated": ratio(self.estimate_after, self.allocated_after),
+                "allocated_after_over_before": ratio(self.allocated_after, self.allocated_before)}
 
 
 @dataclass
@@ -182,9 +190,10 @@ def settings_for(model: Model, m: onnx.ModelProto) -> dict[str, dict]:
     return {"small": small} if large == small else {"small": small, "large": large}
 
 
-def measure(model, dims: dict, int_ranges: dict) -> int | None:
+def measure(model, dims: dict, int_ranges: dict) -> tuple[int | None, int | None]:
+    """(resident peak, allocated peak); either None where it cannot be measured here."""
     result = measure_peak(model, dims=dims, int_ranges=int_ranges)
-    return result.peak_bytes
+    return result.peak_bytes, result.allocated_bytes
 
 
 def run_model(model: Model, targets: list[str], wanted_settings: list[str]) -> list[Case]:
@@ -195,13 +204,14 @@ def run_model(model: Model, targets: list[str], wanted_settings: list[str]) -> l
             continue
         dims = with_computed_dims(proto, free)
         try:
-            measured_before = measure(model.path, dims, model.int_ranges)
+            measured_before, allocated_before = measure(model.path, dims, model.int_ranges)
         except Exception as exc:  # noqa: BLE001 - one model's failure is a row, not the end of the run
             cases += [Case(model.path.stem, model.group, t, setting, dims, error=f"measure before: {exc}")
                       for t in targets]
             continue
         for target in targets:
-            case = Case(model.path.stem, model.group, target, setting, dims, measured_before=measured_before)
+            case = Case(model.path.stem, model.group, target, setting, dims, measured_before=measured_before,
+                        allocated_before=allocated_before)
             t0 = time.perf_counter()
             try:
                 config = FuseConfig(target=target, dims=dims, verify=False, int_ranges=model.int_ranges)
@@ -210,7 +220,7 @@ def run_model(model: Model, targets: list[str], wanted_settings: list[str]) -> l
                 case.estimate_before, case.estimate_after = memory.before.peak_bytes, memory.after.peak_bytes
                 case.peak_node_before, case.peak_node_after = memory.before.peak_node, memory.after.peak_node
                 case.nodes_before, case.nodes_after = result.report.nodes_before, result.report.nodes_after
-                case.measured_after = measure(result.model, dims, model.int_ranges)
+                case.measured_after, case.allocated_after = measure(result.model, dims, model.int_ranges)
             except Exception as exc:  # noqa: BLE001
                 case.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
             case.seconds = round(time.perf_counter() - t0, 1)
@@ -227,15 +237,24 @@ def _line(case: Case) -> str:
     r = case.ratios()
     return (f"{case.model} {case.target} {case.setting}: est/meas before {_mib(case.estimate_before)}/"
             f"{_mib(case.measured_before)} ({r['before']}), after {_mib(case.estimate_after)}/"
-            f"{_mib(case.measured_after)} ({r['after']}) {case.error}")
+            f"{_mib(case.measured_after)} ({r['after']}); allocated {_mib(case.allocated_before)}/"
+            f"{_mib(case.allocated_after)} ({r['before_allocated']}/{r['after_allocated']}) {case.error}")
 
 
 def summary(cases: list[Case]) -> dict:
-    """Each (case, before|after) is one comparison; counted where the measured peak >= 1 MiB."""
+    """The calibration figures against each measurement: `resident` (VmHWM, the default) and
+    `allocated` (memray's exact figure, where it was measured), plus the errors."""
+    return {**agreement(cases, "measured"), "allocated": agreement(cases, "allocated"),
+            "errors": [{"model": c.model, "target": c.target, "setting": c.setting, "error": c.error}
+                       for c in cases if c.error]}
+
+
+def agreement(cases: list[Case], kind: str) -> dict:
+    """Each (case, before|after) is one comparison; counted where the `kind` peak >= 1 MiB."""
     rows = []
     for case in cases:
         for side in ("before", "after"):
-            estimate, measured = getattr(case, f"estimate_{side}"), getattr(case, f"measured_{side}")
+            estimate, measured = getattr(case, f"estimate_{side}"), getattr(case, f"{kind}_{side}")
             if estimate is None or not measured:
                 continue
             rows.append({"model": case.model, "target": case.target, "setting": case.setting, "side": side,
@@ -251,11 +270,11 @@ def summary(cases: list[Case]) -> dict:
     within = [r for r in big if abs(r["ratio"] - 1) <= TOLERANCE]
     outliers = sorted((r for r in big if abs(r["ratio"] - 1) > TOLERANCE), key=lambda r: -abs(r["ratio"] - 1))
     worst = max(big, key=lambda r: abs(r["ratio"] - 1), default=None)
+    pairs = [(c, getattr(c, f"{kind}_before"), getattr(c, f"{kind}_after")) for c in cases]
     never_worse = sorted(
         ({"model": c.model, "target": c.target, "setting": c.setting,
-          "measured_after_over_before": round(c.measured_after / c.measured_before, 3)}
-         for c in cases if c.measured_after and c.measured_before and c.measured_before >= MIN_MEASURED
-         and c.measured_after / c.measured_before > 1.02),
+          "measured_after_over_before": round(after / before, 3)}
+         for c, before, after in pairs if after and before and before >= MIN_MEASURED and after / before > 1.02),
         key=lambda r: -r["measured_after_over_before"])
     return {
         "comparisons_at_least_1_mib": len(big),
@@ -263,12 +282,13 @@ def summary(cases: list[Case]) -> dict:
         "worst": None if worst is None else {**worst, "ratio": round(worst["ratio"], 3)},
         "outliers": [{**r, "ratio": round(r["ratio"], 3)} for r in outliers],
         "measured_after_over_before_above_1_02": never_worse,
-        "errors": [{"model": c.model, "target": c.target, "setting": c.setting, "error": c.error}
-                   for c in cases if c.error],
+        "after_over_before_max": max((round(after / before, 3) for _, before, after in pairs
+                                      if after and before and before >= MIN_MEASURED), default=None),
     }
 
 
 def markdown(cases: list[Case], result: dict, seconds: float, notes: str = "") -> str:
+    allocated = result.get("allocated") or {}
     lines = [
         "# fuse's peak-memory estimate against onnxruntime's measured peak",
         "",
@@ -276,33 +296,52 @@ def markdown(cases: list[Case], result: dict, seconds: float, notes: str = "") -
         f"{_ort_version()}, CPU, graph optimizations, arena and memory pattern off, one thread.",
         "Ratio = estimate / measured; the summary counts each distinct model once per side "
         "(before fusion is the same model for both targets) where the measured peak is >= 1 MiB.",
+        "Two measurements of each run: *resident* (VmHWM - VmRSS, glibc's mmap threshold at 16 KiB) and "
+        "*allocated* (the C allocator's high-water mark, memray: exact bytes).",
         "",
-        f"**{result['within_15_percent']} of {result['comparisons_at_least_1_mib']} within 15%**; worst: "
-        + (f"{result['worst']['model']} {result['worst']['target']} {result['worst']['setting']} "
-           f"{result['worst']['side']} {result['worst']['ratio']}" if result["worst"] else "none"),
+        f"- Resident: **{result['within_15_percent']} of {result['comparisons_at_least_1_mib']} within 15%**; "
+        f"worst: {_worst(result)}; measured after / before at most {result.get('after_over_before_max')}",
+    ]
+    if allocated.get("comparisons_at_least_1_mib"):
+        lines.append(f"- Allocated: **{allocated['within_15_percent']} of {allocated['comparisons_at_least_1_mib']} "
+                     f"within 15%**; worst: {_worst(allocated)}; allocated after / before at most "
+                     f"{allocated.get('after_over_before_max')}")
+    lines += [
         "",
         *([notes.strip(), ""] if notes.strip() else []),
-        "| model | group | target | setting | dims | est before | meas before | ratio | est after | meas after "
-        "| ratio | meas after/before |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| model | group | target | setting | dims | est before | meas before | ratio | alloc before | ratio "
+        "| est after | meas after | ratio | alloc after | ratio | meas after/before | alloc after/before |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in cases:
         r = c.ratios()
         dims = " ".join(f"{k}={v}" for k, v in c.dims.items())
         lines.append(f"| {c.model} | {c.group} | {c.target} | {c.setting} | {dims} | {_mib(c.estimate_before)} "
-                     f"| {_mib(c.measured_before)} | {r['before'] or '-'} | {_mib(c.estimate_after)} "
-                     f"| {_mib(c.measured_after)} | {r['after'] or '-'} | {r['measured_after_over_before'] or '-'} |"
+                     f"| {_mib(c.measured_before)} | {r['before'] or '-'} | {_mib(c.allocated_before)} "
+                     f"| {r.get('before_allocated') or '-'} | {_mib(c.estimate_after)} "
+                     f"| {_mib(c.measured_after)} | {r['after'] or '-'} | {_mib(c.allocated_after)} "
+                     f"| {r.get('after_allocated') or '-'} | {r['measured_after_over_before'] or '-'} "
+                     f"| {r.get('allocated_after_over_before') or '-'} |"
                      + (f" {c.error}" if c.error else ""))
-    lines += ["", "Sizes in MiB.", "", "## Outliers (measured >= 1 MiB, off by more than 15%)", ""]
-    lines += [f"- {o['model']} {o['target']} {o['setting']} {o['side']}: {o['ratio']} "
-              f"({_mib(o['estimate'])} / {_mib(o['measured'])} MiB)" for o in result["outliers"]] or ["- none"]
-    lines += ["", "## Measured after / before above 1.02 (fusion made the real peak worse)", ""]
-    lines += [f"- {o['model']} {o['target']} {o['setting']}: {o['measured_after_over_before']}"
-              for o in result["measured_after_over_before_above_1_02"]] or ["- none"]
+    lines += ["", "Sizes in MiB."]
+    for title, part in (("resident", result), ("allocated", allocated)):
+        if not part.get("comparisons_at_least_1_mib"):
+            continue
+        lines += ["", f"## Outliers, {title} (measured >= 1 MiB, off by more than 15%)", ""]
+        lines += [f"- {o['model']} {o['target']} {o['setting']} {o['side']}: {o['ratio']} "
+                  f"({_mib(o['estimate'])} / {_mib(o['measured'])} MiB)" for o in part["outliers"]] or ["- none"]
+        lines += ["", f"## {title.capitalize()} after / before above 1.02 (fusion made the real peak worse)", ""]
+        lines += [f"- {o['model']} {o['target']} {o['setting']}: {o['measured_after_over_before']}"
+                  for o in part["measured_after_over_before_above_1_02"]] or ["- none"]
     if result["errors"]:
         lines += ["", "## Errors", ""] + [f"- {e['model']} {e['target']} {e['setting']}: {e['error']}"
                                           for e in result["errors"]]
     return "\n".join(lines) + "\n"
+
+
+def _worst(part: dict) -> str:
+    worst = part.get("worst")
+    return "none" if not worst else f"{worst['model']} {worst['target']} {worst['setting']} {worst['side']} {worst['ratio']}"
 
 
 def _ort_version() -> str:

@@ -8,7 +8,7 @@ import pytest
 
 from fuse_cli import api
 from fuse_cli.config import FuseConfig
-from fuse_cli.report.render import render_json
+from fuse_cli.report.render import memory_lines, render_json
 from tests.conftest import SAMPLES
 
 SCHEMA = json.loads((Path(api.__file__).parent / "report" / "report.schema.json").read_text())
@@ -45,3 +45,10 @@ def test_measured_fields_with_measure():
     if measured["peak_bytes"]["before"] is None:
         pytest.skip(f"peak not measurable here: {measured['reason']}")
     assert measured["peak_bytes"]["before"] > 0
+    # the exact figure (memray is in the test extra) sits within 2% of the estimate here
+    allocated = measured["allocated_bytes"]
+    assert set(allocated) == {"before", "after", "after_input_order"}
+    for side in ("before", "after"):
+        estimate = document["memory"]["peak_bytes"][side]
+        assert abs(allocated[side] - estimate) <= 0.02 * allocated[side], (side, estimate, allocated[side])
+    assert any("allocated" in line for line in memory_lines(report))

@@ -144,8 +144,12 @@ def memory_lines(report: Report) -> list[str]:
                 lines.append(f"Measured peak {label}: not measurable here ({m.reason})")
             else:
                 ratio = f"{estimate / m.peak_bytes:.3f}" if m.peak_bytes else "n/a"
-                lines.append(f"Measured peak {label} (onnxruntime CPU): {human_bytes(m.peak_bytes)}; "
-                             f"estimate {human_bytes(estimate)} (estimate / measured = {ratio})")
+                line = (f"Measured peak {label} (onnxruntime CPU): {human_bytes(m.peak_bytes)}; "
+                        f"estimate {human_bytes(estimate)} (estimate / measured = {ratio})")
+                if m.allocated_bytes:
+                    line += (f"; allocated {human_bytes(m.allocated_bytes)} "
+                             f"(estimate / allocated = {estimate / m.allocated_bytes:.3f})")
+                lines.append(line)
     if report.removed_bytes and a.peak_bytes - b.peak_bytes > -report.removed_bytes:
         lines.append("A removed intermediate lowers the peak only if it was alive at the peak; "
                      "the others save traffic, not peak.")
@@ -290,6 +294,10 @@ def to_json_dict(report: Report) -> dict[str, Any]:
             "peak_bytes": {"before": report.measured.before.peak_bytes, "after": report.measured.after.peak_bytes,
                            "after_input_order": None if report.measured.unscheduled is None
                            else report.measured.unscheduled.peak_bytes},
+            "allocated_bytes": {"before": report.measured.before.allocated_bytes,
+                                "after": report.measured.after.allocated_bytes,
+                                "after_input_order": None if report.measured.unscheduled is None
+                                else report.measured.unscheduled.allocated_bytes},
             "method": report.measured.before.method,
             "reason": report.measured.before.reason or report.measured.after.reason,
         },
