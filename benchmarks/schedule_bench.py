@@ -18,6 +18,7 @@ Goals (issue 16): geomean measured with/without <= 0.90 on "branchy", <= 0.80 on
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import os
 import sys
@@ -71,22 +72,30 @@ def bitwise_equal(a: Path, b: Path, dims: dict[str, int]) -> bool:
     return all(np.array_equal(x, y, equal_nan=True) for x, y in zip(first.run(None, feeds), second.run(None, feeds)))
 
 
-def run_one(group: str, name: str, model: onnx.ModelProto, work: Path) -> dict:
+def run_one(group: str, name: str, model: onnx.ModelProto, work: Path, rule: str = "onnxruntime") -> dict:
+    """rule "onnxruntime": ordered for and measured in onnxruntime's default walk; "stored":
+    ordered for runtimes that run the file's order (--schedule-for stored) and measured so, in
+    onnxruntime's PRIORITY_BASED order, which keeps the stored order."""
     source = work / f"{name}.onnx"
     onnx.save(model, source)
     dims = symbols(model)
-    config = FuseConfig(target=TARGET, verify=False, dims=dims)
-    paths = {"with": work / f"{name}.with.onnx", "without": work / f"{name}.without.onnx"}
+    config = FuseConfig(target=TARGET, verify=False, dims=dims, schedule_for=rule)
+    paths = {"with": work / f"{name}.{rule}.with.onnx", "without": work / f"{name}.{rule}.without.onnx"}
     reports = {"with": api.optimize(source, config, paths["with"]).report,
                "without": api.optimize(source, config.with_overrides(disable=("schedule",)), paths["without"]).report}
     record = reports["with"].orders[0]
-    row = {"group": group, "model": name, "nodes": reports["with"].nodes_after,
-           "est_without": reports["without"].memory.after.peak_bytes, "est_with": reports["with"].memory.after.peak_bytes,
+    # the pass's own estimates under `rule` at the bound dims (the report's memory is onnxruntime's walk)
+    est_without = record.peaks_before[0][0] if record.peaks_before else reports["without"].memory.after.peak_bytes
+    est_with = record.peaks_after[0][0] if record.peaks_after else est_without
+    row = {"group": group, "model": name, "rule": rule, "nodes": reports["with"].nodes_after,
+           "est_without": est_without, "est_with": est_with,
            "lower_bound": record.lower_bound, "method": record.method, "seconds": record.seconds,
            "equal": bitwise_equal(paths["with"], paths["without"], dims)}
-    row["meas_without"] = measure_peak(paths["without"], dims=dims).peak_bytes
-    row["meas_with"] = measure_peak(paths["with"], dims=dims).peak_bytes if record.changed else row["meas_without"]
-    print(f"{group:9} {name:26} est {row['est_without'] / MiB:8.2f} -> {row['est_with'] / MiB:8.2f} MiB  "
+    stored = rule == "stored"
+    row["meas_without"] = measure_peak(paths["without"], dims=dims, stored_order=stored).peak_bytes
+    row["meas_with"] = (measure_peak(paths["with"], dims=dims, stored_order=stored).peak_bytes if record.changed
+                        else row["meas_without"])
+    print(f"{group:9} {name:26} {rule:11} est {row['est_without'] / MiB:8.2f} -> {row['est_with'] / MiB:8.2f} MiB  "
           f"meas {_mib(row['meas_without'])} -> {_mib(row['meas_with'])}  LB {row['lower_bound'] / MiB:7.2f}  "
           f"{row['seconds']:5.2f} s  {row['method']}  equal={row['equal']}", file=sys.stderr, flush=True)
     return row
@@ -146,24 +155,31 @@ def markdown(rows: list[dict], stack: list[dict], seconds: float) -> str:
              "Lower bound: no order's estimated peak is below it (each node's inputs + outputs + scratch, the "
              "caller's inputs, the graph outputs at the end). Outputs: the two optimized models on the same "
              "seeded inputs, bitwise.", "",
-             "| group | model | nodes | est. without MiB | est. with MiB | lower bound MiB | meas. without MiB "
+             "Order rule: `onnxruntime` is ordered for (--schedule-for onnxruntime) and measured in onnxruntime's "
+             "default reverse depth-first walk; `stored` is ordered for runtimes that run the file's order "
+             "(--schedule-for stored) and measured so, in onnxruntime's PRIORITY_BASED order (Kahn's, ties in "
+             "stored order: the stored order itself).", "",
+             "| group | model | order rule | nodes | est. without MiB | est. with MiB | lower bound MiB | meas. without MiB "
              "| meas. with MiB | meas. ratio | pass s | method | outputs bitwise equal |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in rows:
         ratio = r["meas_with"] / r["meas_without"] if r["meas_without"] and r["meas_with"] else None
-        lines.append(f"| {r['group']} | {r['model']} | {r['nodes']} | {r['est_without'] / MiB:.2f} | "
+        lines.append(f"| {r['group']} | {r['model']} | {r.get('rule', 'onnxruntime')} | {r['nodes']} | "
+                     f"{r['est_without'] / MiB:.2f} | "
                      f"{r['est_with'] / MiB:.2f} | {r['lower_bound'] / MiB:.2f} | {_mib(r['meas_without']).strip()} | "
                      f"{_mib(r['meas_with']).strip()} | {'' if ratio is None else f'{ratio:.3f}'} | {r['seconds']:.2f} | "
                      f"{r['method']} | {'yes' if r['equal'] else 'NO'} |")
-    lines += ["", "| group | models | reordered | geomean est. with/without | geomean meas. with/without "
+    lines += ["", "| group | order rule | models | reordered | geomean est. with/without | geomean meas. with/without "
               "| max meas. ratio | geomean lower bound / without (best any order could do) | goal |",
-              "|---|---:|---:|---:|---:|---:|---:|---|"]
-    for group, goal in (("branchy", 0.90), ("randwire", 0.80)):
-        mine = [r for r in rows if r["group"] == group]
+              "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    for (group, goal), rule in itertools.product((("branchy", 0.90), ("randwire", 0.80)), ("onnxruntime", "stored")):
+        mine = [r for r in rows if r["group"] == group and r.get("rule", "onnxruntime") == rule]
+        if not mine:
+            continue
         est = geomean([r["est_with"] / r["est_without"] for r in mine])
         meas = [r["meas_with"] / r["meas_without"] for r in mine if r["meas_without"] and r["meas_with"]]
         bound = geomean([min(1.0, r["lower_bound"] / r["est_without"]) for r in mine])
-        lines.append(f"| {group} | {len(mine)} | {sum(r['method'] != 'kept' for r in mine)} | {est:.3f} | "
+        lines.append(f"| {group} | {rule} | {len(mine)} | {sum(r['method'] != 'kept' for r in mine)} | {est:.3f} | "
                      f"{geomean(meas):.3f} | {max(meas, default=float('nan')):.3f} | {bound:.3f} | <= {goal} |")
     lines += ["", "12k-node transformer stack (`big_models.build_deep_stack`), `fuse optimize --no-verify` at "
               "batch 1, sequence 128:", "",
@@ -181,13 +197,15 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=245, help="encoder blocks in the deep stack (12k nodes)")
     parser.add_argument("--out", default=str(REPO / "benchmarks/results/schedule.md"))
     parser.add_argument("--models", default=None, metavar="A,B", help="only these models (names as in the table)")
+    parser.add_argument("--rules", default="onnxruntime,stored", help="order rules to schedule for and measure in")
     args = parser.parse_args()
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as folder:
         work = Path(folder)
         wanted = set(args.models.split(",")) if args.models else None
-        rows = [run_one(group, name, model, work) for group, name, model in models(args.seeds)
-                if wanted is None or name in wanted]
+        rules = args.rules.split(",")
+        rows = [run_one(group, name, model, work, rule) for group, name, model in models(args.seeds)
+                for rule in rules if wanted is None or name in wanted]
         stack = stack_times(work, args.blocks) if args.blocks else []
     text = markdown(rows, stack, time.perf_counter() - start)
     Path(args.out).write_text(text)

@@ -86,10 +86,13 @@ def method_sentence(repeats: int) -> str:
 
 def measure_peak(model: onnx.ModelProto | str | Path, *, dims: Mapping[str, int] = _NO_BINDINGS,
                  input_shapes: Mapping[str, Sequence[int]] = _NO_BINDINGS, seed: int = 0,
-                 repeats: int = 3, int_ranges: Mapping[str, tuple[int, int]] = _NO_BINDINGS) -> Measurement:
+                 repeats: int = 3, int_ranges: Mapping[str, tuple[int, int]] = _NO_BINDINGS,
+                 stored_order: bool = False) -> Measurement:
     """Run `model` in a child process and measure its peak activation memory (see the module
     docstring). Integer inputs take values from `int_ranges[name]` (low inclusive, high
-    exclusive) where given, else core.feeds.random_inputs' default range. A ModelProto is written to
+    exclusive) where given, else core.feeds.random_inputs' default range. `stored_order`: nodes run
+    as stored (onnxruntime's PRIORITY_BASED order, what runtimes that follow the file do) instead of
+    its default reverse depth-first walk. A ModelProto is written to
     a temporary file, so its weights must be in it or in files it names by absolute path (fuse's
     references, graph/weights.py); a path is loaded by the child as it is. Raises ValueError when
     an input dim is neither fixed nor bound by `dims` or `input_shapes`, and FuseError when onnxruntime
@@ -98,7 +101,7 @@ def measure_peak(model: onnx.ModelProto | str | Path, *, dims: Mapping[str, int]
         raise ValueError(f"repeats must be at least 1, got {repeats}")
     proto = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model), load_external_data=False)
     shapes = concrete_input_shapes(proto, dims, input_shapes)
-    request = {"shapes": shapes, "seed": seed, "repeats": repeats,
+    request = {"shapes": shapes, "seed": seed, "repeats": repeats, "stored_order": stored_order,
                "int_ranges": {name: list(bounds) for name, bounds in int_ranges.items()}}
     with tempfile.TemporaryDirectory(prefix="fuse-measure-") as tmp:
         if isinstance(model, onnx.ModelProto):
@@ -185,7 +188,7 @@ def measure_here(request: Mapping, clear_refs: str = CLEAR_REFS, status: str = S
     import numpy as np
 
     try:
-        session = _session(request["model"], request.get("by_reference", False))
+        session = _session(request["model"], request.get("by_reference", False), request.get("stored_order", False))
         feeds = _feeds(session, request["shapes"], request["seed"], request.get("int_ranges", {}))
         session.run(None, feeds)
     except Exception as exc:  # onnxruntime raises its own exception types
@@ -233,13 +236,13 @@ def allocated_peak(session, feeds: Mapping) -> tuple[int | None, str | None]:
         return int(memray.FileReader(str(capture)).metadata.peak_memory), None
 
 
-def _session(path: str, by_reference: bool = False):
+def _session(path: str, by_reference: bool = False, stored_order: bool = False):
     """One thread, graph optimizations, arena and memory pattern off: freed buffers go back to the
     system, so RSS follows onnxruntime's allocations."""
     from fuse_cli.core.sessions import make_session
 
     model = onnx.load(path, load_external_data=False) if by_reference else path
-    return make_session(model, threads=1, lean_memory=True)
+    return make_session(model, threads=1, lean_memory=True, stored_order=stored_order)
 
 
 def _feeds(session, shapes: Mapping[str, Sequence[int]], seed: int,
