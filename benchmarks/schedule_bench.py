@@ -83,17 +83,20 @@ def run_one(group: str, name: str, model: onnx.ModelProto, work: Path, rule: str
     paths = {"with": work / f"{name}.{rule}.with.onnx", "without": work / f"{name}.{rule}.without.onnx"}
     reports = {"with": api.optimize(source, config, paths["with"]).report,
                "without": api.optimize(source, config.with_overrides(disable=("schedule",)), paths["without"]).report}
-    record = reports["with"].orders[0]
+    # No record: the peak guard took the pass back (its order raised onnxruntime's estimated peak,
+    # which an onnxruntime target never allows, whatever the order was chosen for).
+    record = reports["with"].orders[0] if reports["with"].orders else None
     # the pass's own estimates under `rule` at the bound dims (the report's memory is onnxruntime's walk)
-    est_without = record.peaks_before[0][0] if record.peaks_before else reports["without"].memory.after.peak_bytes
-    est_with = record.peaks_after[0][0] if record.peaks_after else est_without
+    est_without = record.peaks_before[0][0] if record and record.peaks_before else reports["without"].memory.after.peak_bytes
+    est_with = record.peaks_after[0][0] if record and record.peaks_after else est_without
     row = {"group": group, "model": name, "rule": rule, "nodes": reports["with"].nodes_after,
            "est_without": est_without, "est_with": est_with,
-           "lower_bound": record.lower_bound, "method": record.method, "seconds": record.seconds,
+           "lower_bound": record.lower_bound if record else 0, "method": record.method if record else "guard",
+           "seconds": record.seconds if record else 0.0,
            "equal": bitwise_equal(paths["with"], paths["without"], dims)}
     stored = rule == "stored"
     row["meas_without"] = measure_peak(paths["without"], dims=dims, stored_order=stored).peak_bytes
-    row["meas_with"] = (measure_peak(paths["with"], dims=dims, stored_order=stored).peak_bytes if record.changed
+    row["meas_with"] = (measure_peak(paths["with"], dims=dims, stored_order=stored).peak_bytes if record and record.changed
                         else row["meas_without"])
     print(f"{group:9} {name:26} {rule:11} est {row['est_without'] / MiB:8.2f} -> {row['est_with'] / MiB:8.2f} MiB  "
           f"meas {_mib(row['meas_without'])} -> {_mib(row['meas_with'])}  LB {row['lower_bound'] / MiB:7.2f}  "
@@ -131,9 +134,9 @@ holds more than 256 states; a beam search beyond, reported as `dp-beam`); a loca
 reverse-DFS walk reproduces it (exact where branches share only visited nodes; the judged order is always
 onnxruntime's replayed order, checked against its profiler in tests). Every candidate is judged by the
 peak guard's own estimate at the bound dims and at the guard's larger setting; it is taken only if it is
-never worse at either and at least 1 MiB and 1% better at the bound dims (sub-MiB peaks measure 0.7-1.1 MiB
-for one model from run to run: efficientvit-m0's "regression" was that noise; onnxruntime's profiler ran
-exactly the replayed order). When the input order's estimate is within that gain of the lower bound, no
+never worse at either and at least 256 KiB and 1% better at the bound dims (the resident measurement
+reads up to a few hundred KiB off below a few MiB; onnxruntime's profiler runs exactly the replayed
+order). When the input order's estimate is within that gain of the lower bound, no
 search runs. Time cap 2 s (the judge's runs of the memory model included); a candidate not judged in time
 is not taken."""
 
@@ -178,7 +181,7 @@ def markdown(rows: list[dict], stack: list[dict], seconds: float) -> str:
             continue
         est = geomean([r["est_with"] / r["est_without"] for r in mine])
         meas = [r["meas_with"] / r["meas_without"] for r in mine if r["meas_without"] and r["meas_with"]]
-        bound = geomean([min(1.0, r["lower_bound"] / r["est_without"]) for r in mine])
+        bound = geomean([min(1.0, r["lower_bound"] / r["est_without"]) for r in mine if r["lower_bound"]])
         lines.append(f"| {group} | {rule} | {len(mine)} | {sum(r['method'] != 'kept' for r in mine)} | {est:.3f} | "
                      f"{geomean(meas):.3f} | {max(meas, default=float('nan')):.3f} | {bound:.3f} | <= {goal} |")
     lines += ["", "12k-node transformer stack (`big_models.build_deep_stack`), `fuse optimize --no-verify` at "

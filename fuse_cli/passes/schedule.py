@@ -33,8 +33,8 @@ class Schedule(ModelPass):
     Candidates: Liu's rule (optimal on trees), Serenity's dynamic program over run sets (exact
     among chain-contiguous orders while it fits its beam), a local search over walks; each judged
     by the peak guard's own estimate at every shape setting it uses. The input order is kept
-    unless a candidate is never worse anywhere and better at the bound dims by 1 MiB and 1% (what
-    the estimate can vouch for: sub-MiB peaks measure differently from run to run), or when a
+    unless a candidate is never worse anywhere and better at the bound dims by 256 KiB and 1% (what
+    a measurement would confirm: scheduling/search.py's MIN_GAIN_BYTES), or when a
     lower bound (each node's inputs + outputs + scratch) shows no order could gain that much.
     The search stops after 2 s; runs last, after every fusion.
     """
