@@ -51,9 +51,12 @@ def shaped_at_run_time(tensors: Iterable[gs.Tensor | None]) -> bool:
 
 def unnamed_where_it_was(m_inputs: Iterable[gs.Tensor | None], out: gs.Variable) -> bool:
     """Whether a fused node writing `out` should write it unnamed (unnamed_like_the_original): the
-    replaced subgraph read a runtime-shaped input, and the model declares no shape for `out` (a
-    declared shape is what onnxruntime's inference merges into, and it names the dims anyway)."""
-    return out.shape is None and shaped_at_run_time(m_inputs)
+    replaced subgraph read a runtime-shaped input, the model declares no shape for `out` (a
+    declared shape is what onnxruntime's inference merges into, and it names the dims anyway), and
+    some reader would pass the dims on (GPT-2's Conv1D views the rows as Reshape [-1, hidden], whose
+    row count the planner cannot name either: nothing to gain there)."""
+    return (out.shape is None and shaped_at_run_time(m_inputs)
+            and not all(node.op == "Shape" or _folds_rows(node, out) for node in out.outputs))
 
 
 def unnamed_like_the_original(y: gs.Variable, out: gs.Variable, g: GraphEditor, base: str) -> list[gs.Node]:
@@ -61,6 +64,18 @@ def unnamed_like_the_original(y: gs.Variable, out: gs.Variable, g: GraphEditor, 
     shape = g.variable(f"{base}_shape_out")
     return [gs.Node("Shape", g.unique_name(f"{base}_shape"), {}, [y], [shape]),
             gs.Node("Reshape", g.unique_name(f"{base}_unnamed"), {}, [y, shape], [out])]
+
+
+def _folds_rows(node: gs.Node, x: gs.Tensor) -> bool:
+    """A Reshape of x (an attention's [B, S, hidden]) to a shape computed at run time, or to a
+    constant one of rank 1 or 2 with a -1 (B and S in one, a product onnxruntime does not name)."""
+    if node.op != "Reshape" or node.inputs[0] is not x:
+        return False
+    shape = node.inputs[1]
+    if not isinstance(shape, gs.Constant):
+        return _computed(shape)
+    values = [int(v) for v in shape.values.reshape(-1)]
+    return -1 in values and len(values) < 3
 
 
 def _computed(t: gs.Tensor) -> bool:
