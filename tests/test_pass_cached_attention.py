@@ -10,6 +10,7 @@ from fuse_cli.verify import verify_models
 from tests.conftest import optimize_model
 from tests.graphs import assert_declined, op_counts
 from tests.llama_graphs import llama_attention_model
+from tests.test_pass_group_query_attention import unnamed_behind_the_attention
 
 MHA, GQA = "com.microsoft::MultiHeadAttention", "com.microsoft::GroupQueryAttention"
 TOTAL = "past_sequence + sequence"
@@ -100,3 +101,12 @@ def test_targets_with_cuda_fuse_it_too(tmp_path):
     model = rotated(tmp_path)
     result = optimize_model(model, tmp_path, target="ort", passes=("cached-attention",))
     assert op_counts(result.model)[MHA] == 1
+
+
+@pytest.mark.parametrize("mask", ["causal-padding", "none"])
+def test_a_decode_steps_output_is_unnamed_only_behind_a_runtime_shaped_mask(mask, tmp_path):
+    model = rotated(tmp_path, mask=mask, repeat="none", kv_heads=4)
+    result = optimize_model(model, tmp_path, target="ort-cpu", passes=("cached-attention",))
+    assert op_counts(result.model)[MHA] == 1
+    assert unnamed_behind_the_attention(result.model) == [mask != "none"]
+    assert_same_outputs(model, result.model)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import onnx
 import pytest
 
+from fuse_cli.analysis.memory import planner_shapes
 from tests.conftest import optimize_model
 from tests.graphs import assert_declined, op_counts
 from tests.llama_graphs import llama_attention_model
@@ -103,4 +104,41 @@ def test_heads_read_outside_the_attention_decline(tmp_path):
     assert GQA not in op_counts(result.model)
     (miss,) = [m.reason for m in result.report.near_misses if m.pass_name == "group-query-attention"]
     assert "is read by an unnamed ReduceMax outside the attention" in miss, miss
+    assert_same_outputs(model, result.model)
+
+
+def unnamed_behind_the_attention(model: onnx.ModelProto) -> list[bool]:
+    """Per fused attention node: is its output read only as Reshape(y, Shape(y)), whose dims
+    onnxruntime's planner cannot name (toolkit.runtime_shapes)?"""
+    shape_of = {n.output[0]: n.input[0] for n in model.graph.node if n.op_type == "Shape"}
+    readers = [n for n in model.graph.node if n.op_type == "Reshape"]
+    return [any(r.input[0] == a.output[0] and shape_of.get(r.input[1]) == a.output[0] for r in readers)
+            for a in model.graph.node if a.op_type in ("GroupQueryAttention", "MultiHeadAttention")]
+
+
+def merged_heads(model: onnx.ModelProto) -> str:
+    """The attention's output as the graph writes it: what the output projection reads."""
+    (projection,) = [n for n in model.graph.node if n.output[0] == "y"]
+    return projection.input[0]
+
+
+def test_a_runtime_shaped_mask_keeps_the_output_unnamed_to_the_planner(tmp_path):
+    # The mask is Expand(..., Concat(Shape(...))): onnxruntime names none of the scores' dims, so
+    # the merged heads are [?, ?, hidden] to its planner; the fused output is kept so (a view).
+    model = llama_attention_model()
+    result = optimize_model(model, tmp_path, target="ort-cpu", passes=PASSES)
+    assert unnamed_behind_the_attention(result.model) == [True]
+    shapes = planner_shapes(result.model)
+    assert shapes[merged_heads(result.model)].shape[:2] == (None, None)
+    assert_same_outputs(model, result.model)
+
+
+@pytest.mark.parametrize("case", ["no-runtime-shape", "declared-output"])
+def test_the_output_stays_as_inferred_where_nothing_hid_its_dims(case, tmp_path):
+    model = llama_attention_model(mask="none" if case == "no-runtime-shape" else "causal-padding")
+    if case == "declared-output":  # onnxruntime merges its inference into a declared shape: named anyway
+        model.graph.value_info.append(onnx.helper.make_tensor_value_info(
+            merged_heads(model), onnx.TensorProto.FLOAT, ["batch", "sequence", 32]))
+    result = optimize_model(model, tmp_path, target="ort-cpu", passes=PASSES)
+    assert op_counts(result.model)[GQA] == 1 and unnamed_behind_the_attention(result.model) == [False]
     assert_same_outputs(model, result.model)

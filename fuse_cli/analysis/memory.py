@@ -726,7 +726,7 @@ def _planner_shapes(nodes: Sequence[onnx.NodeProto], symbolic: ShapeTable,
 # Operators whose output shape is read from the values of an input (its index): where that
 # input is computed at run time, onnx's data propagation names the output's dims and
 # onnxruntime's inference does not.
-_SHAPE_VALUE_INPUT: Mapping[str, int] = MappingProxyType({
+SHAPE_VALUE_INPUT: Mapping[str, int] = MappingProxyType({
     "Reshape": 1, "Expand": 1, "Tile": 1, "ConstantOfShape": 0, "Slice": 2, "Range": 1, "Resize": 3,
 })
 
@@ -739,7 +739,7 @@ def _without_data_propagation(model: onnx.ModelProto, nodes: Sequence[onnx.NodeP
     computed = {name for node in nodes if not (node.op_type == "Constant" and _domain(node) == "")
                 for name in node.output}
     if not any(len(node.input) > index and node.input[index] in computed for node in nodes
-               for index in [_SHAPE_VALUE_INPUT.get(node.op_type) if _domain(node) == "" else None]
+               for index in [SHAPE_VALUE_INPUT.get(node.op_type) if _domain(node) == "" else None]
                if index is not None):
         return symbolic
     plain = infer_shapes(model, data_propagation=False)
