@@ -22,7 +22,7 @@ from fuse_cli.config import FuseConfig
 from fuse_cli.core.domains import has_contrib_nodes
 from fuse_cli.errors import UsageError
 from fuse_cli.graph.io import LoadedModel
-from fuse_cli.input_domain import integer_ranges
+from fuse_cli.input_domain import integer_ranges, with_computed_dims
 from fuse_cli.pipeline.base import Estimates
 from fuse_cli.pipeline.records import FusionRecord, OrderRecord
 from fuse_cli.report.model import MeasuredPeaks, MemoryAudit, PeakGrowth
@@ -49,7 +49,10 @@ class PeakEstimate:
         self._settings = [self._setting(bound.bound_dims, bound, config.input_shapes)]
         # whole input shapes fix the sizes: nothing to grow. The larger setting is built on first
         # use: the audit alone (--allow-peak-growth) never needs it.
-        self._larger = ({name: max(value * LARGER, LARGER_AT_LEAST) for name, value in bound.bound_dims.items()}
+        # Dims written as arithmetic of others (`past_sequence + sequence`) are computed from the
+        # grown ones, not grown on their own: past 64 and sequence 64 make 128 positions, not 64.
+        self._larger = (with_computed_dims(self.original, {name: max(value * LARGER, LARGER_AT_LEAST)
+                                                           for name, value in bound.bound_dims.items()})
                         if bound.bound_dims and not config.input_shapes else None)
         # A few recent, by identity and stored order (the `schedule` pass reorders a candidate in place).
         self._profiles: list[tuple[onnx.ModelProto, int, tuple[str, ...], MemoryProfile]] = []

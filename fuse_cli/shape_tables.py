@@ -18,6 +18,7 @@ import onnx
 from fuse_cli.analysis.shapes import ShapeTable, infer_shapes, with_runtime_dims
 from fuse_cli.config import UNBOUND_DIM, FuseConfig
 from fuse_cli.errors import UsageError
+from fuse_cli.input_domain import free_symbols, with_computed_dims
 
 
 @dataclass(frozen=True)
@@ -44,16 +45,21 @@ def _bound_shapes(model: onnx.ModelProto, config: FuseConfig, assumed: tuple[str
     unbound_table: the model's inference without bindings, when the caller has it; with no dims
     and no input shapes given it is the first table, and is not computed again. Each inference
     of a deep model takes longer than loading it."""
+    # A dim written as arithmetic of symbols (`past_sequence + sequence`) is computed from them,
+    # never bound or assumed on its own: a decode step's mask is as wide as past and new together.
+    free = set(free_symbols(model))
+    arithmetic = set(with_computed_dims(model, dict.fromkeys(free, UNBOUND_DIM))) - free
     try:
         if unbound_table is not None and not config.dims and not config.input_shapes:
             table = unbound_table
         else:
-            table = infer_shapes(model, config.dims, config.input_shapes, symbolic=True)
+            table = infer_shapes(model, with_computed_dims(model, config.dims), config.input_shapes, symbolic=True)
         if assumed is None:
-            assumed = tuple(sorted({u.symbol for u in table.unknown_dims if u.symbol} - set(table.bound_dims)))
-        if assumed:
-            table = infer_shapes(model, {**{name: UNBOUND_DIM for name in assumed}, **table.bound_dims}, config.input_shapes,
-                                 symbolic=True)
+            unknown = {u.symbol for u in table.unknown_dims if u.symbol} - set(table.bound_dims)
+            assumed = tuple(sorted(unknown - arithmetic))
+        if assumed or arithmetic - set(table.bound_dims):
+            values = with_computed_dims(model, {**dict.fromkeys(assumed, UNBOUND_DIM), **table.bound_dims})
+            table = infer_shapes(model, values, config.input_shapes, symbolic=True)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     return table, assumed

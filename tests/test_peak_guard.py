@@ -68,3 +68,23 @@ def test_the_peak_column_adds_up_to_the_total(tmp_path):
     parts = sum(delta for _, _, delta in audit.peak_delta_by_pattern) + audit.peak_delta_other
     assert parts == audit.after.peak_bytes - audit.before.peak_bytes != 0
     assert len(audit.peak_delta_by_pattern) == len(report.rows()) >= 3
+
+
+def test_the_larger_setting_computes_arithmetic_dims_from_the_grown_ones(tmp_path):
+    # A decode step's mask is [batch, past_sequence + sequence]: at the larger setting it must be
+    # past 64 + sequence 64 = 128 positions wide, as the Concat of past and new makes it, not 64.
+    from onnx import TensorProto, helper
+    f = TensorProto.FLOAT
+    graph = helper.make_graph(
+        [helper.make_node("Concat", ["past", "new"], ["keys"], axis=1),
+         helper.make_node("Add", ["keys", "mask"], ["y"])], "decode",
+        [helper.make_tensor_value_info("past", f, ["batch", "past_sequence"]),
+         helper.make_tensor_value_info("new", f, ["batch", "sequence"]),
+         helper.make_tensor_value_info("mask", f, ["batch", "past_sequence + sequence"])],
+        [helper.make_tensor_value_info("y", f, ["batch", "past_sequence + sequence"])])
+    path = tmp_path / "decode.onnx"
+    onnx.save(helper.make_model(graph, ir_version=8, opset_imports=[helper.make_opsetid("", 17)]), path)
+    config = FuseConfig(dims={"batch": 2, "past_sequence": 3, "sequence": 5})
+    bound, larger = (dict(s) for s in api.optimize(path, config, tmp_path / "o.onnx").report.peak_settings)
+    assert bound["past_sequence + sequence"] == 8
+    assert (larger["past_sequence"], larger["sequence"], larger["past_sequence + sequence"]) == (64, 64, 128)
