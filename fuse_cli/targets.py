@@ -170,13 +170,15 @@ SLOWER: tuple[Slower, ...] = (
            "2445-2796, vit-base dynamo 4650-4768 vs 3894-3966, vit-base opset 17 4558-4798 vs 3622-3844, "
            "bert-base opset 17 2410-2513 vs 2321-2400."),
     Slower("EmbedLayerNormalization", "cpu",
-           "onnxruntime 1.31's CPU EmbedLayerNormalization measured 1.39-1.52x slower than BERT's word + position + "
+           "onnxruntime 1.31's CPU EmbedLayerNormalization measured 1.39-1.55x slower than BERT's word + position + "
            "segment Gathers, Adds and LayerNormalization it would replace (target {target})",
            "benchmarks/bert_packed_attention.py, one thread, fp32, 21 interleaved rounds, at graph optimization "
            "disabled and all alike, Casts of the int64 ids to int32 included: hidden 256 [1, 128] 46 vs 32 us (1.43-1.45x), "
-           "[8, 128] 334-345 vs 220-229 us (1.50-1.52x); hidden 768 [1, 128] 125 vs 90 us (1.39x); a second session of "
-           "the decomposed form within 0.994-1.006x. Its peak is lower (0.38 vs 1.38 MiB at 768, [1, 128]), but the "
-           "embedding is not where a BERT's peak is.",
+           "[8, 128] 334-345 vs 220-229 us (1.50-1.52x); hidden 768 [1, 128] 125 vs 90 us (1.39x), [8, 128] 977-1041 vs "
+           "630-731 us (1.43-1.55x); a second session of the decomposed form within 0.993-1.014x. In fuse's ort-cpu "
+           "output of the corpus's bert-small and bert-base (opset 14) 1.00-1.02x at disabled, 1.08-1.20x at all, and "
+           "a higher measured peak (1.43 -> 2.33 MiB, 4.14 -> 7.21 MiB at batch 1) (benchmarks/results/"
+           "bert_packed_attention.md).",
            leaves_pipeline=True),
     *(Slower(op, "cpu", f"onnxruntime 1.31's CPU {op} measured 6.6x slower than the unfused Adds and norm",
              "390 vs 59 us at [1, 128, 768], one thread, against the Add + Add + LayerNormalization it replaces; "
