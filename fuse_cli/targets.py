@@ -75,7 +75,12 @@ CAPABILITIES: tuple[Capability, ...] = (
     _cap("BiasGelu", "float32", "float32 float16 bfloat16 float64"),
     _cap("FastGelu", "float32", "float32 float16 bfloat16 float64", _GELU_FAMILY),
     _cap("QuickGelu", "float32", "float32 float16 bfloat16 float64", _GELU_FAMILY),
-    _cap("Attention", "float32", "float32 float16 bfloat16", "num_heads required; packed QKV weights"),
+    _cap("Attention", "float32", "float32 float16 bfloat16",
+         "num_heads required; packed QKV weights [hidden, q+k+v] and bias; the graph's mask as attention_bias. CPU "
+         "time 0.91-0.97x the Q/K/V MatMuls + MultiHeadAttention it replaces (packed-attention; "
+         "benchmarks/results/bert_packed_attention.md)"),
+    _cap("EmbedLayerNormalization", "float32", "float32 float16",
+         "int32 ids only (int64 exports need Casts); no pass emits it: measured slower on the CPU (SLOWER)"),
     _cap("MultiHeadAttention", "float32", "float32 float16 bfloat16", "num_heads required"),
     _cap("GroupQueryAttention", "float32 float16", "float16 bfloat16",
          "head size % 8 == 0 on CPU; num_heads and kv_num_heads required; seqlens_k [B] int32 and "
@@ -164,6 +169,17 @@ SLOWER: tuple[Slower, ...] = (
            "2205-2214 vs 1866-1960 us. Its 12 nodes in real exports, us a run: bert-base dynamo 2988-3423 vs "
            "2445-2796, vit-base dynamo 4650-4768 vs 3894-3966, vit-base opset 17 4558-4798 vs 3622-3844, "
            "bert-base opset 17 2410-2513 vs 2321-2400."),
+    Slower("EmbedLayerNormalization", "cpu",
+           "onnxruntime 1.31's CPU EmbedLayerNormalization measured 1.39-1.55x slower than BERT's word + position + "
+           "segment Gathers, Adds and LayerNormalization it would replace (target {target})",
+           "benchmarks/bert_packed_attention.py, one thread, fp32, 21 interleaved rounds, at graph optimization "
+           "disabled and all alike, Casts of the int64 ids to int32 included: hidden 256 [1, 128] 46 vs 32 us (1.43-1.45x), "
+           "[8, 128] 334-345 vs 220-229 us (1.50-1.52x); hidden 768 [1, 128] 125 vs 90 us (1.39x), [8, 128] 977-1041 vs "
+           "630-731 us (1.43-1.55x); a second session of the decomposed form within 0.993-1.014x. In fuse's ort-cpu "
+           "output of the corpus's bert-small and bert-base (opset 14) 1.00-1.02x at disabled, 1.08-1.20x at all, and "
+           "a higher measured peak (1.43 -> 2.33 MiB, 4.14 -> 7.21 MiB at batch 1) (benchmarks/results/"
+           "bert_packed_attention.md).",
+           leaves_pipeline=True),
     *(Slower(op, "cpu", f"onnxruntime 1.31's CPU {op} measured 6.6x slower than the unfused Adds and norm",
              "390 vs 59 us at [1, 128, 768], one thread, against the Add + Add + LayerNormalization it replaces; "
              "onnxruntime's own optimizer makes the same fusion at level all (see api._run_level_note)",
@@ -257,6 +273,9 @@ UNCHECKED: tuple[Unchecked, ...] = (
     *(Unchecked(c.op, "cuda", f"the standard {c.op}'s CUDA kernel in the pinned onnxruntime-gpu is not checked by fuse "
                 "(no GPU at hand when it was added; target {target}); --target onnx emits it", domain="")
       for c in STANDARD),
+    Unchecked("Attention", "cuda",
+              "the packed-QKV Attention was measured faster than the Q/K/V MatMuls and MultiHeadAttention on "
+              "onnxruntime's CPU provider only (target {target}); --target ort-cpu fuses it"),
     Unchecked("GroupQueryAttention", "cuda",
               "GroupQueryAttention with causal=0 and an attention_bias is verified on onnxruntime's CPU provider "
               "only (target {target}); --target ort-cpu fuses it"),

@@ -14,6 +14,7 @@ from tests.conftest import SAMPLES, optimize_model
 from tests.graphs import op_counts
 
 MHA = "com.microsoft::MultiHeadAttention"
+UNPACKED = ("packed-attention",)  # the runtime pipeline as far as this pass: packed-attention would take its output
 # symbolic dims at two sizes; the mask input is a 0/1 attention_mask, as tokenizers give it
 SIZES = ({"batch": 1, "sequence": 3, "memory_sequence": 5}, {"batch": 3, "sequence": 8, "memory_sequence": 2})
 MASK_VALUES = {"attention_mask": (0, 2)}
@@ -81,7 +82,10 @@ def test_projection_biases_become_the_bias_input(tmp_path):
 def test_sample_transformer_block_fuses_in_the_runtime_pipeline(opset, tmp_path):
     model = onnx.load(SAMPLES / f"transformer_block_opset{opset}.onnx")
     result = optimize_model(model, tmp_path, target="ort-cpu")
-    assert op_counts(result.model)[MHA] == 1 and mha_attrs(result.model) == {"num_heads": 4}
+    # attention's MultiHeadAttention over three projections of one input, then packed-attention's Attention
+    (node,) = [n for n in result.model.graph.node if n.op_type == "Attention"]
+    assert MHA not in op_counts(result.model)
+    assert {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute} == {"num_heads": 4}
     assert_same_outputs(model, result.model)
 
 
@@ -138,7 +142,7 @@ def test_target_onnx_never_runs_the_pass():
 @pytest.mark.parametrize("symbolic", [False, True], ids=["static-length", "symbolic-length"])
 def test_dynamo_sdpa_form_fuses(tmp_path, symbolic):
     model = dynamo_sdpa_model(symbolic=symbolic)
-    result = optimize_model(model, tmp_path, target="ort-cpu")
+    result = optimize_model(model, tmp_path, target="ort-cpu", disable=UNPACKED)
     assert op_counts(result.model)[MHA] == 1
     assert not {"IsNaN", "Softmax"} & set(op_counts(result.model))  # the mask's Where stays: it is the bias
     assert mha_attrs(result.model)["num_heads"] == 2
@@ -150,7 +154,7 @@ def test_dynamo_sdpa_near_forms_do_not_fuse(tmp_path, variant):
     """Reshape [-1, d, S] has K^T's sizes but reinterprets memory; a NaN guard on the scores is
     not the softmax's (the fused kernel would drop it)."""
     model = dynamo_sdpa_model(**variant)
-    result = optimize_model(model, tmp_path, target="ort-cpu")
+    result = optimize_model(model, tmp_path, target="ort-cpu", disable=UNPACKED)
     assert op_counts(result.model)[MHA] == 0
     assert_same_outputs(model, result.model)
 
@@ -162,6 +166,6 @@ def test_dynamo_key_transpose_is_also_proved_from_the_shape_vectors(tmp_path, mo
 
     monkeypatch.setattr(attention, "_flattened_by_inferred_shapes", lambda m, g: False)
     model = dynamo_sdpa_model(symbolic=True)
-    result = optimize_model(model, tmp_path, target="ort-cpu")
+    result = optimize_model(model, tmp_path, target="ort-cpu", disable=UNPACKED)
     assert op_counts(result.model)[MHA] == 1
     assert_same_outputs(model, result.model)

@@ -16,6 +16,7 @@ DEPENDENCIES = [
     ("conv-bn", "fused-conv", "FusedConv takes the Conv with BN already in its weights"),
     ("static-reshape-shape", "attention", "attention reads the head count from a constant Reshape shape"),
     ("layer-norm", "skip-layer-norm", "SkipLayerNormalization absorbs the LayerNormalization layer-norm makes"),
+    ("attention", "packed-attention", "packed-attention packs the projections of the MultiHeadAttention attention makes"),
     ("attention", "matmul-add", "Gemm would hide the Q/K/V MatMul + Add of the attention pattern"),
     ("bias-gelu", "matmul-add", "Gemm would take the bias Add that BiasGelu absorbs"),
     ("attention", "fused-matmul", "FusedMatMul would take the scaled Q.K^T out of the attention pattern"),
@@ -65,5 +66,6 @@ def test_attention_is_fused_before_its_projections_become_gemm(opset, tmp_path):
     model = attention_model(opset=opset, mask="padding")
     result = optimize_model(model, tmp_path, target="ort-cpu")
     counts = op_counts(result.model)
-    assert counts["com.microsoft::MultiHeadAttention"] == 1 and "Softmax" not in counts
+    # attention's MultiHeadAttention, then packed-attention's Attention over its three projections
+    assert counts["com.microsoft::Attention"] == 1 and "Softmax" not in counts
     assert_equivalent(model, result.model, dims={"batch": 2, "sequence": 5}, rtol=1e-4, atol=1e-5)

@@ -859,7 +859,7 @@ def _timeline(steps: int, buffers: Sequence[_Buffer], known: Mapping[str, int],
 _SCRATCH_OPS = frozenset({
     ("", "Conv"), (_MS_DOMAIN, "FusedConv"), (_MS_DOMAIN, "BiasGelu"), (_MS_DOMAIN, "FastGelu"),
     ("", "HardSwish"), ("", "Mish"), ("", "Where"), ("", "LRN"), (_MS_DOMAIN, "MultiHeadAttention"), ("", "Dropout"),
-    (_MS_DOMAIN, "GroupQueryAttention"),
+    (_MS_DOMAIN, "GroupQueryAttention"), (_MS_DOMAIN, "Attention"),
 })
 
 
@@ -881,6 +881,8 @@ def _workspace_bytes(node: onnx.NodeProto, shapes: ShapeTable, opset: int) -> in
         return _attention_workspace(node, shapes)
     if domain == _MS_DOMAIN and node.op_type == "GroupQueryAttention":
         return _group_query_attention_workspace(node, shapes)
+    if domain == _MS_DOMAIN and node.op_type == "Attention":
+        return _packed_attention_workspace(node, shapes)
     if node.op_type == "Dropout" and domain == "" and opset >= 12 and (len(node.output) < 2 or not node.output[1]):
         info = shapes.get(node.input[0])
         if info is not None and info.shape is not None and all(isinstance(d, int) for d in info.shape):
@@ -995,6 +997,27 @@ def _attention_workspace(node: onnx.NodeProto, shapes: ShapeTable) -> int:
     total = kv_length + (past[2] if past is not None and len(past) == 4 else 0)
     probabilities = batch * heads * sequence * total
     return size * (copies + probabilities + batch * sequence * v_hidden)
+
+
+def _packed_attention_workspace(node: onnx.NodeProto, shapes: ShapeTable) -> int:
+    """The packed-QKV Attention's scratch on the CPU provider, in bytes; 0 when unknown: the
+    projections [B, S, q+k+v] (one GEMM into a temp-space buffer, attention.cc), then, as
+    MultiHeadAttention without flash (ApplyAttention), the probabilities [B, N, S, T] and the output
+    before its transpose [B, S, v]. Measured on onnxruntime 1.31.1 with an attention_bias and no past
+    (tests/test_analysis_measure.py)."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    heads = int(attrs.get("num_heads", 0))
+    x, weights = (shapes.get(name) for name in (list(node.input) + [""])[:2])
+    if (heads <= 0 or x is None or weights is None or x.shape is None or weights.shape is None or len(x.shape) != 3
+            or len(weights.shape) != 2 or not all(isinstance(d, int) for d in x.shape + weights.shape)):
+        return 0
+    bits = element_size_bits(x.elem_type)
+    if bits is None or len(node.input) > 4 and node.input[4]:
+        return 0  # a past: not what fuse emits, not measured
+    batch, sequence, _ = x.shape
+    packed = weights.shape[1]
+    v_hidden = int(attrs["qkv_hidden_sizes"][2]) if attrs.get("qkv_hidden_sizes") else packed // 3
+    return bits // 8 * batch * sequence * (packed + heads * sequence + v_hidden)
 
 
 def _group_query_attention_workspace(node: onnx.NodeProto, shapes: ShapeTable) -> int:

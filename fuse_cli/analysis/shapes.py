@@ -560,6 +560,21 @@ def _stand_ins(node: onnx.NodeProto, opset: int) -> list[onnx.NodeProto]:
             else:
                 operands.append(name)
         return [*nodes, helper.make_node("MatMul", operands, [out])]
+    if key == (_MS, "Attention") and len(inputs) >= 2 and inputs[1]:
+        # [input[0], input[1], v_hidden] (AttentionTypeAndShapeInference, bert_defs.cc): V's slice of
+        # the packed weights, qkv_hidden_sizes[2] or a third of their width, projected.
+        value_weight = f"{out}::fuse-value-weight"
+        sizes = attrs.get("qkv_hidden_sizes")
+        if sizes:
+            bounds = [f"{out}::fuse-value-{end}" for end in ("start", "end", "axis")]
+            values = ([int(sizes[0]) + int(sizes[1])], [int(sum(sizes))], [1])
+            nodes = [helper.make_node("Constant", [], [name], value=helper.make_tensor(name, TensorProto.INT64, [1], v))
+                     for name, v in zip(bounds, values)]
+            nodes.append(helper.make_node("Slice", [inputs[1], *bounds], [value_weight]))
+        else:
+            parts = [f"{out}::fuse-{role}-weight" for role in ("query", "key")] + [value_weight]
+            nodes = [helper.make_node("Split", inputs[1:2], parts, axis=1, **({"num_outputs": 3} if opset >= 18 else {}))]
+        return [*nodes, helper.make_node("MatMul", [inputs[0], value_weight], [out])]
     if key == (_MS, "MultiHeadAttention") and len(inputs) >= 3 and inputs[1] and inputs[2]:
         # onnxruntime's inference (MultiHeadAttentionTypeAndShapeInference, bert_defs.cc) writes
         # [query[0], query[1], value[2]] for a 3-D value and [query[0], query[1], value[1] *

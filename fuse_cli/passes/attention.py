@@ -332,10 +332,21 @@ def _attention_bias(m: Match, g: GraphEditor, qkv: list[gs.Tensor], nodes: list[
     q, k = (g.shape(t).dims[1] for t in qkv[:2])
     if any(same_dim(dims[2], q) for dims in given) and any(same_dim(dims[3], k) for dims in given):
         return bias
-    lengths = [_node(g, nodes, "Gather", [_node(g, nodes, "Shape", [t], "attention"),
+    lengths = [_node(g, nodes, "Gather", [_node(g, nodes, "Shape", [_length_source(g, t)], "attention"),
                                           g.constant("dim1", np.array([1], np.int64))], "attention") for t in qkv[:2]]
     shape = _node(g, nodes, "Concat", [g.constant("ones", np.ones(2, np.int64)), *lengths], "attention", axis=0)
     return _node(g, nodes, "Expand", [bias, shape], "attention_bias")
+
+
+def _length_source(g: GraphEditor, t: gs.Tensor) -> gs.Tensor:
+    """A tensor with t's dim 1: the [B, L, in] input of the MatMul by a [in, out] weight that
+    projects t, where there is one. Read from the input, the lengths leave the projections to the
+    attention alone, so packed-attention can merge them."""
+    producer = t.inputs[0] if len(t.inputs) == 1 else None
+    if producer is None or producer.op != "MatMul":
+        return t
+    source, weight = (g.shape(i) for i in producer.inputs)
+    return producer.inputs[0] if source is not None and source.rank == 3 and weight is not None and weight.rank == 2 else t
 
 
 def _node(g: GraphEditor, nodes: list[gs.Node], op: str, inputs: list[gs.Tensor], base: str, **attrs) -> gs.Variable:

@@ -80,6 +80,7 @@ RUNTIME_PIPELINE: tuple[str, ...] = (
     "rotary-before-head-split",  # a RotaryEmbedding fused on split heads moves onto the projection too
     "group-query-attention",
     "attention",
+    "packed-attention",  # right after attention: its MultiHeadAttention over three projections of one input
     "cached-attention",  # after both: a decode step's K/V are the cache's present heads, not a projection's split
     "gelu",
     "contrib-gelu",
