@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 FUZZ_EXAMPLES ?= 500
 
-.PHONY: install demo test fuzz bench bench-corpus memory-truth schedule-bench llm-bench verify-corpus sample-models clean
+.PHONY: install demo test fuzz bench bench-corpus memory-truth schedule-bench llm-bench near-miss-corpus verify-corpus sample-models clean
 
 install: $(STAMP)
 
@@ -33,7 +33,7 @@ test: $(STAMP)
 fuzz: $(STAMP)
 	FUSE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q -n 2 tests/test_fuzz.py
 
-bench: $(BENCH_STAMP) memory-truth schedule-bench llm-bench
+bench: $(BENCH_STAMP) memory-truth schedule-bench llm-bench near-miss-corpus
 	$(BIN)/python benchmarks/run.py   # also reads the folder in $$MODELS, when set
 	$(BIN)/python benchmarks/big_models.py --json benchmarks/results/big_models.json > benchmarks/results/big_models.txt; \
 		status=$$?; cat benchmarks/results/big_models.txt; exit $$status
@@ -47,6 +47,10 @@ memory-truth: $(STAMP)
 # and its time on the 12k-node stack (corpus models from $$FUSE_CORPUS_DIRS where set).
 schedule-bench: $(STAMP)
 	$(BIN)/python benchmarks/schedule_bench.py --out benchmarks/results/schedule.md
+
+# Every near-miss over the exported corpus, grouped; fails on one that says the nodes are not the pattern.
+near-miss-corpus: $(STAMP)
+	$(BIN)/python benchmarks/near_miss_corpus.py
 
 # `fuse optimize` with default flags on both corpora and onnx's backend models: verified / unverifiable / why.
 # The "LLM" group: fuse --target ort-cpu against onnxscript's optimize_for_ort, onnxruntime's
