@@ -15,7 +15,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from fuse_cli import api
 from fuse_cli.analysis.measure import Measurement, concrete_input_shapes, measure_here, measure_peak
-from fuse_cli.analysis.memory import WORKSPACE, planner_shapes, profile_memory, runtime_order
+from fuse_cli.analysis.memory import (WORKSPACE, flash_attention_buffer, planner_shapes, profile_memory,
+                                      runtime_order)
 from fuse_cli.analysis.shapes import infer_shapes
 from fuse_cli.config import FuseConfig
 from tests.conftest import SAMPLES
@@ -221,10 +222,11 @@ def where():
     # HardSwish and Mish run as their function bodies: x, y 4 MiB each + one intermediate of 4 MiB
     (lambda: activation("HardSwish", 14), 12),
     (lambda: activation("Mish", 18), 12),
-    # flash: q, k, v, y 2 MiB each + their three [32, 4, 256, 16] copies = 14 MiB
-    (lambda: attention(32, 256, 256), 14),
-    # q, y 0.5 MiB, k, v 2 MiB + copies of q, k, v = 9.5 MiB
-    (lambda: attention(16, 128, 512), 9.5),
+    # flash: q, k, v, y 2 MiB each + their three [32, 4, 256, 16] copies = 14 MiB + flash's
+    # per-thread blocks (sized by the L2 cache: 0.16 MiB at 1 MiB of L2)
+    (lambda: attention(32, 256, 256), 14 + 4 * flash_attention_buffer(256, 256, 16, 16) / MIB),
+    # q, y 0.5 MiB, k, v 2 MiB + copies of q, k, v = 9.5 MiB + the blocks
+    (lambda: attention(16, 128, 512), 9.5 + 4 * flash_attention_buffer(128, 512, 16, 16) / MIB),
     # a mask: not flash. q, y 0.5 MiB, k, v 1 MiB, copies 2.5 MiB, probabilities
     # [16, 4, 128, 256] 8 MiB, output before its transpose 0.5 MiB; the mask is a weight: 14 MiB
     (lambda: attention(16, 128, 256, mask=True), 14),
@@ -265,8 +267,19 @@ def conv_batch_norm(channels=16, side=112):
     return model(nodes, [value("x", [1, 3, side, side])], [value("y", [1, channels, side, side])], weights)
 
 
+def biased_attention(batch, sequence, hidden=256, heads=4):
+    """Whisper's encoder attention as fuse emits it: the Q/K/V biases packed into MultiHeadAttention's
+    bias input, no mask (flash). Each biased input is summed into a temporary before its copy."""
+    mha = helper.make_node("MultiHeadAttention", ["q", "k", "v", "bias"], ["y"], domain="com.microsoft",
+                           num_heads=heads)
+    shape = [batch, sequence, hidden]
+    return model([mha], [value(n, shape) for n in "qkv"], [value("y", shape)], [floats("bias", [3 * hidden])],
+                 extra_opsets=[MS])
+
+
 @pytest.mark.parametrize("build", [conv_batch_norm, lambda: attention(1, 64, 64, mask=True),
-                                   lambda: group_query_attention(presents=True)])
+                                   lambda: attention(1, 100, 100), lambda: biased_attention(1, 100),
+                                   lambda: biased_attention(8, 100), lambda: group_query_attention(presents=True)])
 def test_the_allocated_peak_is_the_estimate_at_small_sizes(build):
     # Below a few MiB the resident figure is noisy (the kernel's RSS counters are per-CPU
     # approximations); the allocator's high-water mark is exact, and the estimate must match it.

@@ -138,6 +138,7 @@ excluded from every sum and listed, never counted as 0 silently.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -960,10 +961,43 @@ def _conv_workspace(node: onnx.NodeProto, shapes: ShapeTable) -> int:
 # MultiHeadAttention inputs that turn MlasFlashAttention off: key_padding_mask, attention_bias,
 # past_key, past_value, past_sequence_length, cache_indirection.
 _ATTENTION_UNFLASHED_INPUTS = range(4, 10)
+_SC_LEVEL2_CACHE_SIZE = 191  # glibc's sysconf name; Python's os.sysconf does not list it
+
+
+@functools.cache
+def l2_cache_bytes() -> int:
+    """The L2 cache size onnxruntime reads (sysconf(_SC_LEVEL2_CACHE_SIZE) on Linux); 0 when
+    unknown, where its flash attention is off."""
+    try:
+        import ctypes
+        import ctypes.util
+
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return max(0, int(libc.sysconf(_SC_LEVEL2_CACHE_SIZE)))
+    except (OSError, AttributeError, ValueError):
+        return 0
+
+
+def flash_attention_buffer(query_length: int, kv_length: int, qk_head: int, v_head: int, threads: int = 1) -> int:
+    """MlasFlashAttention's per-thread blocks, in floats (multihead_attention.cc): Bc rows of K/V
+    so that the blocks fill 3/4 of the L2 cache, Br = min(Bc, qk_head + v_head) rows of Q, each
+    capped by its sequence; per thread Br * (2 + Bc + v_head). 0 where flash does not run."""
+    l2 = l2_cache_bytes()
+    if l2 <= 0:
+        return 0
+    kv_rows = max(l2 // (4 * 4 * (qk_head + v_head)), 1)
+    q_rows = min(kv_rows, qk_head + v_head, query_length)
+    kv_rows = min(kv_rows, kv_length)
+    return threads * q_rows * (2 + kv_rows + v_head)
 
 
 def _attention_workspace(node: onnx.NodeProto, shapes: ShapeTable) -> int:
-    """MultiHeadAttention's temp-space buffers on the CPU provider, in bytes; 0 when unknown."""
+    """MultiHeadAttention's temp-space buffers on the CPU provider (one intra-op thread), in
+    bytes; 0 when unknown. Q, K, V are copied head-major one after the other; with a bias, each
+    that is longer than one position is first summed into a [B, S, D] temporary and transposed
+    from it. Then either flash attention's per-thread blocks or the probabilities [B, N, S, T] and
+    the output before its transpose. Checked against the allocator's exact count
+    (tests/test_analysis_measure.py)."""
     inputs = list(node.input) + [""] * 10
 
     def static(name: str) -> tuple[int, ...] | None:
@@ -981,22 +1015,31 @@ def _attention_workspace(node: onnx.NodeProto, shapes: ShapeTable) -> int:
         return 0  # packed QKV (5-D) has no CPU kernel; without key, nothing we can size
     size = bits // 8
     batch, sequence, hidden = query
+    q = batch * sequence * hidden
     if len(key) == 3 and len(value) == 3:
         kv_length, v_hidden = key[1], value[2]
-        copies = batch * (sequence * hidden + kv_length * hidden + kv_length * v_hidden)
+        k, v = batch * kv_length * hidden, batch * kv_length * v_hidden
+        biased = bool(inputs[3])
+        q_temp, k_temp, v_temp = (x if biased and length > 1 else 0
+                                  for x, length in ((q, sequence), (k, kv_length), (v, kv_length)))
+        copies = q + k + v
+        transient = max(q + q_temp, q + k + k_temp, copies + v_temp)
         flash = (not any(inputs[i] for i in _ATTENTION_UNFLASHED_INPUTS)
-                 and not any(node.output[1:]) and not int(attrs.get("unidirectional", 0)))
+                 and not any(node.output[1:]) and not int(attrs.get("unidirectional", 0))
+                 and info.elem_type == TensorProto.FLOAT and l2_cache_bytes() > 0)
     elif len(key) == 4 and len(value) == 4:  # [B, N, L, H]: used in place, and never flash
         kv_length, v_hidden = key[2], value[1] * value[3]
-        copies, flash = batch * sequence * hidden, False
+        copies, flash = q, False
+        transient = copies
     else:
         return 0
     if flash:
-        return size * copies
-    past = static(inputs[6])
-    total = kv_length + (past[2] if past is not None and len(past) == 4 else 0)
-    probabilities = batch * heads * sequence * total
-    return size * (copies + probabilities + batch * sequence * v_hidden)
+        extra = flash_attention_buffer(sequence, kv_length, hidden // heads, v_hidden // heads)
+    else:
+        past = static(inputs[6])
+        total = kv_length + (past[2] if past is not None and len(past) == 4 else 0)
+        extra = batch * heads * sequence * total + batch * sequence * v_hidden
+    return size * max(transient, copies + extra)
 
 
 def _packed_attention_workspace(node: onnx.NodeProto, shapes: ShapeTable) -> int:
