@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from fuse_cli.analysis.memory import planner_shapes
+from fuse_cli.analysis.measure import measure_peak
+from fuse_cli.analysis.memory import planner_shapes, profile_memory
+from fuse_cli.analysis.shapes import infer_shapes
 from fuse_cli.verify import verify_models
 from tests.conftest import optimize_model
 from tests.graphs import assert_declined, op_counts
@@ -85,7 +87,18 @@ def test_the_full_runtime_pipeline_fuses_a_decode_step(tmp_path):
     result = optimize_model(model, tmp_path, target="ort-cpu")
     counts = op_counts(result.model)
     assert counts[MHA] == 2 and "Softmax" not in counts and "Expand" not in counts, counts  # 4 heads over 2
+    # the members' query view Reshape(q, Shape(q)) survives the Reshape folding passes
+    shapes = planner_shapes(result.model)
+    assert {shapes[n.output[0]].shape for n in result.model.graph.node if n.op_type == "MultiHeadAttention"} == {
+        (None, None, 16)}
     assert_same_outputs(model, result.model)
+    # the memory model counts the members' nodes and scratch as onnxruntime allocates them
+    dims = {"batch": 16, "sequence": 64, "past_sequence": 64, TOTAL: 128}
+    estimate = profile_memory(result.model, infer_shapes(result.model, dims=dims, symbolic=True)).peak_bytes
+    exact = measure_peak(result.model, dims=dims, repeats=1).allocated_bytes
+    if exact is None:
+        pytest.skip("memray is not installed: no exact count")
+    assert abs(exact - estimate) <= 0.02 * exact, (estimate, exact)
 
 
 @pytest.mark.parametrize("form", {"repeated": dict(), "one-kv-head-per-head": dict(kv_heads=4, repeat="none")})
