@@ -33,8 +33,11 @@ class FuseCachedAttention(PatternPass):
     A decode step's attention reads K/V that are not split from a [B, T, H*d] projection: the
     cache's Concat(past, new) (a graph output, the present), repeated to H heads for grouped
     K/V. MultiHeadAttention takes key and value in that [B, H, T, d] layout as they are (no past
-    inputs then), so the Concat and the repeat stay and their outputs are read, not rebuilt; the
-    scores and probabilities [B, H, S, T] are never written. The graph's own mask (causal with the
+    inputs then), so the Concat stays and its output is read, not rebuilt; the scores and
+    probabilities [B, H, S, T] are never written. K/V repeated by repeat_kv are read unrepeated,
+    by one node per member of the query groups (toolkit.query_groups: the repeat's copies beside
+    the kernel's scratch raised the peak above the unfused graph's); another repeat, or a mask per
+    head, keeps one node over the repeated K/V. The graph's own mask (causal with the
     past's offset, padding) is passed unchanged as attention_bias, [B or 1, 1 or H, S, T] by the
     inferred shapes, so whatever mask the graph computes stays exact. GroupQueryAttention would
     take the unrepeated cache, but onnxruntime 1.31's CPU kernel refuses a past with batch > 1 and
