@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from fuse_cli.analysis.measure import measure_peak
+from fuse_cli.analysis.memory import planner_shapes, profile_memory
+from fuse_cli.analysis.shapes import infer_shapes
 from fuse_cli.verify import verify_models
 from tests.conftest import optimize_model
 from tests.graphs import assert_declined, op_counts
@@ -48,12 +51,34 @@ FORMS = {
 
 @pytest.mark.parametrize("form", FORMS)
 def test_decode_step_attention_fuses_into_multi_head_attention(form, tmp_path):
-    model = rotated(tmp_path, **FORMS[form])
+    kwargs = FORMS[form]
+    model = rotated(tmp_path, **kwargs)
     result = optimize_model(model, tmp_path, target="ort-cpu", passes=("group-query-attention", "cached-attention"))
     counts = op_counts(result.model)
-    assert counts[MHA] == 1 and "Softmax" not in counts and GQA not in counts, counts
+    # repeat_kv'd K/V: one node per member of the query groups (heads / kv_heads), over the cache
+    # as it is: the repeat's Expand is gone
+    members = kwargs.get("heads", 4) // kwargs.get("kv_heads", 2)
+    assert counts[MHA] == members and "Softmax" not in counts and GQA not in counts, counts
+    assert "Expand" not in counts and counts.get("Split", 0) == (members > 1), counts
     # the cache stays as the graph computes it: its Concats are the present outputs
     assert counts["Concat"] >= 2 and [o.name for o in result.model.graph.output] == ["y", "present_key", "present_value"]
+    assert_same_outputs(model, result.model)
+
+
+# K/V repeated otherwise than repeat_kv's groups, or a mask per head: one MultiHeadAttention over
+# the repeated K/V, as the graph repeats them
+OVER_THE_REPEAT = {
+    "tiled-not-grouped": dict(repeat="tile"),
+    "mask-per-head": dict(mask="per-head"),
+}
+
+
+@pytest.mark.parametrize("form", OVER_THE_REPEAT)
+def test_query_groups_are_not_split_where_the_repeat_or_mask_forbids(form, tmp_path):
+    model = rotated(tmp_path, **OVER_THE_REPEAT[form])
+    result = optimize_model(model, tmp_path, target="ort-cpu", passes=("cached-attention",))
+    counts = op_counts(result.model)
+    assert counts[MHA] == 1 and counts["Expand"] >= 2 and "Split" not in counts and "Softmax" not in counts, counts
     assert_same_outputs(model, result.model)
 
 
@@ -61,8 +86,19 @@ def test_the_full_runtime_pipeline_fuses_a_decode_step(tmp_path):
     model = llama_attention_model(cache="past")
     result = optimize_model(model, tmp_path, target="ort-cpu")
     counts = op_counts(result.model)
-    assert counts[MHA] == 1 and "Softmax" not in counts, counts
+    assert counts[MHA] == 2 and "Softmax" not in counts and "Expand" not in counts, counts  # 4 heads over 2
+    # the members' query view Reshape(q, Shape(q)) survives the Reshape folding passes
+    shapes = planner_shapes(result.model)
+    assert {shapes[n.output[0]].shape for n in result.model.graph.node if n.op_type == "MultiHeadAttention"} == {
+        (None, None, 16)}
     assert_same_outputs(model, result.model)
+    # the memory model counts the members' nodes and scratch as onnxruntime allocates them
+    dims = {"batch": 16, "sequence": 64, "past_sequence": 64, TOTAL: 128}
+    estimate = profile_memory(result.model, infer_shapes(result.model, dims=dims, symbolic=True)).peak_bytes
+    exact = measure_peak(result.model, dims=dims, repeats=1).allocated_bytes
+    if exact is None:
+        pytest.skip("memray is not installed: no exact count")
+    assert abs(exact - estimate) <= 0.02 * exact, (estimate, exact)
 
 
 @pytest.mark.parametrize("form", {"repeated": dict(), "one-kv-head-per-head": dict(kv_heads=4, repeat="none")})
@@ -100,7 +136,7 @@ def test_targets_with_cuda_fuse_it_too(tmp_path):
     """MultiHeadAttention has a float32 kernel on both providers."""
     model = rotated(tmp_path)
     result = optimize_model(model, tmp_path, target="ort", passes=("cached-attention",))
-    assert op_counts(result.model)[MHA] == 1
+    assert op_counts(result.model)[MHA] == 2  # one per member of the query groups (4 heads over 2)
 
 
 @pytest.mark.parametrize("mask", ["causal-padding", "none"])
@@ -109,4 +145,18 @@ def test_a_decode_steps_output_is_unnamed_only_behind_a_runtime_shaped_mask(mask
     result = optimize_model(model, tmp_path, target="ort-cpu", passes=("cached-attention",))
     assert op_counts(result.model)[MHA] == 1
     assert unnamed_behind_the_attention(result.model) == [mask != "none"]
+    assert_same_outputs(model, result.model)
+
+
+@pytest.mark.parametrize("mask", ["causal-padding", "none"])
+def test_query_group_members_are_unnamed_to_the_planner_only_behind_a_runtime_shaped_mask(mask, tmp_path):
+    """The members' tensors are new: named, onnxruntime's planner hands their buffers to the next
+    layer's members and holds them across the MLP in between, where the replaced subgraph's
+    runtime-shaped tensors shared with nothing (toolkit.query_groups)."""
+    model = rotated(tmp_path, mask=mask)
+    result = optimize_model(model, tmp_path, target="ort-cpu", passes=("cached-attention",))
+    shapes = planner_shapes(result.model)
+    members = [n.output[0] for n in result.model.graph.node if n.op_type == "MultiHeadAttention"]
+    assert len(members) == 2
+    assert [shapes[name].shape for name in members] == [(None, None, 16) if mask != "none" else ("batch", "sequence", 16)] * 2
     assert_same_outputs(model, result.model)

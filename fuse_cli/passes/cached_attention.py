@@ -12,10 +12,11 @@ from fuse_cli.match import Match
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
 from fuse_cli.toolkit.attention_forms import OVER_HEADS
-from fuse_cli.toolkit.attention_proofs import (key_t_decline, mask_fits, merge_decline, merged_rows, scale_decline,
-                                               scale_of, split_of)
+from fuse_cli.toolkit.attention_proofs import (key_t_decline, mask_fits, merge_decline, merged_rows, repeat_decline,
+                                               scale_decline, scale_of, split_of)
 from fuse_cli.toolkit.heads import softmax_key_axis_decline
-from fuse_cli.toolkit.runtime_shapes import unnamed_like_the_original, unnamed_where_it_was
+from fuse_cli.toolkit.query_groups import grouped_attention
+from fuse_cli.toolkit.runtime_shapes import shaped_at_run_time, unnamed_like_the_original, unnamed_where_it_was
 from fuse_cli.toolkit.shapes import same_dim
 
 
@@ -32,8 +33,11 @@ class FuseCachedAttention(PatternPass):
     A decode step's attention reads K/V that are not split from a [B, T, H*d] projection: the
     cache's Concat(past, new) (a graph output, the present), repeated to H heads for grouped
     K/V. MultiHeadAttention takes key and value in that [B, H, T, d] layout as they are (no past
-    inputs then), so the Concat and the repeat stay and their outputs are read, not rebuilt; the
-    scores and probabilities [B, H, S, T] are never written. The graph's own mask (causal with the
+    inputs then), so the Concat stays and its output is read, not rebuilt; the scores and
+    probabilities [B, H, S, T] are never written. K/V repeated by repeat_kv are read unrepeated,
+    by one node per member of the query groups (toolkit.query_groups: the repeat's copies beside
+    the kernel's scratch raised the peak above the unfused graph's); another repeat, or a mask per
+    head, keeps one node over the repeated K/V. The graph's own mask (causal with the
     past's offset, padding) is passed unchanged as attention_bias, [B or 1, 1 or H, S, T] by the
     inferred shapes, so whatever mask the graph computes stays exact. GroupQueryAttention would
     take the unrepeated cache, but onnxruntime 1.31's CPU kernel refuses a past with batch > 1 and
@@ -66,33 +70,43 @@ class FuseCachedAttention(PatternPass):
         if k is None or v is None or k.rank != 4 or v.rank != 4:
             return Decline(f"key {k and list(k.dims)} and value {v and list(v.dims)} are not [batch, heads, length, "
                            f"head_size] tensors")
-        if not (k.static(1) == v.static(1) == h and k.static(3) == v.static(3) == d):
+        kv, repeats = k.static(1), [role for role in ("key", "value") if f"{role}_repeat" in m.nodes]
+        if not (kv and kv == v.static(1) and h % kv == 0 and k.static(3) == v.static(3) == d
+                and len(repeats) in ((0,) if kv == h else (2,))):
             return Decline(f"the heads differ: query {h}x{d}, key {list(k.dims)[1::2]}, value {list(v.dims)[1::2]} "
-                           f"(MultiHeadAttention takes K/V already repeated to {h} heads)")
+                           f"(MultiHeadAttention takes K/V of {h} heads, or both repeated to {h} by repeat_kv)")
         if not (same_dim(q.dims[0], k.dims[0]) and same_dim(k.dims[0], v.dims[0]) and same_dim(k.dims[2], v.dims[2])):
             return Decline(f"query {list(q.dims)}, key {list(k.dims)} and value {list(v.dims)} are not provably one "
                            f"batch, with one key length")
-        if decline := key_t_decline(m, g, d) or merge_decline(m, g, h * d, rows=True) or scale_decline(m):
+        if decline := (repeat_decline(m, g, "key", h, kv) or repeat_decline(m, g, "value", h, kv)
+                       or key_t_decline(m, g, d) or merge_decline(m, g, h * d, rows=True) or scale_decline(m)):
             return decline
         mask = m.tensor("mask")
         if mask is not None and not mask_fits(m, g, h, k.dims[2]):
             shape = g.shape(mask)
             return Decline(f"the mask {mask.name!r} of shape {shape and list(shape.dims)} is not provably "
                            f"[batch or 1, 1 or {h}, sequence, key length] of the query's dtype (attention_bias)")
+        if mask is not None and kv != h and not mask_fits(m, g, 1, k.dims[2]):
+            return Decline(f"the mask {mask.name!r} differs per head: the query groups' nodes over the {kv} K/V heads "
+                           f"take one mask for all (MultiHeadAttention over the repeated K/V instead)")
         return None
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
         h, d = split_of(m, g, "query")
+        kv = g.shape(m.tensor("key")).static(1)
         attrs = {"num_heads": h}
         scale = scale_of(m)  # float64 product, rounded once into the attribute
         if not np.isclose(scale, d**-0.5, rtol=1e-6, atol=0):
             attrs["scale"] = scale
         inputs = [m.tensor("query"), m.tensor("key"), m.tensor("value")]
-        if m.tensor("mask") is not None:
-            inputs += [gs.Variable.empty(), gs.Variable.empty(), m.tensor("mask")]
-        base = m.node("softmax").name
+        mask = [gs.Variable.empty(), gs.Variable.empty(), m.tensor("mask")] if m.tensor("mask") is not None else []
+        base, out = m.node("softmax").name, m.root.outputs[0]
+        if kv != h:
+            return Replacement(nodes=grouped_attention(
+                *inputs, mask, attrs, (h, kv, d), out, m.tensor("merge_shape") if merged_rows(m, h * d) else None,
+                shaped_at_run_time(inputs + mask), g, base))
+        inputs += mask
         if not merged_rows(m, h * d):
-            out = m.root.outputs[0]
             if not unnamed_where_it_was(inputs, out):
                 return Replacement(nodes=[gs.Node("MultiHeadAttention", g.unique_name(f"{base}_mha"), attrs, inputs,
                                                   [out], domain="com.microsoft")])
@@ -102,4 +116,4 @@ class FuseCachedAttention(PatternPass):
         y = g.variable(f"{base}_mha_out")  # [B, S, H*d], then the rows the graph's merge made
         return Replacement(nodes=[
             gs.Node("MultiHeadAttention", g.unique_name(f"{base}_mha"), attrs, inputs, [y], domain="com.microsoft"),
-            gs.Node("Reshape", g.unique_name(f"{base}_rows"), {}, [y, m.tensor("merge_shape")], [m.root.outputs[0]])])
+            gs.Node("Reshape", g.unique_name(f"{base}_rows"), {}, [y, m.tensor("merge_shape")], [out])])

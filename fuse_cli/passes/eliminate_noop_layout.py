@@ -9,6 +9,7 @@ from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Alt, Match, Op, Var, constant_value
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
+from fuse_cli.toolkit.runtime_shapes import is_unnamed_view
 from fuse_cli.toolkit.shapes import same_dim
 
 # An end at least this large means "to the end" whatever the dim (torch writes INT64_MAX).
@@ -30,7 +31,9 @@ class EliminateNoopLayout(PatternPass):
     Expand keeps x when every entry of s is 1 or x's static dim there and s has no more dims than
     x. Constants only; a dim that is symbolic counts as unknown, never as 1. Reshape keeps x when
     shape inference gives y x's rank and, dim by dim, the same static size or the same symbol
-    (torch's dynamo views sdpa's [B, H, S, d] output as [B, -1, S, d] with sizes read at run time).
+    (torch's dynamo views sdpa's [B, H, S, d] output as [B, -1, S, d] with sizes read at run time),
+    but Reshape(x, Shape(x)): a fused attention's view that keeps the dims unnamed to onnxruntime's
+    planner (toolkit.runtime_shapes).
     """
 
     name = "eliminate-noop-layout"
@@ -54,7 +57,7 @@ class EliminateNoopLayout(PatternPass):
         node = m.node("op")
         return {"Concat": lambda: True, "Tile": lambda: _all(m, "repeats", 1), "Pad": lambda: _pads_zero(m),
                 "Slice": lambda: _whole_slice(m, g), "Expand": lambda: _expand_keeps(m, g),
-                "Reshape": lambda: _reshape_keeps(m, g)}[node.op]()
+                "Reshape": lambda: _reshape_keeps(m, g) and not is_unnamed_view(node)}[node.op]()
 
     def check(self, m: Match, g: GraphEditor) -> Decline | None:
         return Decline.unless(g.reroute_reason(m.node("op").outputs[0], m.tensor("x")))

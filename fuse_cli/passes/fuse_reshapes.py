@@ -9,6 +9,7 @@ from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Alt, Const, Match, Op, Var, constant_value
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
+from fuse_cli.toolkit.runtime_shapes import is_unnamed_view
 
 
 @register
@@ -20,7 +21,8 @@ class FuseReshapes(PatternPass):
     has a 0 that (allowzero=0) copies t's dim i: s2'[i] is then t's dim i when it is static, or
     stays 0 when s1[i] is itself a 0 copying x's dim i. A -1 is inferred from the element count,
     which t and x share. A single Reshape is a no-op when every entry of s is x's static dim, a
-    copying 0, or the one -1 left over.
+    copying 0, or the one -1 left over. A first Reshape(x, Shape(x)) stays: a fused attention's
+    view that keeps the dims unnamed to onnxruntime's planner (toolkit.runtime_shapes).
     """
 
     name = "fuse-reshapes"
@@ -33,7 +35,7 @@ class FuseReshapes(PatternPass):
         """A lone Reshape is this pattern only when it provably keeps the shape (most Reshapes
         change it, and saying so for each would drown the real near-misses)."""
         if "first" in m.nodes:
-            return True
+            return not is_unnamed_view(m.node("first"))
         reshape, shape = m.node("reshape"), constant_value(m.tensor("shape"))
         dims = g.shape(m.tensor("x"))
         if dims is None or len(shape) != dims.rank:

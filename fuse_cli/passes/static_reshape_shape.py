@@ -9,6 +9,7 @@ from fuse_cli.graph.edit import GraphEditor, Replacement, label
 from fuse_cli.match import Match, Op, Var, constant_value
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
+from fuse_cli.toolkit.runtime_shapes import is_unnamed_view
 from fuse_cli.toolkit.shapes import piece_dims, piece_entries, shape_pieces
 
 
@@ -35,6 +36,9 @@ class StaticReshapeShape(PatternPass):
     Conv1D back-reshape, Reshape(Gemm(Reshape(t, [-1, K])), [t.size(0), t.size(1), N]), where a 0
     would copy the 2-D Gemm output's dims) becomes Concat(Shape(t, end=k), constants): the same
     values in 2 nodes (opset >= 15), done only when more than 2 nodes of the old chain die with it.
+
+    Reshape(x, Shape(x)) is left alone: a fused attention's view that keeps dims unnamed to
+    onnxruntime's planner (toolkit.runtime_shapes), which a constant shape would name again.
     """
 
     name = "static-reshape-shape"
@@ -45,7 +49,8 @@ class StaticReshapeShape(PatternPass):
     def matches(self, m: Match, g: GraphEditor) -> bool:
         """Only shapes that read some tensor's Shape; other run-time shapes depend on data."""
         shape = m.tensor("shape")
-        if constant_value(shape) is not None or not any(piece_dims(piece) for piece in shape_pieces(shape)):
+        if (constant_value(shape) is not None or not any(piece_dims(piece) for piece in shape_pieces(shape))
+                or is_unnamed_view(m.node("reshape"))):
             return False
         # already as short as it gets (e.g. this pass's own output): nothing to say
         leading = _leading_dims(m, g) if isinstance(_static_shape(m, g), Decline) else None

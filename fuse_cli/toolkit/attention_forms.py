@@ -24,13 +24,17 @@ def cached(role: str) -> Alt:
     return Alt(Op("Concat", Var(f"{role}_past"), heads(role), name=f"{role}_cache", axis=SEQUENCE_AXIS), heads(role))
 
 
-def repeated(role: str, *, past: bool) -> Alt:
+def repeat_kv(source: Pattern, role: str) -> Alt:
     """repeat_kv: [B, KV, T, d] -> Unsqueeze(2) -> Expand [B, KV, n, T, d] -> Reshape [B, KV*n, T, d]; or as is
-    (n = 1). The heads come from the projection (past=False) or also after a cache Concat (past=True)."""
-    source = cached if past else heads
-    expand = Op("Expand", Op("Unsqueeze", source(role), Var(f"{role}_axes", optional=True), name=f"{role}_unsqueeze"),
+    (n = 1)."""
+    expand = Op("Expand", Op("Unsqueeze", source, Var(f"{role}_axes", optional=True), name=f"{role}_unsqueeze"),
                 Var(f"{role}_expand_shape"), name=f"{role}_expand")
-    return Alt(Op("Reshape", expand, Var(f"{role}_repeat_shape"), name=f"{role}_repeat"), source(role))
+    return Alt(Op("Reshape", expand, Var(f"{role}_repeat_shape"), name=f"{role}_repeat"), source)
+
+
+def repeated(role: str, *, past: bool) -> Alt:
+    """repeat_kv of the heads from the projection (past=False) or also after a cache Concat (past=True)."""
+    return repeat_kv((cached if past else heads)(role), role)
 
 
 def scaled(x: Pattern, role: str) -> Alt:
@@ -62,5 +66,7 @@ def attention(key: Pattern, value: Pattern) -> Op:
 PREFILL = attention(repeated("key", past=False), repeated("value", past=False))
 # the same, or after a cache Concat(past, new): a prefill or a decode step (standard-attention)
 DECODER = attention(repeated("key", past=True), repeated("value", past=True))
-# K/V as the graph holds them, [B, H, T, d] (cached-attention: the present, repeated or not)
-OVER_HEADS = attention(Var("key"), Var("value"))
+# K/V as the graph holds them, [B, H, T, d] (cached-attention: the present), repeat_kv'd or not: the
+# repeated form is tried first (the match then names the unrepeated heads "key" and "value"), then the
+# repeat's output as the heads
+OVER_HEADS = attention(repeat_kv(Var("key"), "key"), repeat_kv(Var("value"), "value"))

@@ -66,6 +66,17 @@ def unnamed_like_the_original(y: gs.Variable, out: gs.Variable, g: GraphEditor, 
             gs.Node("Reshape", g.unique_name(f"{base}_unnamed"), {}, [y, shape], [out])]
 
 
+def is_unnamed_view(node: gs.Node) -> bool:
+    """node is Reshape(x, Shape(x)) (unnamed_like_the_original's view): the passes that fold Reshapes
+    and their shapes leave it as it is, a view that costs nothing; folded into a constant shape, or
+    into the Reshape after it, it would name the dims again."""
+    if node.op != "Reshape" or len(node.inputs) < 2 or not node.inputs[1].inputs:
+        return False
+    shape = node.inputs[1].inputs[0]
+    return (shape.op == "Shape" and shape.inputs[0] is node.inputs[0] and not shape.attrs.get("start")
+            and shape.attrs.get("end") is None)
+
+
 def _folds_rows(node: gs.Node, x: gs.Tensor) -> bool:
     """A Reshape of x (an attention's [B, S, hidden]) to a shape computed at run time, or to a
     constant one of rank 1 or 2 with a -1 (B and S in one, a product onnxruntime does not name)."""
