@@ -277,6 +277,35 @@ def biased_attention(batch, sequence, hidden=256, heads=4):
                  extra_opsets=[MS])
 
 
+def variadic(op, count, broadcast=False):
+    """op over `count` computed [16, 256, 256] tensors (4 MiB each; with `broadcast` the second is
+    [256], so the first partial result is full size anyway): two or more inputs past the first pair
+    are summed through temporaries."""
+    x = [16, 256, 256]
+    nodes = [node("Exp", ["x"], [f"e{i}"]) if i else node("Neg", ["x"], ["e0"]) for i in range(count)]
+    inputs = [f"e{i}" for i in range(count)]
+    if broadcast:
+        inputs[1] = "row"
+    nodes.append(node(op, inputs, ["y"]))
+    return model(nodes, [value("x", x)], [value("y", x)], [floats("row", [256])] if broadcast else [], opset=13)
+
+
+@pytest.mark.parametrize(("build", "mib"), [
+    # x + e0..e2 + y = 20 MiB, and the first pair's sum beside the output: 24
+    (lambda: variadic("Sum", 3), 24),
+    # x + e0..e3 + y = 24, and two partial results alive at once (before the output): 28
+    (lambda: variadic("Sum", 4), 28),
+    (lambda: variadic("Mean", 3), 24),
+    (lambda: variadic("Max", 3, broadcast=True), 20),
+])
+def test_variadic_kernels_sum_through_temporaries(build, mib):
+    m = build()
+    estimate = profile(m).peak_bytes
+    assert estimate == mib * MIB
+    exact = allocated(m)
+    assert 0 <= exact - estimate <= BOOKKEEPING * exact + 16 * 1024, (estimate, exact)
+
+
 @pytest.mark.parametrize("build", [conv_batch_norm, lambda: attention(1, 64, 64, mask=True),
                                    lambda: attention(1, 100, 100), lambda: biased_attention(1, 100),
                                    lambda: biased_attention(8, 100), lambda: group_query_attention(presents=True)])

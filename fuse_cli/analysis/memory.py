@@ -860,6 +860,7 @@ def _timeline(steps: int, buffers: Sequence[_Buffer], known: Mapping[str, int],
 _SCRATCH_OPS = frozenset({
     ("", "Conv"), (_MS_DOMAIN, "FusedConv"), (_MS_DOMAIN, "BiasGelu"), (_MS_DOMAIN, "FastGelu"),
     ("", "HardSwish"), ("", "Mish"), ("", "Where"), ("", "LRN"), (_MS_DOMAIN, "MultiHeadAttention"), ("", "Dropout"),
+    ("", "Sum"), ("", "Mean"), ("", "Max"), ("", "Min"),
     (_MS_DOMAIN, "GroupQueryAttention"), (_MS_DOMAIN, "Attention"),
 })
 
@@ -876,6 +877,8 @@ def _workspace_bytes(node: onnx.NodeProto, shapes: ShapeTable, opset: int) -> in
         return shapes.nbytes(node.output[0]) or 0
     if domain == "" and node.op_type == "Where":
         return _where_workspace(node, shapes)
+    if domain == "" and node.op_type in _VARIADIC_OPS and len([i for i in node.input if i]) > 2:
+        return _variadic_workspace(node, shapes)
     if domain == "" and node.op_type == "LRN":
         return _lrn_workspace(node, shapes)
     if domain == _MS_DOMAIN and node.op_type == "MultiHeadAttention":
@@ -903,6 +906,33 @@ def _where_workspace(node: onnx.NodeProto, shapes: ShapeTable) -> int:
         return 0
     condition = infos[0].shape
     return bits // 8 * sum(math.prod(_broadcast_static(condition, values.shape)) for values in infos[1:])
+
+
+# Variadic elementwise kernels (UntypedBroadcastVariadic, element_wise_ops.cc): with more than two
+# inputs each pair is combined into a temporary, the next input into another, the last into the output.
+_VARIADIC_OPS = frozenset({"Sum", "Mean", "Max", "Min"})
+
+
+def _variadic_workspace(node: onnx.NodeProto, shapes: ShapeTable) -> int:
+    """The temporaries of Sum/Mean/Max/Min over n > 2 inputs, in bytes; 0 when unknown. Partial
+    results p0 = in0 (+) in1, p1 = p0 (+) in2, ...; while p[i] is computed p[i-1] is alive (before the
+    output exists), and the last partial is alive beside the output: the most of p[-1] and
+    p[i-1] + p[i] - output (the output is counted beside the scratch)."""
+    infos = [shapes.get(name) for name in node.input if name]
+    out = shapes.get(node.output[0])
+    if out is None or out.shape is None or any(i is None or i.shape is None or not all(isinstance(d, int) for d in i.shape)
+                                                for i in infos):
+        return 0
+    bits = element_size_bits(out.elem_type)
+    if bits is None or bits % 8 or not all(isinstance(d, int) for d in out.shape):
+        return 0
+    partials, shape = [], infos[0].shape
+    for info in infos[1:-1]:
+        shape = _broadcast_static(shape, info.shape)
+        partials.append(math.prod(shape))
+    output = math.prod(out.shape)
+    held = [partials[-1]] + [a + b - output for a, b in zip(partials, partials[1:])]
+    return bits // 8 * max(0, *held)
 
 
 def _broadcast_static(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
