@@ -246,16 +246,17 @@ def _profile_memory(model: onnx.ModelProto, shapes: ShapeTable, extra_weights: I
                     absent: Iterable[str], symbolic_shapes: ShapeTable | None,
                     order: Sequence[int] | None = None) -> MemoryProfile:
     setup = _setup(model, symbolic_shapes, extra_weights, order)
+    graph = setup.graph
     labels, producer = setup.labels, setup.producer
     sized = setup.sized(shapes)
-    absent = set(absent)
+    absent = frozenset(absent)
     if absent:
         known = {name: 0 if name in absent else size for name, size in sized.known.items()}
         unknown = tuple(name for name in sized.unknown if name not in absent)
     else:
         known, unknown = sized.known, sized.unknown
     workspace = sized.workspace
-    plan = _Planner(setup, absent).run()
+    plan = setup.plan(absent)
     timeline = _timeline(len(labels), plan.buffers, known, workspace)
     if timeline:
         peak_bytes = max(timeline)
@@ -278,17 +279,19 @@ def _profile_memory(model: onnx.ModelProto, shapes: ShapeTable, extra_weights: I
     if peak_step >= 0 and workspace[peak_step]:
         live.append(LiveTensor(WORKSPACE, workspace[peak_step], peak_node))
 
-    own = set(setup.graph_inputs)
+    own = set(graph.graph_inputs)
     if peak_step >= 0:
-        own.update(setup.reads[peak_step], setup.outputs[peak_step])
+        stored = setup.order[peak_step]
+        own.update(graph.reads[stored], graph.outputs[stored])
     # A view's buffer is listed under its source's name, which may not be the node's own: counted
     # as avoidable, so the bound stays a bound.
     unavoidable = sum(t.nbytes for t in live if t.name in own or t.name == WORKSPACE)
 
     written: dict[str, int] = {}
-    for op_type, outputs in zip(setup.op_types, setup.outputs):
-        for name in outputs:
+    for stored in setup.order:
+        for name in graph.outputs[stored]:
             if name in known and name not in plan.views:
+                op_type = graph.op_types[stored]
                 written[op_type] = written.get(op_type, 0) + known[name]
 
     return MemoryProfile(
@@ -319,150 +322,195 @@ class _Sized:
 
 
 @dataclass
-class _Setup:
-    """Everything a walk of one model needs that does not depend on `absent`: built once per model,
-    symbolic table and weights, and reused by the audit's repeated walks (one per fusion pattern)."""
+class _Graph:
+    """What a walk of one model needs that depends on neither the execution order nor `absent`,
+    per node as stored: built once per model, symbolic table and weights, and shared by every
+    order a scheduler judges and by the audit's repeated walks (one per fusion pattern). It holds
+    no part of the model, whose weights it would otherwise keep alive."""
 
     model_id: int
     symbolic: ShapeTable | None
     fingerprint: bytes
     labels: list[str]
     op_types: list[str]
+    consumed: list[set[str]]
     reads: list[list[str]]
-    producer: dict[str, str]
-    activations: set[str]
-    planner_shapes: dict[str, TensorInfo]
-    planner_keys: dict[str, tuple | None]
-    opset: int
     inputs: list[list[str]]
     outputs: list[list[str]]
     alias: list[bool]                    # output 0 is a view of input 0 (_ALIAS_OPS)
     in_place: list[tuple | None]         # the node's _INPLACE_OPS rule
+    activations: set[str]                # graph inputs and node outputs that are not weights
+    planner_shapes: dict[str, TensorInfo]
+    planner_keys: dict[str, tuple | None]
+    opset: int
     count: dict[str, int]                # the planner's static reference counts (see _Planner)
-    last_read: dict[str, int]
     graph_inputs: list[str]
     graph_outputs: set[str]
-    # What sizing needs, copied out: a setup holds no part of the model, whose weights it would
-    # otherwise keep alive. Nodes with kernel scratch (by step), resident weight bytes, and each
-    # Constant's output with its `value` size for when the table has none.
+    # What sizing needs, copied out: nodes with kernel scratch (by stored index), resident weight
+    # bytes, and each Constant's output with its `value` size for when the table has none.
     scratch_nodes: list[tuple[int, onnx.NodeProto]]
     initializer_bytes: int
     constants: list[tuple[str, int | None]]
+    runtime: _Setup | None = None        # onnxruntime's order
+    explicit: _Setup | None = None       # the last order given (a scheduler's candidate)
+
+
+@dataclass
+class _Setup:
+    """One model in one execution order (`order`: stored indices by step): what its walks share
+    at every shape table and every `absent`."""
+
+    graph: _Graph
+    order: list[int]
+    labels: list[str]
+    producer: dict[str, str]             # in order of birth: graph inputs, then by step
+    last_read: dict[str, int]
     by_table: dict[int, tuple[ShapeTable, _Sized]] = field(default_factory=dict)
-    explicit: tuple[int, ...] | None = None  # the execution order given, when not onnxruntime's
+    # The buffer plan reads planner shapes only, never sizes: one per `absent`, shared by every
+    # shape setting. The plain one is kept; of the audit's growing `absent` sets, the last.
+    plans: dict[frozenset[str], _Plan] = field(default_factory=dict)
 
     def sized(self, shapes: ShapeTable) -> _Sized:
         held = self.by_table.get(id(shapes))
         if held is not None and held[0] is shapes:
             return held[1]
+        graph = self.graph
         sizes = {name: shapes.nbytes(name) for name in self.producer}
         workspace = [0] * len(self.labels)
-        for step, node in self.scratch_nodes:
-            workspace[step] = _workspace_bytes(node, shapes, self.opset)
-        weight_bytes = self.initializer_bytes + sum(
-            size or 0 for name, fallback in self.constants for size in [shapes.nbytes(name) or fallback])
+        step_of = {stored: step for step, stored in enumerate(self.order)} if graph.scratch_nodes else {}
+        for stored, node in graph.scratch_nodes:
+            workspace[step_of[stored]] = _workspace_bytes(node, shapes, graph.opset)
+        weight_bytes = graph.initializer_bytes + sum(
+            size or 0 for name, fallback in graph.constants for size in [shapes.nbytes(name) or fallback])
         result = _Sized({name: size for name, size in sizes.items() if size is not None},
                         tuple(name for name, size in sizes.items() if size is None), workspace, weight_bytes)
         self.by_table[id(shapes)] = (shapes, result)  # the table is held: its id stays its own
         return result
 
+    def plan(self, absent: frozenset[str]) -> _Plan:
+        plan = self.plans.get(absent)
+        if plan is None:
+            plan = _Planner(self, set(absent)).run()
+            if absent:
+                self.plans = {key: kept for key, kept in self.plans.items() if not key}
+            self.plans[absent] = plan
+        return plan
+
 
 # The last few models walked. A model is recognised by identity and by a fingerprint of its nodes
 # and names (a model edited in place is set up again); its tables are immutable.
-_SETUPS: list[_Setup] = []
-_EXPLICIT_SETUPS: list[_Setup] = []
-_SETUPS_KEPT = 4
+_GRAPHS: list[_Graph] = []
+_GRAPHS_KEPT = 4
 
 
 def _setup(model: onnx.ModelProto, symbolic_shapes: ShapeTable | None, extra_weights: Iterable[str],
            explicit: Sequence[int] | None = None) -> _Setup:
-    graph = model.graph
     # A list: indexing a protobuf repeated field builds a wrapper per access (35 us at 12k nodes).
-    stored = list(graph.node)
+    stored = list(model.graph.node)
     extra = frozenset(extra_weights)
     fingerprint = model_fingerprint(model, stored, extra)
-    wanted = None if explicit is None else tuple(explicit)
-    for setup in _SETUPS if explicit is None else _EXPLICIT_SETUPS:
-        # An id is reused once its model is gone; the fingerprint then says whether the new model
-        # has the same structure, for which the setup holds as well.
-        if (setup.model_id == id(model) and setup.symbolic is symbolic_shapes and setup.fingerprint == fingerprint
-                and setup.explicit == wanted):
-            return setup
-    consumed = [consumed_names(node) for node in stored]
-    execution_order(graph, consumed)  # the one place that reports a cycle
-    order = _runtime_order(stored, consumed) if explicit is None else _checked_order(explicit, stored, consumed)
-    nodes = [stored[i] for i in order]
-    labels = [node_label(node, index) for node, index in zip(nodes, order)]
-    symbolic = symbolic_shapes if symbolic_shapes is not None else infer_shapes(model)
-    weights = _weight_names(graph) | extra
+    # An id is reused once its model is gone; the fingerprint then says whether the new model has
+    # the same structure, for which the setup holds as well.
+    graph = next((g for g in _GRAPHS if g.model_id == id(model) and g.symbolic is symbolic_shapes
+                  and g.fingerprint == fingerprint), None)
+    if graph is None:
+        graph = _graph(model, stored, symbolic_shapes, extra, fingerprint)
+        _GRAPHS.insert(0, graph)
+        del _GRAPHS[_GRAPHS_KEPT:]
+    if explicit is None:
+        if graph.runtime is None:
+            graph.runtime = _ordered(graph, _runtime_order(graph.outputs, graph.consumed))
+        return graph.runtime
+    wanted = list(explicit)
+    if graph.explicit is None or graph.explicit.order != wanted:
+        # a scheduler's candidate, judged at each shape setting in turn: the last one kept
+        graph.explicit = _ordered(graph, _checked_order(wanted, graph.outputs, graph.labels, graph.consumed))
+    return graph.explicit
 
-    producer: dict[str, str] = {}
-    for vi in graph.input:
-        if vi.name and vi.name not in weights:
-            producer[vi.name] = INPUT_PRODUCER
-    for node, label in zip(nodes, labels):
-        for name in node.output:
-            if name and name not in weights:
-                producer[name] = label
-    reads = [_reads(stored[i], consumed[i]) for i in order]
-    planner = _order_free_planner_shapes(model, fingerprint, symbolic, nodes)
-    keys = {name: _planner_key(planner.get(name)) for name in producer}
+
+def _graph(model: onnx.ModelProto, stored: Sequence[onnx.NodeProto], symbolic_shapes: ShapeTable | None,
+           extra: frozenset[str], fingerprint: bytes) -> _Graph:
+    graph = model.graph
+    # Each field read of a protobuf node builds a new wrapper (12k nodes: 4 ms a field): every
+    # field is read once, here, and the rest works on the copies.
+    nodes = [_Node(node) for node in stored]
+    consumed = [consumed_names(node) for node in nodes]
+    outputs = [node.output for node in nodes]
+    labels = [node_label(node, index) for index, node in enumerate(nodes)]
+    order = execution_order(graph, consumed, outputs)  # the one place that reports a cycle
+    symbolic = symbolic_shapes if symbolic_shapes is not None else infer_shapes(model)
+    weights = _weight_names(graph, nodes) | extra
+    graph_inputs = [vi.name for vi in graph.input if vi.name and vi.name not in weights]
+    activations = set(graph_inputs)
+    for names in outputs:
+        activations.update(name for name in names if name and name not in weights)
+    reads = [_reads(node, names) for node, names in zip(nodes, consumed)]
+    # Planner shapes depend on the nodes, not on the order they run in (any topological order
+    # propagates the same dims).
+    ordered = [nodes[i] for i in order]
+    planner = _planner_shapes(ordered, _without_data_propagation(model, ordered, symbolic), _declared_dims(graph))
+    keys = {name: _planner_key(planner.get(name)) for name in activations}
     opset = _default_opset(model)
-    inputs = [list(node.input) for node in nodes]
-    outputs = [list(node.output) for node in nodes]
     kinds = [(_domain(node), node.op_type) for node in nodes]
-    alias = [kind in _ALIAS_OPS and _ALIAS_OPS[kind][0] <= opset <= _ALIAS_OPS[kind][1] for kind in kinds]
-    in_place = [_INPLACE_OPS.get(kind) for kind in kinds]
-    graph_inputs = [vi.name for vi in graph.input if vi.name in producer]
     graph_outputs = {vi.name for vi in graph.output}
     count: dict[str, int] = {}
     for name in (*graph_inputs, *(n for names in reads for n in names), *(n for names in outputs for n in names),
                  *graph_outputs):
         count[name] = count.get(name, 0) + 1
-    last_read = {name: step for step, names in enumerate(reads) for name in names}
-    scratch_nodes = [(step, _detached(node)) for step, (kind, node) in enumerate(zip(kinds, nodes))
-                     if kind in _SCRATCH_OPS]
     initializer_bytes = sum(_tensor_nbytes(t) or 0 for t in graph.initializer) + sum(
         (_tensor_nbytes(t.values) or 0) + (_tensor_nbytes(t.indices) or 0) for t in graph.sparse_initializer)
-    constants = [(node.output[0], _constant_value_bytes(node)) for node in stored
-                 if node.op_type == "Constant" and node.domain in _DEFAULT_DOMAINS and node.output]
-    setup = _Setup(id(model), symbolic_shapes, fingerprint, labels, [node.op_type for node in nodes], reads,
-                   producer, set(producer), planner, keys, opset, inputs, outputs, alias, in_place, count, last_read,
-                   graph_inputs, graph_outputs, scratch_nodes, initializer_bytes, constants)
-    setup.explicit = wanted
-    if explicit is None:
-        _SETUPS.insert(0, setup)
-        del _SETUPS[_SETUPS_KEPT:]
-    else:  # a scheduler's candidate, judged at each shape setting in turn: the last one kept
-        _EXPLICIT_SETUPS[:] = [setup]
-    return setup
+    return _Graph(
+        model_id=id(model), symbolic=symbolic_shapes, fingerprint=fingerprint, labels=labels,
+        op_types=[node.op_type for node in nodes], consumed=consumed, reads=reads,
+        inputs=[node.input for node in nodes], outputs=outputs,
+        alias=[kind in _ALIAS_OPS and _ALIAS_OPS[kind][0] <= opset <= _ALIAS_OPS[kind][1] for kind in kinds],
+        in_place=[_INPLACE_OPS.get(kind) for kind in kinds], activations=activations, planner_shapes=planner,
+        planner_keys=keys, opset=opset, count=count, graph_inputs=graph_inputs, graph_outputs=graph_outputs,
+        scratch_nodes=[(i, _detached(node.proto)) for i, (kind, node) in enumerate(zip(kinds, nodes))
+                       if kind in _SCRATCH_OPS],
+        initializer_bytes=initializer_bytes,
+        constants=[(node.output[0], _constant_value_bytes(node.proto)) for node in nodes
+                   if node.op_type == "Constant" and node.domain in _DEFAULT_DOMAINS and node.output])
 
 
-# Planner shapes depend on the nodes, not on the order they run in (any topological order
-# propagates the same dims): the last model's, kept for the many orders a scheduler judges.
-_PLANNER_SHAPES: list[tuple[int, bytes, ShapeTable, dict[str, TensorInfo]]] = []
+class _Node:
+    """A node's fields, read once from the protobuf (see _graph); attributes are read from `proto`
+    (rarely: Concat's axis, subgraphs), which is never kept past the setup."""
+
+    __slots__ = ("proto", "name", "op_type", "domain", "input", "output")
+
+    def __init__(self, node: onnx.NodeProto):
+        self.proto, self.name, self.op_type, self.domain = node, node.name, node.op_type, node.domain
+        self.input, self.output = list(node.input), list(node.output)
+
+    @property
+    def attribute(self):
+        return self.proto.attribute
 
 
-def _order_free_planner_shapes(model: onnx.ModelProto, fingerprint: bytes, symbolic: ShapeTable,
-                               nodes: Sequence[onnx.NodeProto]) -> dict[str, TensorInfo]:
-    for model_id, kept_fingerprint, kept_symbolic, shapes in _PLANNER_SHAPES:
-        if model_id == id(model) and kept_symbolic is symbolic and kept_fingerprint == fingerprint:
-            return shapes
-    shapes = _planner_shapes(nodes, _without_data_propagation(model, nodes, symbolic), _declared_dims(model.graph))
-    _PLANNER_SHAPES[:] = [(id(model), fingerprint, symbolic, shapes)]
-    return shapes
+def _ordered(graph: _Graph, order: list[int]) -> _Setup:
+    labels = [graph.labels[i] for i in order]
+    producer = dict.fromkeys(graph.graph_inputs, INPUT_PRODUCER)
+    activations = graph.activations
+    for i, label in zip(order, labels):
+        for name in graph.outputs[i]:
+            if name in activations:
+                producer[name] = label
+    last_read = {name: step for step, i in enumerate(order) for name in graph.reads[i]}
+    return _Setup(graph, order, labels, producer, last_read)
 
 
-def _checked_order(order: Sequence[int], stored: Sequence[onnx.NodeProto], consumed: Sequence[set[str]]) -> list[int]:
+def _checked_order(order: Sequence[int], outputs: Sequence[Sequence[str]], labels: Sequence[str],
+                   consumed: Sequence[set[str]]) -> list[int]:
     """`order` when it runs every node once, each after its producers; else ValueError."""
     order = list(order)
-    if sorted(order) != list(range(len(stored))):
+    if sorted(order) != list(range(len(outputs))):
         raise ValueError("the order must name every node exactly once")
-    producer = {name: i for i, node in enumerate(stored) for name in node.output if name}
-    done = [False] * len(stored)
+    producer = {name: i for i, names in enumerate(outputs) for name in names if name}
+    done = [False] * len(outputs)
     for i in order:
         if any(not done[producer[name]] for name in consumed[i] if name in producer):
-            raise ValueError(f"{node_label(stored[i], i)} runs before one of its producers")
+            raise ValueError(f"{labels[i]} runs before one of its producers")
         done[i] = True
     return order
 
@@ -472,13 +520,13 @@ def _checked_order(order: Sequence[int], stored: Sequence[onnx.NodeProto], consu
 def runtime_order(graph: onnx.GraphProto) -> list[int]:
     """Indices into `graph.node` in onnxruntime's default execution order (see the module
     docstring). Iterative: graphs reach 10k+ nodes. Assumes an acyclic graph."""
-    return _runtime_order(graph.node, [consumed_names(node) for node in graph.node])
+    return _runtime_order([node.output for node in graph.node], [consumed_names(node) for node in graph.node])
 
 
 def runtime_order_of(nodes: Sequence[onnx.NodeProto], consumed: Sequence[set[str]]) -> list[int]:
     """onnxruntime's order of `nodes` stored as listed (each node's consumed_names given): what a
     scheduler's candidate stored order would run as."""
-    return _runtime_order(nodes, consumed)
+    return _runtime_order([node.output for node in nodes], consumed)
 
 
 # What a scheduler needs of the kernel rules above, so that its own sizing follows this model.
@@ -505,15 +553,16 @@ def workspace_bytes(node: onnx.NodeProto, shapes: ShapeTable, opset: int) -> int
     return _workspace_bytes(node, shapes, opset)
 
 
-def _runtime_order(nodes: Sequence[onnx.NodeProto], consumed: Sequence[set[str]]) -> list[int]:
-    producer = {name: i for i, node in enumerate(nodes) for name in node.output if name}
+def _runtime_order(outputs: Sequence[Sequence[str]], consumed: Sequence[set[str]]) -> list[int]:
+    """onnxruntime's order of nodes given as each one's outputs and consumed_names."""
+    producer = {name: i for i, names in enumerate(outputs) for name in names if name}
     producers = [sorted({producer[n] for n in names if n in producer}) for names in consumed]
-    read = [False] * len(nodes)
+    read = [False] * len(outputs)
     for sources in producers:
         for i in sources:
             read[i] = True
-    stack = [(i, False) for i in range(len(nodes)) if not read[i]]
-    visited = [False] * len(nodes)
+    stack = [(i, False) for i in range(len(outputs)) if not read[i]]
+    visited = [False] * len(outputs)
     order: list[int] = []
     while stack:
         i, leaving = stack.pop()
@@ -567,11 +616,11 @@ class _Planner:
     keys: Mapping[str, tuple | None] = field(default_factory=dict)
 
     def run(self) -> _Plan:
-        setup = self.setup
-        reads, count, keys, activations = setup.reads, setup.count, setup.planner_keys, setup.activations
+        setup, graph = self.setup, self.setup.graph
+        reads, count, keys, activations = graph.reads, graph.count, graph.planner_keys, graph.activations
         self.count, self.keys = count, keys
         last = len(setup.labels) - 1
-        graph_inputs, graph_outputs = setup.graph_inputs, setup.graph_outputs
+        graph_inputs, graph_outputs = graph.graph_inputs, graph.graph_outputs
         buffers: list[_Buffer] = []
         views: set[str] = set()
         weight_views: set[str] = set()  # views of weights: no activation bytes at all
@@ -580,7 +629,8 @@ class _Planner:
             birth[name] = 0
             if name not in self.absent:
                 buffers.append(self._new(name, 0))
-        for step, (inputs, outputs) in enumerate(zip(setup.inputs, setup.outputs)):
+        for step, i in enumerate(setup.order):
+            inputs, outputs = graph.inputs[i], graph.outputs[i]
             for index, name in enumerate(outputs):
                 if name not in activations:
                     continue
@@ -591,7 +641,7 @@ class _Planner:
                     buffers.append(self._new(name, step))
                     continue
                 source = inputs[0] if inputs else ""
-                if index == 0 and setup.alias[step] and source:
+                if index == 0 and graph.alias[i] and source:
                     if source in self.buffer_of:
                         views.add(name)
                         self._join(self.buffer_of[source], name)
@@ -600,14 +650,14 @@ class _Planner:
                         views.add(name)
                         weight_views.add(name)
                         continue
-                shared = self._in_place(setup.in_place[step], inputs, name) if index == 0 else None
+                shared = self._in_place(graph.in_place[i], inputs, name) if index == 0 else None
                 if shared is None:
                     shared = self._reusable(name)
                 if shared is not None:
                     self._join(shared, name)
                 else:
                     buffers.append(self._new(name, step))
-            for name in reads[step]:
+            for name in reads[i]:
                 self._release(name)
             for name in outputs:
                 self._release(name)
@@ -653,7 +703,7 @@ class _Planner:
         buffer = self.buffer_of.get(inputs[source])
         if buffer is None or buffer.uses != 1:
             return None  # read again later, or the caller's: not the last use
-        info = self.setup.planner_shapes.get(inputs[source])
+        info = self.setup.graph.planner_shapes.get(inputs[source])
         if types is not None and (info is None or info.elem_type not in types):
             return None
         key = self.keys.get(inputs[source])
@@ -1042,10 +1092,10 @@ def _conv_pads(attrs: Mapping, spatial_in: Sequence[int], spatial_out: Sequence[
     return list(attrs.get("pads") or [0] * 2 * len(spatial_in))
 
 
-def _weight_names(graph: onnx.GraphProto) -> set[str]:
+def _weight_names(graph: onnx.GraphProto, nodes: Iterable[onnx.NodeProto | _Node] | None = None) -> set[str]:
     names = {t.name for t in graph.initializer}
     names |= {t.values.name for t in graph.sparse_initializer}
-    for node in graph.node:
+    for node in graph.node if nodes is None else nodes:
         if node.op_type == "Constant" and node.domain in _DEFAULT_DOMAINS:
             names.update(name for name in node.output if name)
     return names

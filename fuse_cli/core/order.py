@@ -19,18 +19,22 @@ def node_label(node: onnx.NodeProto, index: int) -> str:
     return node.name or f"{node.op_type}#{index}"
 
 
-def execution_order(graph: onnx.GraphProto, consumed: Sequence[set[str]] | None = None) -> list[int]:
+def execution_order(graph: onnx.GraphProto, consumed: Sequence[set[str]] | None = None,
+                    outputs: Sequence[Sequence[str]] | None = None) -> list[int]:
     """Indices into `graph.node` in an order that respects data dependencies.
 
     The stored order when it is already topological (the ONNX requirement, and the order a
     runtime follows); otherwise Kahn's algorithm, iterative because graphs reach 10k+ nodes,
     taking the lowest stored index among ready nodes so the result stays close to the file.
-    Raises ValueError on a cycle. `consumed`: each node's consumed_names, when the caller has them.
+    Raises ValueError on a cycle. `consumed`: each node's consumed_names, and `outputs` each one's
+    outputs, when the caller has them (each read of a protobuf field builds a wrapper).
     """
     nodes = graph.node
     if consumed is None:
         consumed = [consumed_names(node) for node in nodes]
-    producer = {name: i for i, node in enumerate(nodes) for name in node.output if name}
+    if outputs is None:
+        outputs = [node.output for node in nodes]
+    producer = {name: i for i, names in enumerate(outputs) for name in names if name}
     if all(producer.get(name, -1) < i for i, names in enumerate(consumed) for name in names):
         return list(range(len(nodes)))
 
@@ -74,7 +78,7 @@ def consumed_names(node: onnx.NodeProto) -> set[str]:
     names.discard("")
     # Only control flow (and custom operators) holds subgraphs: the attribute scan is skipped for
     # the rest (2k Conv/Gemm-like nodes with attributes cost 40 ms a walk at 12k nodes).
-    if node.attribute and (node.op_type in _CONTROL_FLOW or node.domain not in ("", "ai.onnx")):
+    if (node.op_type in _CONTROL_FLOW or node.domain not in ("", "ai.onnx")) and node.attribute:
         for graph in _subgraphs(node):
             names |= _outer_references(graph)
     return names
