@@ -139,11 +139,14 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import itertools
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
@@ -238,41 +241,55 @@ def profile_memory(model: onnx.ModelProto, shapes: ShapeTable, *, extra_weights:
     onnxruntime's: what another stored order, or a runtime that follows the stored order, would do.
     Raises ValueError when the graph has a cycle or `order` is not a topological order.
     """
+    return profile_memory_at(model, (shapes,), extra_weights=extra_weights, absent=absent,
+                             symbolic_shapes=symbolic_shapes, order=order)[0]
+
+
+def profile_memory_at(model: onnx.ModelProto, tables: Sequence[ShapeTable], *, extra_weights: Iterable[str] = (),
+                      absent: Iterable[str] = (), symbolic_shapes: ShapeTable | None = None,
+                      order: Sequence[int] | None = None) -> tuple[MemoryProfile, ...]:
+    """profile_memory at each of several shape settings (`tables`): the buffer plan reads no
+    sizes, so one walk serves them all."""
     with paused_gc():
-        return _profile_memory(model, shapes, extra_weights, absent, symbolic_shapes, order)
+        setup = _setup(model, symbolic_shapes, extra_weights, order)
+        absent = frozenset(absent)
+        plan = setup.plan(absent)
+        return tuple(_profile(setup, plan, setup.sized(shapes), absent) for shapes in tables)
 
 
-def _profile_memory(model: onnx.ModelProto, shapes: ShapeTable, extra_weights: Iterable[str],
-                    absent: Iterable[str], symbolic_shapes: ShapeTable | None,
-                    order: Sequence[int] | None = None) -> MemoryProfile:
-    setup = _setup(model, symbolic_shapes, extra_weights, order)
+def _profile(setup: _Setup, plan: _Plan, sized: _Sized, absent: frozenset[str]) -> MemoryProfile:
     graph = setup.graph
     labels, producer = setup.labels, setup.producer
-    sized = setup.sized(shapes)
-    absent = frozenset(absent)
     if absent:
         known = {name: 0 if name in absent else size for name, size in sized.known.items()}
         unknown = tuple(name for name in sized.unknown if name not in absent)
     else:
         known, unknown = sized.known, sized.unknown
     workspace = sized.workspace
-    plan = setup.plan(absent)
-    timeline = _timeline(len(labels), plan.buffers, known, workspace)
-    if timeline:
-        peak_bytes = max(timeline)
-        peak_step = timeline.index(peak_bytes)
-        peak_node = labels[peak_step]
+    steps = len(labels)
+    if steps:
+        # Live bytes per step by a difference array over the buffers' lifetimes.
+        sizes = np.fromiter((known.get(name, 0) or 0 for name in plan.first), dtype=np.int64, count=len(plan.first))
+        delta = np.zeros(steps + 1, dtype=np.int64)
+        np.add.at(delta, plan.births, sizes)
+        np.add.at(delta, plan.deaths + 1, -sizes)
+        live_bytes = np.cumsum(delta[:steps]) + np.asarray(workspace, dtype=np.int64)
+        peak_step = int(live_bytes.argmax())  # the first step at the peak
+        peak_bytes, peak_node = int(live_bytes[peak_step]), labels[peak_step]
+        timeline = tuple(live_bytes.tolist())
     else:
-        peak_bytes, peak_step, peak_node = 0, -1, ""
+        peak_bytes, peak_step, peak_node, timeline = 0, -1, "", ()
 
     def by_size(tensors: Iterable[LiveTensor]) -> tuple[LiveTensor, ...]:
         # Stable sort on birth order: ties stay in execution order.
         return tuple(sorted(tensors, key=lambda t: -t.nbytes))
 
+    buffers = plan.buffers
+    alive = np.flatnonzero((plan.births <= peak_step) & (plan.deaths >= peak_step)).tolist() if steps else []
     live = [
         LiveTensor(occupant, known[buffer.tenants[0]], producer[occupant])
-        for buffer in plan.buffers
-        if buffer.tenants[0] in known and buffer.birth <= peak_step <= buffer.death
+        for index in alive
+        for buffer in [buffers[index]] if buffer.tenants[0] in known
         for occupant in [buffer.occupant(peak_step, plan.birth)]
     ]
     live.sort(key=lambda t: plan.birth_rank[t.name])
@@ -288,18 +305,17 @@ def _profile_memory(model: onnx.ModelProto, shapes: ShapeTable, extra_weights: I
     unavoidable = sum(t.nbytes for t in live if t.name in own or t.name == WORKSPACE)
 
     written: dict[str, int] = {}
-    for stored in setup.order:
-        for name in graph.outputs[stored]:
-            if name in known and name not in plan.views:
-                op_type = graph.op_types[stored]
-                written[op_type] = written.get(op_type, 0) + known[name]
+    for op_type, name in plan.writes:
+        size = known.get(name)
+        if size is not None:
+            written[op_type] = written.get(op_type, 0) + size
 
     return MemoryProfile(
         peak_bytes=peak_bytes,
         peak_step=peak_step,
         peak_node=peak_node,
         live_at_peak=by_size(live),
-        timeline=tuple(timeline),
+        timeline=timeline,
         intermediate_bytes=sum(written.values()),
         by_op_type=MappingProxyType(dict(sorted(written.items(), key=lambda kv: -kv[1]))),
         # nlargest is sorted(reverse=True)[:n]: ties keep birth order, as in by_size.
@@ -343,7 +359,7 @@ class _Graph:
     planner_shapes: dict[str, TensorInfo]
     planner_keys: dict[str, tuple | None]
     opset: int
-    count: dict[str, int]                # the planner's static reference counts (see _Planner)
+    count: Counter[str]                  # the planner's static reference counts (see _Planner)
     graph_inputs: list[str]
     graph_outputs: set[str]
     # What sizing needs, copied out: nodes with kernel scratch (by stored index), resident weight
@@ -353,6 +369,35 @@ class _Graph:
     constants: list[tuple[str, int | None]]
     runtime: _Setup | None = None        # onnxruntime's order
     explicit: _Setup | None = None       # the last order given (a scheduler's candidate)
+    by_table: dict[int, tuple[ShapeTable, tuple]] = field(default_factory=dict)
+
+    def sized(self, shapes: ShapeTable) -> tuple[dict[str, int | None], dict[int, int], int]:
+        """Each activation's bytes (None: unknown), the scratch of the nodes that have some (by
+        stored index) and the resident weights' bytes, at `shapes`: shared by every order."""
+        held = self.by_table.get(id(shapes))
+        if held is not None and held[0] is shapes:
+            return held[1]
+        tensors = shapes.tensors
+        # Most tensors share a few shapes: each distinct (type, shape) is sized once.
+        by_shape: dict[tuple, int | None] = {}
+        sizes: dict[str, int | None] = {}
+        for name in self.activations:
+            info = tensors.get(name)
+            if info is None:
+                sizes[name] = None
+                continue
+            key = (info.elem_type, info.shape)
+            size = by_shape.get(key, -1)
+            if size == -1:
+                size = by_shape[key] = info.nbytes()
+            sizes[name] = size
+        scratch = {stored: size for stored, node in self.scratch_nodes
+                   if (size := _workspace_bytes(node, shapes, self.opset))}
+        weight_bytes = self.initializer_bytes + sum(
+            size or 0 for name, fallback in self.constants for size in [shapes.nbytes(name) or fallback])
+        result = (sizes, scratch, weight_bytes)
+        self.by_table[id(shapes)] = (shapes, result)  # the table is held: its id stays its own
+        return result
 
 
 @dataclass
@@ -374,16 +419,13 @@ class _Setup:
         held = self.by_table.get(id(shapes))
         if held is not None and held[0] is shapes:
             return held[1]
-        graph = self.graph
-        sizes = {name: shapes.nbytes(name) for name in self.producer}
+        sizes, scratch, weight_bytes = self.graph.sized(shapes)
         workspace = [0] * len(self.labels)
-        step_of = {stored: step for step, stored in enumerate(self.order)} if graph.scratch_nodes else {}
-        for stored, node in graph.scratch_nodes:
-            workspace[step_of[stored]] = _workspace_bytes(node, shapes, graph.opset)
-        weight_bytes = graph.initializer_bytes + sum(
-            size or 0 for name, fallback in graph.constants for size in [shapes.nbytes(name) or fallback])
-        result = _Sized({name: size for name, size in sizes.items() if size is not None},
-                        tuple(name for name, size in sizes.items() if size is None), workspace, weight_bytes)
+        if scratch:
+            for step, stored in enumerate(self.order):
+                workspace[step] = scratch.get(stored, 0)
+        known = {name: size for name, size in sizes.items() if size is not None}
+        result = _Sized(known, tuple(name for name in self.producer if name not in known), workspace, weight_bytes)
         self.by_table[id(shapes)] = (shapes, result)  # the table is held: its id stays its own
         return result
 
@@ -407,14 +449,15 @@ def _setup(model: onnx.ModelProto, symbolic_shapes: ShapeTable | None, extra_wei
            explicit: Sequence[int] | None = None) -> _Setup:
     # A list: indexing a protobuf repeated field builds a wrapper per access (35 us at 12k nodes).
     stored = list(model.graph.node)
+    serialized = [node.SerializeToString() for node in stored]
     extra = frozenset(extra_weights)
-    fingerprint = model_fingerprint(model, stored, extra)
+    fingerprint = model_fingerprint(model, extra=extra, serialized=serialized)
     # An id is reused once its model is gone; the fingerprint then says whether the new model has
     # the same structure, for which the setup holds as well.
     graph = next((g for g in _GRAPHS if g.model_id == id(model) and g.symbolic is symbolic_shapes
                   and g.fingerprint == fingerprint), None)
     if graph is None:
-        graph = _graph(model, stored, symbolic_shapes, extra, fingerprint)
+        graph = _graph(model, _nodes(stored, serialized), symbolic_shapes, extra, fingerprint)
         _GRAPHS.insert(0, graph)
         del _GRAPHS[_GRAPHS_KEPT:]
     if explicit is None:
@@ -428,13 +471,10 @@ def _setup(model: onnx.ModelProto, symbolic_shapes: ShapeTable | None, extra_wei
     return graph.explicit
 
 
-def _graph(model: onnx.ModelProto, stored: Sequence[onnx.NodeProto], symbolic_shapes: ShapeTable | None,
+def _graph(model: onnx.ModelProto, nodes: Sequence[_Node], symbolic_shapes: ShapeTable | None,
            extra: frozenset[str], fingerprint: bytes) -> _Graph:
     graph = model.graph
-    # Each field read of a protobuf node builds a new wrapper (12k nodes: 4 ms a field): every
-    # field is read once, here, and the rest works on the copies.
-    nodes = [_Node(node) for node in stored]
-    consumed = [consumed_names(node) for node in nodes]
+    consumed = [node.consumed for node in nodes]
     outputs = [node.output for node in nodes]
     labels = [node_label(node, index) for index, node in enumerate(nodes)]
     order = execution_order(graph, consumed, outputs)  # the one place that reports a cycle
@@ -444,19 +484,17 @@ def _graph(model: onnx.ModelProto, stored: Sequence[onnx.NodeProto], symbolic_sh
     activations = set(graph_inputs)
     for names in outputs:
         activations.update(name for name in names if name and name not in weights)
-    reads = [_reads(node, names) for node, names in zip(nodes, consumed)]
+    reads = [node.reads for node in nodes]
     # Planner shapes depend on the nodes, not on the order they run in (any topological order
     # propagates the same dims).
     ordered = [nodes[i] for i in order]
     planner = _planner_shapes(ordered, _without_data_propagation(model, ordered, symbolic), _declared_dims(graph))
-    keys = {name: _planner_key(planner.get(name)) for name in activations}
+    keys = _planner_keys(activations, planner)
     opset = _default_opset(model)
     kinds = [(_domain(node), node.op_type) for node in nodes]
     graph_outputs = {vi.name for vi in graph.output}
-    count: dict[str, int] = {}
-    for name in (*graph_inputs, *(n for names in reads for n in names), *(n for names in outputs for n in names),
-                 *graph_outputs):
-        count[name] = count.get(name, 0) + 1
+    count = Counter(itertools.chain(graph_inputs, itertools.chain.from_iterable(reads),
+                                    itertools.chain.from_iterable(outputs), graph_outputs))
     initializer_bytes = sum(_tensor_nbytes(t) or 0 for t in graph.initializer) + sum(
         (_tensor_nbytes(t.values) or 0) + (_tensor_nbytes(t.indices) or 0) for t in graph.sparse_initializer)
     return _Graph(
@@ -474,18 +512,39 @@ def _graph(model: onnx.ModelProto, stored: Sequence[onnx.NodeProto], symbolic_sh
 
 
 class _Node:
-    """A node's fields, read once from the protobuf (see _graph); attributes are read from `proto`
-    (rarely: Concat's axis, subgraphs), which is never kept past the setup."""
+    """A node's fields, read from the protobuf once (see _nodes); attributes are read from `proto`
+    (rarely: Concat's axis, scratch sizes), which is never kept past the setup."""
 
-    __slots__ = ("proto", "name", "op_type", "domain", "input", "output")
+    __slots__ = ("proto", "name", "op_type", "domain", "input", "output", "consumed", "reads")
 
-    def __init__(self, node: onnx.NodeProto):
-        self.proto, self.name, self.op_type, self.domain = node, node.name, node.op_type, node.domain
-        self.input, self.output = list(node.input), list(node.output)
+    def __init__(self, proto: onnx.NodeProto, fields: tuple):
+        self.proto = proto
+        self.name, self.op_type, self.domain, self.input, self.output, self.consumed, self.reads = fields
 
     @property
     def attribute(self):
         return self.proto.attribute
+
+
+# Each field read of a protobuf node builds a new wrapper (12k nodes: 4 ms a field, 20 ms a node's
+# fields), while serializing a node takes 0.2 us: the fields of the nodes seen lately, by their
+# bytes (a candidate keeps most of the original's nodes as they were). Never a node's attributes.
+_NODE_FIELDS: dict[bytes, tuple] = {}
+_NODE_FIELDS_KEPT = 200_000
+
+
+def _nodes(stored: Sequence[onnx.NodeProto], serialized: Sequence[bytes]) -> list[_Node]:
+    if len(_NODE_FIELDS) > _NODE_FIELDS_KEPT:
+        _NODE_FIELDS.clear()
+    nodes = []
+    for proto, key in zip(stored, serialized):
+        fields = _NODE_FIELDS.get(key)
+        if fields is None:
+            inputs, consumed = proto.input[:], consumed_names(proto)
+            fields = _NODE_FIELDS[key] = (proto.name, proto.op_type, proto.domain, inputs, proto.output[:], consumed,
+                                          _reads(inputs, consumed))
+        nodes.append(_Node(proto, fields))
+    return nodes
 
 
 def _ordered(graph: _Graph, order: list[int]) -> _Setup:
@@ -576,7 +635,7 @@ def _runtime_order(outputs: Sequence[Sequence[str]], consumed: Sequence[set[str]
     return order
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Buffer:
     """One allocation: its tenants in order of birth (the first one sized it), the step it was
     allocated at, the step after which it is released, and the planner's reference count."""
@@ -596,6 +655,12 @@ class _Plan:
     views: set[str]                 # Alias outputs: a view of their input, nothing written
     birth: dict[str, int]
     birth_rank: dict[str, int]
+    # per buffer, for the sums at each shape setting: its first tenant (who sized it), the step
+    # it is allocated at and the step after which it is released
+    first: list[str]
+    births: np.ndarray
+    deaths: np.ndarray
+    writes: list[tuple[str, str]]  # (op_type, output) of what the nodes write, by step: views write nothing
 
 
 @dataclass
@@ -625,6 +690,7 @@ class _Planner:
         views: set[str] = set()
         weight_views: set[str] = set()  # views of weights: no activation bytes at all
         birth: dict[str, int] = {}
+        buffer_of_get, keys_get, free = self.buffer_of.get, keys.get, self.free
         for name in graph_inputs:
             birth[name] = 0
             if name not in self.absent:
@@ -657,21 +723,34 @@ class _Planner:
                     self._join(shared, name)
                 else:
                     buffers.append(self._new(name, step))
-            for name in reads[i]:
-                self._release(name)
-            for name in outputs:
-                self._release(name)
+            # _release, inlined: it runs once per read and per output (12k nodes: 27k times a walk)
+            for name in itertools.chain(reads[i], outputs):
+                buffer = buffer_of_get(name)
+                if buffer is None:
+                    continue
+                buffer.uses -= 1
+                if not buffer.uses:
+                    key = keys_get(buffer.tenants[0])
+                    if key is not None and key[1]:  # scalars are never reused
+                        free.setdefault(key, []).append(buffer)
 
         # Released after the last read of any tenant; the caller's inputs and outputs, and
         # tensors nobody reads (no release action is planned for them), stay to the end.
         last_read = setup.last_read
         held = graph_outputs | set(graph_inputs)
         for buffer in buffers:
-            buffer.death = max(
-                last if t in held or t not in last_read else last_read[t] for t in buffer.tenants
-            )
+            death = -1
+            for t in buffer.tenants:
+                step = last if t in held else last_read.get(t, last)
+                if step > death:
+                    death = step
+            buffer.death = death
         rank = {name: i for i, name in enumerate(birth)}
-        return _Plan(buffers, views, birth, rank)
+        writes = [(graph.op_types[i], name) for i in setup.order for name in graph.outputs[i]
+                  if name in activations and name not in views]
+        return _Plan(buffers, views, birth, rank, [buffer.tenants[0] for buffer in buffers],
+                     np.array([buffer.birth for buffer in buffers], dtype=np.int64),
+                     np.array([buffer.death for buffer in buffers], dtype=np.int64), writes)
 
     def _new(self, name: str, step: int) -> _Buffer:
         buffer = _Buffer([name], step, self.count[name])
@@ -682,17 +761,6 @@ class _Planner:
         buffer.tenants.append(name)
         buffer.uses += self.count[name]
         self.buffer_of[name] = buffer
-
-    def _release(self, name: str) -> None:
-        buffer = self.buffer_of.get(name)
-        if buffer is None:
-            return
-        buffer.uses -= 1
-        if buffer.uses:
-            return
-        key = self.keys.get(buffer.tenants[0])
-        if key is not None and key[1]:  # scalars are never reused
-            self.free.setdefault(key, []).append(buffer)
 
     def _in_place(self, rule: tuple[int, frozenset[int] | None] | None, inputs: Sequence[str],
                   name: str) -> _Buffer | None:
@@ -872,10 +940,26 @@ def _planner_key(info: TensorInfo | None) -> tuple | None:
     return None if bits is None else (bits, info.shape)
 
 
-def _reads(node: onnx.NodeProto, consumed: set[str]) -> list[str]:
-    """What the planner counts as this node's reads: each explicit input occurrence, then each
-    name its subgraphs take from the enclosing scope (`consumed` less the explicit inputs)."""
-    explicit = [name for name in node.input if name]
+def _planner_keys(names: Iterable[str], planner: Mapping[str, TensorInfo]) -> dict[str, tuple | None]:
+    """_planner_key of each name, computed once per distinct (type, shape): a few hundred at 12k nodes."""
+    by_shape: dict[tuple, tuple | None] = {}
+    keys: dict[str, tuple | None] = {}
+    for name in names:
+        info = planner.get(name)
+        if info is None:
+            keys[name] = None
+            continue
+        shape = (info.elem_type, info.shape)
+        if shape not in by_shape:
+            by_shape[shape] = _planner_key(info)
+        keys[name] = by_shape[shape]
+    return keys
+
+
+def _reads(inputs: Sequence[str], consumed: set[str]) -> list[str]:
+    """What the planner counts as a node's reads: each explicit input occurrence, then each name
+    its subgraphs take from the enclosing scope (`consumed` less the explicit inputs)."""
+    explicit = [name for name in inputs if name]
     return explicit + sorted(consumed - set(explicit))
 
 
@@ -885,24 +969,6 @@ def _domain(node: onnx.NodeProto) -> str:
 
 def _default_opset(model: onnx.ModelProto) -> int:
     return next((o.version for o in model.opset_import if o.domain in _DEFAULT_DOMAINS), 0)
-
-
-def _timeline(steps: int, buffers: Sequence[_Buffer], known: Mapping[str, int],
-              workspace: Sequence[int]) -> list[int]:
-    """Live bytes per step via a difference array: O(steps + buffers), not O(steps * live)."""
-    if not steps:
-        return []
-    delta = [0] * (steps + 1)
-    for buffer in buffers:
-        size = known.get(buffer.tenants[0])
-        if size:
-            delta[buffer.birth] += size
-            delta[buffer.death + 1] -= size
-    timeline, running = [], 0
-    for step in range(steps):
-        running += delta[step]
-        timeline.append(running + workspace[step])
-    return timeline
 
 
 # (domain, op_type) of the nodes _workspace_bytes may give scratch to.

@@ -110,17 +110,24 @@ def _outer_references(graph: onnx.GraphProto) -> set[str]:
     return used - defined - {""}
 
 
-def model_fingerprint(model: onnx.ModelProto, nodes: Iterable[onnx.NodeProto] | None = None, extra: Iterable[str] = ()) -> bytes:
-    """A digest of a model's structure: nodes (serialized, 3 ms at 12k nodes), graph inputs,
-    outputs, value_info, initializers' names, types and dims (not their payloads) and opsets, plus
-    `extra` names.
+def model_fingerprint(model: onnx.ModelProto, nodes: Iterable[onnx.NodeProto] | None = None, extra: Iterable[str] = (),
+                      serialized: Iterable[bytes] | None = None) -> bytes:
+    """A digest of a model's structure: nodes (serialized, 3 ms at 12k nodes; `serialized`: each
+    node's SerializeToString(), when the caller has them), graph inputs, outputs, value_info,
+    initializers' names, types and dims (not their payloads) and opsets, plus `extra` names.
     Caches of per-model work compare it to notice a model edited in place."""
     graph = model.graph
     digest = hashlib.blake2b(digest_size=16)
-    digest.update(b"".join(node.SerializeToString() for node in (graph.node if nodes is None else nodes)))
+    if serialized is None:
+        serialized = (node.SerializeToString() for node in (graph.node if nodes is None else nodes))
+    digest.update(b"".join(serialized))
     for part in (graph.input, graph.output, graph.value_info, model.opset_import):
         digest.update(b"".join(item.SerializeToString() for item in part))
-    # Initializers by name, type and dims: never their payloads.
-    digest.update(repr([(t.name, t.data_type, tuple(t.dims)) for t in graph.initializer]).encode())
+    # Initializers by name, type and dims: never their payloads (each field read apart: a third
+    # cheaper than a tuple per initializer at 4k initializers).
+    initializers = graph.initializer
+    digest.update("\0".join([t.name for t in initializers]).encode())
+    digest.update(repr([t.data_type for t in initializers]).encode())
+    digest.update(repr([t.dims for t in initializers]).encode())
     digest.update("\0".join(sorted(extra)).encode())
     return digest.digest()
