@@ -318,13 +318,21 @@ def _profile(setup: _Setup, plan: _Plan, sized: _Sized, absent: frozenset[str]) 
         timeline=timeline,
         intermediate_bytes=sum(written.values()),
         by_op_type=MappingProxyType(dict(sorted(written.items(), key=lambda kv: -kv[1]))),
-        # nlargest is sorted(reverse=True)[:n]: ties keep birth order, as in by_size.
-        largest=tuple(LiveTensor(n, known[n], producer[n])
-                      for n in heapq.nlargest(_LARGEST_COUNT, (n for n in producer if n in known), key=known.__getitem__)),
+        largest=tuple(LiveTensor(n, known[n], producer[n]) for n in _largest(producer, known)),
         unknown_tensors=unknown,
         weight_bytes=sized.weight_bytes,
         unavoidable_at_peak=unavoidable,
     )
+
+
+def _largest(producer: Mapping[str, str], known: Mapping[str, int]) -> list[str]:
+    """The _LARGEST_COUNT largest known tensors, ties in birth (producer) order: what
+    heapq.nlargest over the producer order gives (sorted(reverse=True)[:n]), without a key call
+    per tensor: only those at or above the n-th largest size are sorted."""
+    sizes = heapq.nlargest(_LARGEST_COUNT, known.values())
+    threshold = sizes[-1] if len(sizes) == _LARGEST_COUNT else -1
+    above = [name for name in producer if known.get(name, -1) >= threshold and name in known]
+    return sorted(above, key=lambda name: -known[name])[:_LARGEST_COUNT]
 
 
 @dataclass
@@ -371,31 +379,31 @@ class _Graph:
     explicit: _Setup | None = None       # the last order given (a scheduler's candidate)
     by_table: dict[int, tuple[ShapeTable, tuple]] = field(default_factory=dict)
 
-    def sized(self, shapes: ShapeTable) -> tuple[dict[str, int | None], dict[int, int], int]:
-        """Each activation's bytes (None: unknown), the scratch of the nodes that have some (by
-        stored index) and the resident weights' bytes, at `shapes`: shared by every order."""
+    def sized(self, shapes: ShapeTable) -> tuple[dict[str, int], dict[int, int], int]:
+        """The bytes of each activation whose size is known, the scratch of the nodes that have
+        some (by stored index) and the resident weights' bytes, at `shapes`: shared by every order."""
         held = self.by_table.get(id(shapes))
         if held is not None and held[0] is shapes:
             return held[1]
         tensors = shapes.tensors
         # Most tensors share a few shapes: each distinct (type, shape) is sized once.
         by_shape: dict[tuple, int | None] = {}
-        sizes: dict[str, int | None] = {}
+        known: dict[str, int] = {}
         for name in self.activations:
             info = tensors.get(name)
             if info is None:
-                sizes[name] = None
                 continue
             key = (info.elem_type, info.shape)
             size = by_shape.get(key, -1)
             if size == -1:
                 size = by_shape[key] = info.nbytes()
-            sizes[name] = size
+            if size is not None:
+                known[name] = size
         scratch = {stored: size for stored, node in self.scratch_nodes
                    if (size := _workspace_bytes(node, shapes, self.opset))}
         weight_bytes = self.initializer_bytes + sum(
             size or 0 for name, fallback in self.constants for size in [shapes.nbytes(name) or fallback])
-        result = (sizes, scratch, weight_bytes)
+        result = (known, scratch, weight_bytes)
         self.by_table[id(shapes)] = (shapes, result)  # the table is held: its id stays its own
         return result
 
@@ -419,13 +427,13 @@ class _Setup:
         held = self.by_table.get(id(shapes))
         if held is not None and held[0] is shapes:
             return held[1]
-        sizes, scratch, weight_bytes = self.graph.sized(shapes)
+        known, scratch, weight_bytes = self.graph.sized(shapes)
         workspace = [0] * len(self.labels)
         if scratch:
             for step, stored in enumerate(self.order):
                 workspace[step] = scratch.get(stored, 0)
-        known = {name: size for name, size in sizes.items() if size is not None}
-        result = _Sized(known, tuple(name for name in self.producer if name not in known), workspace, weight_bytes)
+        unknown = () if len(known) == len(self.producer) else tuple(name for name in self.producer if name not in known)
+        result = _Sized(known, unknown, workspace, weight_bytes)
         self.by_table[id(shapes)] = (shapes, result)  # the table is held: its id stays its own
         return result
 
@@ -495,7 +503,7 @@ def _graph(model: onnx.ModelProto, nodes: Sequence[_Node], symbolic_shapes: Shap
     graph_outputs = {vi.name for vi in graph.output}
     count = Counter(itertools.chain(graph_inputs, itertools.chain.from_iterable(reads),
                                     itertools.chain.from_iterable(outputs), graph_outputs))
-    initializer_bytes = sum(_tensor_nbytes(t) or 0 for t in graph.initializer) + sum(
+    initializer_bytes = _initializer_bytes(graph.initializer) + sum(
         (_tensor_nbytes(t.values) or 0) + (_tensor_nbytes(t.indices) or 0) for t in graph.sparse_initializer)
     return _Graph(
         model_id=id(model), symbolic=symbolic_shapes, fingerprint=fingerprint, labels=labels,
@@ -695,30 +703,35 @@ class _Planner:
             birth[name] = 0
             if name not in self.absent:
                 buffers.append(self._new(name, 0))
+        absent, buffer_of = self.absent, self.buffer_of
+        all_inputs, all_outputs, alias, in_place = graph.inputs, graph.outputs, graph.alias, graph.in_place
         for step, i in enumerate(setup.order):
-            inputs, outputs = graph.inputs[i], graph.outputs[i]
+            inputs, outputs = all_inputs[i], all_outputs[i]
             for index, name in enumerate(outputs):
                 if name not in activations:
                     continue
                 birth[name] = step
-                if name in self.absent:
+                if name in absent:
                     continue
                 if name in graph_outputs:
                     buffers.append(self._new(name, step))
                     continue
                 source = inputs[0] if inputs else ""
-                if index == 0 and graph.alias[i] and source:
-                    if source in self.buffer_of:
+                if index == 0 and alias[i] and source:
+                    if source in buffer_of:
                         views.add(name)
-                        self._join(self.buffer_of[source], name)
+                        self._join(buffer_of[source], name)
                         continue
                     if source not in activations or source in weight_views:
                         views.add(name)
                         weight_views.add(name)
                         continue
-                shared = self._in_place(graph.in_place[i], inputs, name) if index == 0 else None
+                shared = self._in_place(in_place[i], inputs, name) if index == 0 and in_place[i] is not None else None
                 if shared is None:
-                    shared = self._reusable(name)
+                    # _reusable, inlined: a dead buffer of the same planner shape, the last freed first
+                    key = keys_get(name)
+                    stack = free.get(key) if key is not None else None
+                    shared = stack.pop() if stack else None
                 if shared is not None:
                     self._join(shared, name)
                 else:
@@ -777,10 +790,6 @@ class _Planner:
         key = self.keys.get(inputs[source])
         return buffer if key is not None and key == self.keys.get(name) else None
 
-    def _reusable(self, name: str) -> _Buffer | None:
-        key = self.keys.get(name)
-        stack = self.free.get(key) if key is not None else None
-        return stack.pop() if stack else None
 
 
 # Operators whose inference broadcasts its inputs' dims (onnx's multidirectional broadcasting).
@@ -1178,6 +1187,12 @@ def _detached(node: onnx.NodeProto) -> onnx.NodeProto:
     copy = onnx.NodeProto()
     copy.CopyFrom(node)
     return copy
+
+
+def _initializer_bytes(initializers: Iterable[onnx.TensorProto]) -> int:
+    """The initializers' bytes (unknown ones as 0), each distinct (type, dims) sized once."""
+    counts = Counter((t.data_type, tuple(t.dims)) for t in initializers)
+    return sum(count * (TensorInfo("", data_type, dims).nbytes() or 0) for (data_type, dims), count in counts.items())
 
 
 def _tensor_nbytes(tensor: onnx.TensorProto) -> int | None:
