@@ -11,6 +11,7 @@ copies grow with sequence, a folded weight does not).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Mapping, Sequence
 
 import onnx
@@ -82,13 +83,12 @@ class PeakEstimate:
                  indices: Sequence[int] | None = None) -> tuple[MemoryProfile, ...]:
         """The candidate's profiles at the settings `indices` (None: every one), from one walk."""
         indices = range(len(self.settings)) if indices is None else indices
-        stored = _stored_order(model)
+        stored, nodes = _structure(model)
         run = None if order is None else tuple(order)
         found = {i: profile for cached, i, cached_stored, cached_run, profile in self._profiles
                  if cached is model and i in indices and cached_stored == stored and cached_run == run}
         missing = [i for i in indices if i not in found]
         if missing:
-            nodes = _node_set(model)
             tables = [self._tables(model, i, nodes) for i in missing]
             # one planner table per candidate, whatever the setting (see _planner_shapes)
             computed = profile_memory_at(model, [bound for bound, _ in tables], extra_weights=self.defaults,
@@ -103,8 +103,8 @@ class PeakEstimate:
                 ) -> tuple[ShapeTable, ShapeTable]:
         """The candidate's sizes at setting `index` and its planner shapes. Shapes do not depend
         on the node order: a reordered model (same nodes, same identity) keeps its tables.
-        nodes: _node_set(model), when the caller has it."""
-        nodes = _node_set(model) if nodes is None else nodes
+        nodes: the tensors its nodes write (_structure), when the caller has them."""
+        nodes = _structure(model)[1] if nodes is None else nodes
         for cached, i, fingerprint, tables in self._table_cache:
             if cached is model and i == index and fingerprint == nodes:
                 return tables
@@ -206,15 +206,15 @@ def _stored_in(model: onnx.ModelProto, order: Sequence[int]) -> onnx.ModelProto:
     return copy
 
 
-def _stored_order(model: onnx.ModelProto) -> tuple[str, ...]:
-    """The stored node order, by each node's first output (a reordering in place changes it)."""
-    return tuple(node.output[0] if node.output else node.name for node in model.graph.node)
-
-
-def _node_set(model: onnx.ModelProto) -> frozenset[str]:
-    """What a model's shapes depend on that an edit in place could change, cheaply: the tensors
-    its nodes write (a reordering keeps it; a model rewritten in place does not)."""
-    return frozenset(name for node in model.graph.node for name in node.output)
+def _structure(model: onnx.ModelProto) -> tuple[tuple[str, ...], frozenset[str]]:
+    """What the caches of a candidate compare to notice an edit in place, cheaply: the stored node
+    order, by each node's first output (a reordering in place changes it), and the tensors its
+    nodes write, which its shapes depend on (a reordering keeps them; a rewrite does not). Each
+    node's outputs are read once: every read of a protobuf field builds a wrapper."""
+    nodes = list(model.graph.node)
+    outputs = [node.output[:] for node in nodes]
+    stored = tuple(names[0] if names else node.name for names, node in zip(outputs, nodes))
+    return stored, frozenset(itertools.chain.from_iterable(outputs))
 
 
 def _infer(model: onnx.ModelProto, dims, input_shapes) -> ShapeTable:
