@@ -357,7 +357,7 @@ class _Graph:
     fingerprint: bytes
     labels: list[str]
     op_types: list[str]
-    consumed: list[set[str]]
+    producers: list[list[int]]           # each node's producers (stored indices, ascending)
     reads: list[list[str]]
     inputs: list[list[str]]
     outputs: list[list[str]]
@@ -470,12 +470,12 @@ def _setup(model: onnx.ModelProto, symbolic_shapes: ShapeTable | None, extra_wei
         del _GRAPHS[_GRAPHS_KEPT:]
     if explicit is None:
         if graph.runtime is None:
-            graph.runtime = _ordered(graph, _runtime_order(graph.outputs, graph.consumed))
+            graph.runtime = _ordered(graph, _runtime_order(graph.producers))
         return graph.runtime
     wanted = list(explicit)
     if graph.explicit is None or graph.explicit.order != wanted:
         # a scheduler's candidate, judged at each shape setting in turn: the last one kept
-        graph.explicit = _ordered(graph, _checked_order(wanted, graph.outputs, graph.labels, graph.consumed))
+        graph.explicit = _ordered(graph, _checked_order(wanted, graph.producers, graph.labels))
     return graph.explicit
 
 
@@ -485,7 +485,11 @@ def _graph(model: onnx.ModelProto, nodes: Sequence[_Node], symbolic_shapes: Shap
     consumed = [node.consumed for node in nodes]
     outputs = [node.output for node in nodes]
     labels = [node_label(node, index) for index, node in enumerate(nodes)]
-    order = execution_order(graph, consumed, outputs)  # the one place that reports a cycle
+    producers = _producers(outputs, consumed)
+    if all(j < i for i, sources in enumerate(producers) for j in sources):
+        order = list(range(len(nodes)))  # stored in order: what execution_order returns
+    else:
+        order = execution_order(graph, consumed, outputs)  # the one place that reports a cycle
     symbolic = symbolic_shapes if symbolic_shapes is not None else infer_shapes(model)
     weights = _weight_names(graph, nodes) | extra
     graph_inputs = [vi.name for vi in graph.input if vi.name and vi.name not in weights]
@@ -507,7 +511,7 @@ def _graph(model: onnx.ModelProto, nodes: Sequence[_Node], symbolic_shapes: Shap
         (_tensor_nbytes(t.values) or 0) + (_tensor_nbytes(t.indices) or 0) for t in graph.sparse_initializer)
     return _Graph(
         model_id=id(model), symbolic=symbolic_shapes, fingerprint=fingerprint, labels=labels,
-        op_types=[node.op_type for node in nodes], consumed=consumed, reads=reads,
+        op_types=[node.op_type for node in nodes], producers=producers, reads=reads,
         inputs=[node.input for node in nodes], outputs=outputs,
         alias=[kind in _ALIAS_OPS and _ALIAS_OPS[kind][0] <= opset <= _ALIAS_OPS[kind][1] for kind in kinds],
         in_place=[_INPLACE_OPS.get(kind) for kind in kinds], activations=activations, planner_shapes=planner,
@@ -567,16 +571,14 @@ def _ordered(graph: _Graph, order: list[int]) -> _Setup:
     return _Setup(graph, order, labels, producer, last_read)
 
 
-def _checked_order(order: Sequence[int], outputs: Sequence[Sequence[str]], labels: Sequence[str],
-                   consumed: Sequence[set[str]]) -> list[int]:
+def _checked_order(order: Sequence[int], producers: Sequence[Sequence[int]], labels: Sequence[str]) -> list[int]:
     """`order` when it runs every node once, each after its producers; else ValueError."""
     order = list(order)
-    if sorted(order) != list(range(len(outputs))):
+    if sorted(order) != list(range(len(producers))):
         raise ValueError("the order must name every node exactly once")
-    producer = {name: i for i, names in enumerate(outputs) for name in names if name}
-    done = [False] * len(outputs)
+    done = [False] * len(producers)
     for i in order:
-        if any(not done[producer[name]] for name in consumed[i] if name in producer):
+        if any(not done[j] for j in producers[i]):
             raise ValueError(f"{labels[i]} runs before one of its producers")
         done[i] = True
     return order
@@ -587,13 +589,13 @@ def _checked_order(order: Sequence[int], outputs: Sequence[Sequence[str]], label
 def runtime_order(graph: onnx.GraphProto) -> list[int]:
     """Indices into `graph.node` in onnxruntime's default execution order (see the module
     docstring). Iterative: graphs reach 10k+ nodes. Assumes an acyclic graph."""
-    return _runtime_order([node.output for node in graph.node], [consumed_names(node) for node in graph.node])
+    return _runtime_order(_producers([node.output for node in graph.node], [consumed_names(node) for node in graph.node]))
 
 
 def runtime_order_of(nodes: Sequence[onnx.NodeProto], consumed: Sequence[set[str]]) -> list[int]:
     """onnxruntime's order of `nodes` stored as listed (each node's consumed_names given): what a
     scheduler's candidate stored order would run as."""
-    return _runtime_order([node.output for node in nodes], consumed)
+    return _runtime_order(_producers([node.output for node in nodes], consumed))
 
 
 # What a scheduler needs of the kernel rules above, so that its own sizing follows this model.
@@ -620,16 +622,20 @@ def workspace_bytes(node: onnx.NodeProto, shapes: ShapeTable, opset: int) -> int
     return _workspace_bytes(node, shapes, opset)
 
 
-def _runtime_order(outputs: Sequence[Sequence[str]], consumed: Sequence[set[str]]) -> list[int]:
-    """onnxruntime's order of nodes given as each one's outputs and consumed_names."""
+def _producers(outputs: Sequence[Sequence[str]], consumed: Sequence[set[str]]) -> list[list[int]]:
+    """Each node's producers, ascending, from each one's outputs and consumed_names."""
     producer = {name: i for i, names in enumerate(outputs) for name in names if name}
-    producers = [sorted({producer[n] for n in names if n in producer}) for names in consumed]
-    read = [False] * len(outputs)
+    return [sorted({producer[n] for n in names if n in producer}) for names in consumed]
+
+
+def _runtime_order(producers: Sequence[Sequence[int]]) -> list[int]:
+    """onnxruntime's order of nodes given as each one's producers (_producers)."""
+    read = [False] * len(producers)
     for sources in producers:
         for i in sources:
             read[i] = True
-    stack = [(i, False) for i in range(len(outputs)) if not read[i]]
-    visited = [False] * len(outputs)
+    stack = [(i, False) for i in range(len(producers)) if not read[i]]
+    visited = [False] * len(producers)
     order: list[int] = []
     while stack:
         i, leaving = stack.pop()
