@@ -305,7 +305,7 @@ def _profile(setup: _Setup, plan: _Plan, sized: _Sized, absent: frozenset[str]) 
     unavoidable = sum(t.nbytes for t in live if t.name in own or t.name == WORKSPACE)
 
     written: dict[str, int] = {}
-    for op_type, name in plan.writes:
+    for op_type, name in zip(plan.write_ops, plan.writes):
         size = known.get(name)
         if size is not None:
             written[op_type] = written.get(op_type, 0) + size
@@ -357,10 +357,10 @@ class _Graph:
     fingerprint: bytes
     labels: list[str]
     op_types: list[str]
-    producers: list[list[int]]           # each node's producers (stored indices, ascending)
-    reads: list[list[str]]
-    inputs: list[list[str]]
-    outputs: list[list[str]]
+    producers: list[tuple[int, ...]]     # each node's producers (stored indices, ascending)
+    reads: list[tuple[str, ...]]
+    inputs: list[tuple[str, ...]]
+    outputs: list[tuple[str, ...]]
     alias: list[bool]                    # output 0 is a view of input 0 (_ALIAS_OPS)
     in_place: list[tuple | None]         # the node's _INPLACE_OPS rule
     activations: set[str]                # graph inputs and node outputs that are not weights
@@ -552,9 +552,10 @@ def _nodes(stored: Sequence[onnx.NodeProto], serialized: Sequence[bytes]) -> lis
     for proto, key in zip(stored, serialized):
         fields = _NODE_FIELDS.get(key)
         if fields is None:
-            inputs, consumed = proto.input[:], consumed_names(proto)
-            fields = _NODE_FIELDS[key] = (proto.name, proto.op_type, proto.domain, inputs, proto.output[:], consumed,
-                                          _reads(inputs, consumed))
+            # tuples: of strings only, the garbage collector stops tracking them after one look
+            inputs, consumed = tuple(proto.input), consumed_names(proto)
+            fields = _NODE_FIELDS[key] = (proto.name, proto.op_type, proto.domain, inputs, tuple(proto.output),
+                                          tuple(consumed), tuple(_reads(inputs, consumed)))
         nodes.append(_Node(proto, fields))
     return nodes
 
@@ -622,10 +623,10 @@ def workspace_bytes(node: onnx.NodeProto, shapes: ShapeTable, opset: int) -> int
     return _workspace_bytes(node, shapes, opset)
 
 
-def _producers(outputs: Sequence[Sequence[str]], consumed: Sequence[set[str]]) -> list[list[int]]:
+def _producers(outputs: Sequence[Sequence[str]], consumed: Sequence[Iterable[str]]) -> list[tuple[int, ...]]:
     """Each node's producers, ascending, from each one's outputs and consumed_names."""
     producer = {name: i for i, names in enumerate(outputs) for name in names if name}
-    return [sorted({producer[n] for n in names if n in producer}) for names in consumed]
+    return [tuple(sorted({producer[n] for n in names if n in producer})) for names in consumed]
 
 
 def _runtime_order(producers: Sequence[Sequence[int]]) -> list[int]:
@@ -674,7 +675,10 @@ class _Plan:
     first: list[str]
     births: np.ndarray
     deaths: np.ndarray
-    writes: list[tuple[str, str]]  # (op_type, output) of what the nodes write, by step: views write nothing
+    # what the nodes write, by step (views write nothing): each tensor and its node's op_type,
+    # in two lists, not a pair each (fewer objects for the garbage collector to look at)
+    write_ops: list[str]
+    writes: list[str]
 
 
 @dataclass
@@ -765,11 +769,11 @@ class _Planner:
                     death = step
             buffer.death = death
         rank = {name: i for i, name in enumerate(birth)}
-        writes = [(graph.op_types[i], name) for i in setup.order for name in graph.outputs[i]
-                  if name in activations and name not in views]
+        written = [(i, name) for i in setup.order for name in graph.outputs[i] if name in activations and name not in views]
         return _Plan(buffers, views, birth, rank, [buffer.tenants[0] for buffer in buffers],
                      np.array([buffer.birth for buffer in buffers], dtype=np.int64),
-                     np.array([buffer.death for buffer in buffers], dtype=np.int64), writes)
+                     np.array([buffer.death for buffer in buffers], dtype=np.int64),
+                     [graph.op_types[i] for i, _ in written], [name for _, name in written])
 
     def _new(self, name: str, step: int) -> _Buffer:
         buffer = _Buffer([name], step, self.count[name])

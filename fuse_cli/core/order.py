@@ -19,7 +19,7 @@ def node_label(node: onnx.NodeProto, index: int) -> str:
     return node.name or f"{node.op_type}#{index}"
 
 
-def execution_order(graph: onnx.GraphProto, consumed: Sequence[set[str]] | None = None,
+def execution_order(graph: onnx.GraphProto, consumed: Sequence[Iterable[str]] | None = None,
                     outputs: Sequence[Sequence[str]] | None = None) -> list[int]:
     """Indices into `graph.node` in an order that respects data dependencies.
 
