@@ -284,14 +284,11 @@ def _profile(setup: _Setup, plan: _Plan, sized: _Sized, absent: frozenset[str]) 
         # Stable sort on birth order: ties stay in execution order.
         return tuple(sorted(tensors, key=lambda t: -t.nbytes))
 
-    buffers = plan.buffers
-    alive = np.flatnonzero((plan.births <= peak_step) & (plan.deaths >= peak_step)).tolist() if steps else []
-    live = [
-        LiveTensor(occupant, known[buffer.tenants[0]], producer[occupant])
-        for index in alive
-        for buffer in [buffers[index]] if buffer.tenants[0] in known
-        for occupant in [buffer.occupant(peak_step, plan.birth)]
-    ]
+    first = plan.first
+    alive = [index for index in (np.flatnonzero((plan.births <= peak_step) & (plan.deaths >= peak_step)).tolist()
+                                 if steps else ()) if first[index] in known]
+    occupant = plan.occupants(set(alive), peak_step)
+    live = [LiveTensor(occupant[index], known[first[index]], producer[occupant[index]]) for index in alive]
     live.sort(key=lambda t: plan.birth_rank[t.name])
     if peak_step >= 0 and workspace[peak_step]:
         live.append(LiveTensor(WORKSPACE, workspace[peak_step], peak_node))
@@ -650,35 +647,33 @@ def _runtime_order(producers: Sequence[Sequence[int]]) -> list[int]:
     return order
 
 
-@dataclass(eq=False, slots=True)
-class _Buffer:
-    """One allocation: its tenants in order of birth (the first one sized it), the step it was
-    allocated at, the step after which it is released, and the planner's reference count."""
-
-    tenants: list[str]
-    birth: int
-    uses: int
-    death: int = -1
-
-    def occupant(self, step: int, birth: Mapping[str, int]) -> str:
-        return next(t for t in reversed(self.tenants) if birth[t] <= step)
-
-
 @dataclass
 class _Plan:
-    buffers: list[_Buffer]
+    """The buffers of one walk, as parallel lists by buffer index (in order of allocation): the
+    first tenant (who sized it), the step it is allocated at, the step after which it is
+    released; and every tenant with its buffer, in order of birth."""
+
     views: set[str]                 # Alias outputs: a view of their input, nothing written
     birth: dict[str, int]
     birth_rank: dict[str, int]
-    # per buffer, for the sums at each shape setting: its first tenant (who sized it), the step
-    # it is allocated at and the step after which it is released
     first: list[str]
     births: np.ndarray
     deaths: np.ndarray
+    tenants: list[str]
+    tenant_buffers: list[int]
     # what the nodes write, by step (views write nothing): each tensor and its node's op_type,
     # in two lists, not a pair each (fewer objects for the garbage collector to look at)
     write_ops: list[str]
     writes: list[str]
+
+    def occupants(self, buffers: set[int], step: int) -> dict[int, str]:
+        """Each of `buffers`' tenant at `step`: the last one born by then."""
+        occupant: dict[int, str] = {}
+        birth = self.birth
+        for name, buffer in zip(self.tenants, self.tenant_buffers):
+            if buffer in buffers and birth[name] <= step:
+                occupant[buffer] = name
+        return occupant
 
 
 @dataclass
@@ -688,15 +683,21 @@ class _Planner:
     `count` holds the planner's static reference counts per tensor: one per read (with
     multiplicity), one for the definition, one more for graph inputs and outputs (the caller's
     use). A buffer's `uses` sums its tenants' and drops by one per read and definition passed,
-    so it reaches 0 exactly when the planner puts the buffer on its free list.
+    so it reaches 0 exactly when the planner puts the buffer on its free list. Buffers are
+    indices into parallel lists, not objects: a walk of 12k nodes makes 8k of them.
     """
 
     setup: _Setup
     absent: set[str]
-    buffer_of: dict[str, _Buffer] = field(default_factory=dict)
-    free: dict[tuple, list[_Buffer]] = field(default_factory=dict)
+    buffer_of: dict[str, int] = field(default_factory=dict)
+    free: dict[tuple, list[int]] = field(default_factory=dict)
     count: Mapping[str, int] = field(default_factory=dict)
     keys: Mapping[str, tuple | None] = field(default_factory=dict)
+    uses: list[int] = field(default_factory=list)
+    first: list[str] = field(default_factory=list)
+    born: list[int] = field(default_factory=list)
+    tenants: list[str] = field(default_factory=list)
+    tenant_buffers: list[int] = field(default_factory=list)
 
     def run(self) -> _Plan:
         setup, graph = self.setup, self.setup.graph
@@ -704,15 +705,14 @@ class _Planner:
         self.count, self.keys = count, keys
         last = len(setup.labels) - 1
         graph_inputs, graph_outputs = graph.graph_inputs, graph.graph_outputs
-        buffers: list[_Buffer] = []
         views: set[str] = set()
         weight_views: set[str] = set()  # views of weights: no activation bytes at all
         birth: dict[str, int] = {}
-        buffer_of_get, keys_get, free = self.buffer_of.get, keys.get, self.free
+        buffer_of_get, keys_get, free, uses, first = self.buffer_of.get, keys.get, self.free, self.uses, self.first
         for name in graph_inputs:
             birth[name] = 0
             if name not in self.absent:
-                buffers.append(self._new(name, 0))
+                self._new(name, 0)
         absent, buffer_of = self.absent, self.buffer_of
         all_inputs, all_outputs, alias, in_place = graph.inputs, graph.outputs, graph.alias, graph.in_place
         for step, i in enumerate(setup.order):
@@ -724,7 +724,7 @@ class _Planner:
                 if name in absent:
                     continue
                 if name in graph_outputs:
-                    buffers.append(self._new(name, step))
+                    self._new(name, step)
                     continue
                 source = inputs[0] if inputs else ""
                 if index == 0 and alias[i] and source:
@@ -738,22 +738,22 @@ class _Planner:
                         continue
                 shared = self._in_place(in_place[i], inputs, name) if index == 0 and in_place[i] is not None else None
                 if shared is None:
-                    # _reusable, inlined: a dead buffer of the same planner shape, the last freed first
+                    # a dead buffer of the same planner shape, the last freed first (FindReusableTensor)
                     key = keys_get(name)
                     stack = free.get(key) if key is not None else None
                     shared = stack.pop() if stack else None
                 if shared is not None:
                     self._join(shared, name)
                 else:
-                    buffers.append(self._new(name, step))
-            # _release, inlined: it runs once per read and per output (12k nodes: 27k times a walk)
+                    self._new(name, step)
+            # a release, inlined: it runs once per read and per output (12k nodes: 27k times a walk)
             for name in itertools.chain(reads[i], outputs):
                 buffer = buffer_of_get(name)
                 if buffer is None:
                     continue
-                buffer.uses -= 1
-                if not buffer.uses:
-                    key = keys_get(buffer.tenants[0])
+                uses[buffer] -= 1
+                if not uses[buffer]:
+                    key = keys_get(first[buffer])
                     if key is not None and key[1]:  # scalars are never reused
                         free.setdefault(key, []).append(buffer)
 
@@ -761,45 +761,46 @@ class _Planner:
         # tensors nobody reads (no release action is planned for them), stay to the end.
         last_read = setup.last_read
         held = graph_outputs | set(graph_inputs)
-        for buffer in buffers:
-            death = -1
-            for t in buffer.tenants:
-                step = last if t in held else last_read.get(t, last)
-                if step > death:
-                    death = step
-            buffer.death = death
+        deaths = [-1] * len(first)
+        for name, buffer in zip(self.tenants, self.tenant_buffers):
+            step = last if name in held else last_read.get(name, last)
+            if step > deaths[buffer]:
+                deaths[buffer] = step
         rank = {name: i for i, name in enumerate(birth)}
         written = [(i, name) for i in setup.order for name in graph.outputs[i] if name in activations and name not in views]
-        return _Plan(buffers, views, birth, rank, [buffer.tenants[0] for buffer in buffers],
-                     np.array([buffer.birth for buffer in buffers], dtype=np.int64),
-                     np.array([buffer.death for buffer in buffers], dtype=np.int64),
-                     [graph.op_types[i] for i, _ in written], [name for _, name in written])
+        return _Plan(views, birth, rank, first, np.array(self.born, dtype=np.int64), np.array(deaths, dtype=np.int64),
+                     self.tenants, self.tenant_buffers, [graph.op_types[i] for i, _ in written],
+                     [name for _, name in written])
 
-    def _new(self, name: str, step: int) -> _Buffer:
-        buffer = _Buffer([name], step, self.count[name])
+    def _new(self, name: str, step: int) -> None:
+        buffer = len(self.first)
+        self.first.append(name)
+        self.born.append(step)
+        self.uses.append(self.count[name])
         self.buffer_of[name] = buffer
-        return buffer
+        self.tenants.append(name)
+        self.tenant_buffers.append(buffer)
 
-    def _join(self, buffer: _Buffer, name: str) -> None:
-        buffer.tenants.append(name)
-        buffer.uses += self.count[name]
+    def _join(self, buffer: int, name: str) -> None:
+        self.uses[buffer] += self.count[name]
         self.buffer_of[name] = buffer
+        self.tenants.append(name)
+        self.tenant_buffers.append(buffer)
 
     def _in_place(self, rule: tuple[int, frozenset[int] | None] | None, inputs: Sequence[str],
-                  name: str) -> _Buffer | None:
+                  name: str) -> int | None:
         """The input buffer a MayInplace kernel computes this output in, if the planner allows."""
         if rule is None or len(inputs) <= rule[0]:
             return None
         source, types = rule
         buffer = self.buffer_of.get(inputs[source])
-        if buffer is None or buffer.uses != 1:
+        if buffer is None or self.uses[buffer] != 1:
             return None  # read again later, or the caller's: not the last use
         info = self.setup.graph.planner_shapes.get(inputs[source])
         if types is not None and (info is None or info.elem_type not in types):
             return None
         key = self.keys.get(inputs[source])
         return buffer if key is not None and key == self.keys.get(name) else None
-
 
 
 # Operators whose inference broadcasts its inputs' dims (onnx's multidirectional broadcasting).
