@@ -165,6 +165,9 @@ def memory_audit(estimate: PeakEstimate, optimized: onnx.ModelProto, fusions: li
         removed.setdefault((record.pass_name, record.pattern), set()).update(t.name for t in record.removed)
     deltas, gone, previous = [], set(), before.peak_bytes
     for (pass_name, pattern), names in removed.items():
+        if names <= gone:  # nothing this kind removed is still there: the same absent set, the same peak
+            deltas.append((pass_name, pattern, 0))
+            continue
         gone |= names
         peak = profile_memory(estimate.original, bound, extra_weights=estimate.defaults, absent=gone,
                               symbolic_shapes=estimate.symbolic).peak_bytes
