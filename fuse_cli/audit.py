@@ -11,12 +11,13 @@ copies grow with sequence, a folded weight does not).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Mapping, Sequence
 
 import onnx
 
 from fuse_cli.analysis.measure import measure_peak
-from fuse_cli.analysis.memory import MemoryProfile, profile_memory
+from fuse_cli.analysis.memory import MemoryProfile, profile_memory, profile_memory_at
 from fuse_cli.analysis.shapes import ShapeTable, infer_shapes
 from fuse_cli.config import FuseConfig
 from fuse_cli.core.domains import has_contrib_nodes
@@ -54,8 +55,9 @@ class PeakEstimate:
         self._larger = (with_computed_dims(self.original, {name: max(value * LARGER, LARGER_AT_LEAST)
                                                            for name, value in bound.bound_dims.items()})
                         if bound.bound_dims and not config.input_shapes else None)
-        # A few recent, by identity and stored order (the `schedule` pass reorders a candidate in place).
-        self._profiles: list[tuple[onnx.ModelProto, int, tuple[str, ...], MemoryProfile]] = []
+        # A few recent, by identity, stored order (the `schedule` pass reorders a candidate in place)
+        # and execution order (None: onnxruntime's).
+        self._profiles: list[tuple[onnx.ModelProto, int, tuple[str, ...], tuple[int, ...] | None, MemoryProfile]] = []
         self._table_cache: list[tuple[onnx.ModelProto, int, frozenset[str], tuple[ShapeTable, ShapeTable]]] = []
         self._symbolic: tuple[onnx.ModelProto, ShapeTable, frozenset[str]] | None = None
 
@@ -78,55 +80,69 @@ class PeakEstimate:
     def profile(self, model: onnx.ModelProto, index: int = 0, order: Sequence[int] | None = None) -> MemoryProfile:
         """The candidate's profile at setting `index`; `order`: its nodes run in that order
         (indices into graph.node) rather than onnxruntime's."""
-        stored = _stored_order(model)
-        for cached, i, cached_order, profile in self._profiles if order is None else ():
-            if cached is model and i == index and cached_order == stored:
-                return profile
-        bound, planner = self._tables(model, index)
-        profile = profile_memory(model, bound, extra_weights=self.defaults, symbolic_shapes=planner, order=order)
-        if order is None:
-            self._profiles = [*self._profiles[-3:], (model, index, stored, profile)]
-        return profile
+        return self.profiles(model, order, (index,))[0]
 
-    def _tables(self, model: onnx.ModelProto, index: int) -> tuple[ShapeTable, ShapeTable]:
+    def profiles(self, model: onnx.ModelProto, order: Sequence[int] | None = None,
+                 indices: Sequence[int] | None = None) -> tuple[MemoryProfile, ...]:
+        """The candidate's profiles at the settings `indices` (None: every one), from one walk."""
+        indices = range(len(self.settings)) if indices is None else indices
+        stored, nodes = _structure(model)
+        run = None if order is None else tuple(order)
+        found = {i: profile for cached, i, cached_stored, cached_run, profile in self._profiles
+                 if cached is model and i in indices and cached_stored == stored and cached_run == run}
+        missing = [i for i in indices if i not in found]
+        if missing:
+            tables = [self._tables(model, i, nodes) for i in missing]
+            # one planner table per candidate, whatever the setting (see _planner_shapes)
+            computed = profile_memory_at(model, [bound for bound, _ in tables], extra_weights=self.defaults,
+                                         symbolic_shapes=tables[0][1], order=order)
+            for i, profile in zip(missing, computed):
+                found[i] = profile
+                # the candidate at each setting, in onnxruntime's order and in the order a scheduler judges
+                self._profiles = [*self._profiles[-5:], (model, i, stored, run, profile)]
+        return tuple(found[i] for i in indices)
+
+    def _tables(self, model: onnx.ModelProto, index: int, nodes: frozenset[str] | None = None
+                ) -> tuple[ShapeTable, ShapeTable]:
         """The candidate's sizes at setting `index` and its planner shapes. Shapes do not depend
-        on the node order: a reordered model (same nodes, same identity) keeps its tables."""
+        on the node order: a reordered model (same nodes, same identity) keeps its tables.
+        nodes: the tensors its nodes write (_structure), when the caller has them."""
+        nodes = _structure(model)[1] if nodes is None else nodes
         for cached, i, fingerprint, tables in self._table_cache:
-            if cached is model and i == index and fingerprint == _node_set(model):
+            if cached is model and i == index and fingerprint == nodes:
                 return tables
         setting = (self._settings if index == 0 else self.settings)[index]
         # onnx cannot infer contrib operators (FusedConv, ...), but a fused node writes the tensor
         # its pattern's root wrote, under the same name: the original's shapes still hold for it.
         bound = _fill_from(_infer(model, setting.dims, setting.input_shapes), setting.shapes)
-        tables = (bound, self._planner_shapes(model))
-        self._table_cache = [*self._table_cache[-3:], (model, index, _node_set(model), tables)]
+        tables = (bound, self._planner_shapes(model, nodes))
+        self._table_cache = [*self._table_cache[-3:], (model, index, nodes, tables)]
         return tables
 
     def estimates(self, rules: tuple[str, ...]) -> Estimates:
         """What the model passes judge orders with: this estimate at every setting the guard uses
         (the larger one even with --allow-peak-growth: an order is never worse at either)."""
         return Estimates(
-            peaks=lambda model, order: tuple(self.profile(model, i, order).peak_bytes for i in range(len(self.settings))),
+            peaks=lambda model, order: tuple(profile.peak_bytes for profile in self.profiles(model, order)),
             sizes=lambda model: self._tables(model, 0)[0], extra_weights=self.defaults, rules=rules,
             floor=lambda model, order: self.profile(model, 0, order).unavoidable_at_peak)
 
-    def _planner_shapes(self, model: onnx.ModelProto) -> ShapeTable:
+    def _planner_shapes(self, model: onnx.ModelProto, nodes: frozenset[str]) -> ShapeTable:
         """The shapes with no dim bound, as onnxruntime's planner compares them. onnxruntime infers
         its contrib operators' outputs (MultiHeadAttention, ...) at run time: fill what onnx cannot
         infer from its symbolic inference, only then (on a 12k-node graph it takes longer than the
         whole pipeline)."""
-        if self._symbolic is None or self._symbolic[0] is not model or self._symbolic[2] != _node_set(model):
+        if self._symbolic is None or self._symbolic[0] is not model or self._symbolic[2] != nodes:
             # One table object per candidate, at every setting: the memory model's per-model setup
             # is cached by the table's identity (a second object would cost a second setup).
             filled = _fill_from(infer_shapes(model, symbolic=has_contrib_nodes(model)), self.symbolic)
-            self._symbolic = (model, filled, _node_set(model))
+            self._symbolic = (model, filled, nodes)
         return self._symbolic[1]
 
     def growth(self, model: onnx.ModelProto) -> tuple[PeakGrowth, ...]:
         """Where the candidate's estimated peak is above the original's (empty: never worse)."""
         grown = []
-        for index, setting in enumerate(self.settings):
-            after = self.profile(model, index)
+        for setting, after in zip(self.settings, self.profiles(model)):
             if after.peak_bytes > setting.before.peak_bytes:
                 alive = tuple(t.name for t in sorted(after.live_at_peak, key=lambda t: -(t.nbytes or 0))[:3])
                 grown.append(PeakGrowth(tuple(sorted(setting.dims.items())), setting.before.peak_bytes,
@@ -152,6 +168,9 @@ def memory_audit(estimate: PeakEstimate, optimized: onnx.ModelProto, fusions: li
         removed.setdefault((record.pass_name, record.pattern), set()).update(t.name for t in record.removed)
     deltas, gone, previous = [], set(), before.peak_bytes
     for (pass_name, pattern), names in removed.items():
+        if names <= gone:  # nothing this kind removed is still there: the same absent set, the same peak
+            deltas.append((pass_name, pattern, 0))
+            continue
         gone |= names
         peak = profile_memory(estimate.original, bound, extra_weights=estimate.defaults, absent=gone,
                               symbolic_shapes=estimate.symbolic).peak_bytes
@@ -193,15 +212,15 @@ def _stored_in(model: onnx.ModelProto, order: Sequence[int]) -> onnx.ModelProto:
     return copy
 
 
-def _stored_order(model: onnx.ModelProto) -> tuple[str, ...]:
-    """The stored node order, by each node's first output (a reordering in place changes it)."""
-    return tuple(node.output[0] if node.output else node.name for node in model.graph.node)
-
-
-def _node_set(model: onnx.ModelProto) -> frozenset[str]:
-    """What a model's shapes depend on that an edit in place could change, cheaply: the tensors
-    its nodes write (a reordering keeps it; a model rewritten in place does not)."""
-    return frozenset(name for node in model.graph.node for name in node.output)
+def _structure(model: onnx.ModelProto) -> tuple[tuple[str, ...], frozenset[str]]:
+    """What the caches of a candidate compare to notice an edit in place, cheaply: the stored node
+    order, by each node's first output (a reordering in place changes it), and the tensors its
+    nodes write, which its shapes depend on (a reordering keeps them; a rewrite does not). Each
+    node's outputs are read once: every read of a protobuf field builds a wrapper."""
+    nodes = list(model.graph.node)
+    outputs = [node.output[:] for node in nodes]
+    stored = tuple(names[0] if names else node.name for names, node in zip(outputs, nodes))
+    return stored, frozenset(itertools.chain.from_iterable(outputs))
 
 
 def _infer(model: onnx.ModelProto, dims, input_shapes) -> ShapeTable:

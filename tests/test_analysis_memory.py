@@ -344,3 +344,96 @@ def test_repeated_walks_reuse_the_setup_and_notice_an_edit():
     assert profile_memory(m, shapes, symbolic_shapes=shapes, absent={"a"}).timeline == (S, 2 * S, 3 * S)  # no a to share
     m.graph.node[1].op_type = "Exp"  # Exp has no in-place kernel: b takes a buffer of its own
     assert profile_memory(m, shapes, symbolic_shapes=shapes).timeline == (2 * S, 3 * S, 3 * S)
+
+
+# --- what walks share: one graph per model, one plan per order and `absent`, sizes per table ----
+
+
+@pytest.fixture
+def cold():
+    """A profile computed with the memory model's caches emptied first (and after): what each
+    shared or cached result must equal."""
+    from fuse_cli.analysis import memory
+
+    def walk(m, shapes, **kwargs):
+        memory._GRAPHS.clear()
+        memory._NODE_FIELDS.clear()
+        try:
+            return profile_memory(m, shapes, **kwargs)
+        finally:
+            memory._GRAPHS.clear()
+            memory._NODE_FIELDS.clear()
+    yield walk
+    memory._GRAPHS.clear()
+    memory._NODE_FIELDS.clear()
+
+
+def branchy_model(exp_op="Exp"):
+    # Branches that meet twice, a symbolic batch, in-place candidates (Sigmoid over Relu's output,
+    # Softmax), a view (Reshape), a graph output read again, and a scalar.
+    nodes = [
+        node("Relu", ["x"], ["a"]), node("Sigmoid", ["a"], ["b"]), node(exp_op, ["x"], ["c"]),
+        node("Reshape", ["c", "shape"], ["d"]), node("Add", ["b", "d"], ["e"]), node("Softmax", ["e"], ["f"]),
+        node("Mul", ["a", "f"], ["y"]), node("Concat", ["f", "y"], ["z"], axis=0),
+        node("ReduceSum", ["z"], ["s"], keepdims=0),
+    ]
+    shape = numpy_helper.from_array(np.array([-1, 8], dtype=np.int64), "shape")
+    return model(nodes, [value("x", ["batch", 8])], [value("y"), value("z"), value("s")], [shape])
+
+
+def test_one_walk_at_several_settings_equals_a_walk_at_each(cold):
+    from fuse_cli.analysis.memory import profile_memory_at
+
+    m = branchy_model()
+    symbolic = infer_shapes(m)
+    tables = [infer_shapes(m, dims={"batch": batch}) for batch in (2, 16)]
+    shared = profile_memory_at(m, tables, symbolic_shapes=symbolic)
+    assert shared == tuple(cold(m, table, symbolic_shapes=symbolic) for table in tables)
+    assert shared[0].peak_bytes < shared[1].peak_bytes
+
+
+def test_orders_and_absent_sets_on_a_set_up_model_equal_each_walked_cold(cold):
+    m = branchy_model()
+    symbolic, table = infer_shapes(m), infer_shapes(m, dims={"batch": 4})
+    stored = list(range(len(m.graph.node)))
+    other = [2, 3, 0, 1, 4, 5, 6, 7, 8]  # the Exp branch first
+    cases = [dict(), dict(order=stored), dict(absent={"a"}), dict(order=other), dict(),
+             dict(absent={"c", "e"}), dict(order=other, absent={"a"}), dict(absent={"a"})]
+    for kwargs in cases:
+        warm = profile_memory(m, table, symbolic_shapes=symbolic, **kwargs)
+        assert warm == cold(m, table, symbolic_shapes=symbolic, **kwargs), kwargs
+    # the orders are walks of their own, not one reused
+    assert profile_memory(m, table, symbolic_shapes=symbolic, order=other) != \
+        profile_memory(m, table, symbolic_shapes=symbolic, order=stored)
+
+
+def test_a_candidate_sharing_most_nodes_with_the_original_equals_it_walked_cold(cold):
+    original, candidate = branchy_model(), branchy_model(exp_op="Tanh")  # Tanh may run in place, Exp may not
+    table = infer_shapes(candidate, dims={"batch": 4})
+    profile_memory(original, infer_shapes(original, dims={"batch": 4}))
+    assert profile_memory(candidate, table) == cold(candidate, table)
+
+
+def test_largest_tensors_are_what_nlargest_over_birth_order_gives():
+    import heapq
+
+    from fuse_cli.analysis.memory import _LARGEST_COUNT, _largest
+
+    rng = np.random.default_rng(0)
+    for count in (0, 3, _LARGEST_COUNT, 50, 400):
+        names = [f"t{i}" for i in range(count)]
+        producer = dict.fromkeys(rng.permutation(names).tolist(), "node")
+        known = {n: int(rng.integers(0, 4)) * 64 for n in names if rng.random() < 0.9}  # many ties, a few unknown
+        expected = heapq.nlargest(_LARGEST_COUNT, (n for n in producer if n in known), key=known.__getitem__)
+        assert _largest(producer, known) == expected
+
+
+def test_the_fingerprint_notices_an_initializer_edited_in_place():
+    from fuse_cli.core.order import model_fingerprint
+
+    m = branchy_model()
+    before = model_fingerprint(m)
+    m.graph.initializer[0].dims[0] = 1
+    after_dims = model_fingerprint(m)
+    m.graph.initializer[0].data_type = TensorProto.INT32
+    assert len({before, after_dims, model_fingerprint(m)}) == 3

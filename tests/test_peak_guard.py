@@ -89,3 +89,37 @@ def test_the_larger_setting_computes_arithmetic_dims_from_the_grown_ones(tmp_pat
     bound, larger = (dict(s) for s in api.optimize(path, config, tmp_path / "o.onnx").report.peak_settings)
     assert bound["past_sequence + sequence"] == 8
     assert (larger["past_sequence"], larger["sequence"], larger["past_sequence + sequence"]) == (64, 64, 128)
+
+
+def test_memory_audit_gives_a_kind_that_removes_nothing_new_no_part_of_the_peak():
+    # The audit takes each fusion kind's removed intermediates away in turn; a kind whose tensors
+    # are all gone already changes nothing: its part is 0 and the next kind's is measured from
+    # the same peak, as walking the same absent set again would give.
+    from fuse_cli.analysis.memory import profile_memory
+    from fuse_cli.audit import PeakEstimate, memory_audit
+    from fuse_cli.graph.io import load_model
+    from fuse_cli.pipeline.records import FusionRecord, RemovedTensor
+    from fuse_cli.shape_tables import build_shape_tables
+
+    config = FuseConfig(dims={"batch": 2, "sequence": 64})
+    loaded = load_model(SAMPLES / "transformer_block_opset17.onnx")
+    tables = build_shape_tables(loaded.model, config)
+    estimate = PeakEstimate(loaded, tables.bound, tables.planner, config)
+    written = {name for node in loaded.model.graph.node for name in node.output}
+    at_peak = [t.name for t in estimate.before.live_at_peak if t.name in written]  # largest first
+    outputs = at_peak + sorted(written - set(at_peak))
+    first, second = set(outputs[:2]), set(outputs[2:6])
+
+    def record(pattern, names):
+        return FusionRecord("p", pattern, (), (), tuple(RemovedTensor(n, None) for n in sorted(names)))
+
+    audit = memory_audit(estimate, loaded.model, [record("a", first), record("again", set(outputs[1:2])),
+                                                  record("b", second)], tables.bound)
+
+    def peak(absent):
+        return profile_memory(loaded.model, tables.bound, absent=absent, symbolic_shapes=tables.planner).peak_bytes
+
+    before = estimate.before.peak_bytes
+    assert audit.peak_delta_by_pattern == (
+        ("p", "a", peak(first) - before), ("p", "again", 0), ("p", "b", peak(first | second) - peak(first)))
+    assert audit.peak_delta_by_pattern[0][2] != 0

@@ -140,11 +140,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import heapq
+import itertools
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
@@ -239,74 +242,95 @@ def profile_memory(model: onnx.ModelProto, shapes: ShapeTable, *, extra_weights:
     onnxruntime's: what another stored order, or a runtime that follows the stored order, would do.
     Raises ValueError when the graph has a cycle or `order` is not a topological order.
     """
+    return profile_memory_at(model, (shapes,), extra_weights=extra_weights, absent=absent,
+                             symbolic_shapes=symbolic_shapes, order=order)[0]
+
+
+def profile_memory_at(model: onnx.ModelProto, tables: Sequence[ShapeTable], *, extra_weights: Iterable[str] = (),
+                      absent: Iterable[str] = (), symbolic_shapes: ShapeTable | None = None,
+                      order: Sequence[int] | None = None) -> tuple[MemoryProfile, ...]:
+    """profile_memory at each of several shape settings (`tables`): the buffer plan reads no
+    sizes, so one walk serves them all."""
     with paused_gc():
-        return _profile_memory(model, shapes, extra_weights, absent, symbolic_shapes, order)
+        setup = _setup(model, symbolic_shapes, extra_weights, order)
+        absent = frozenset(absent)
+        plan = setup.plan(absent)
+        return tuple(_profile(setup, plan, setup.sized(shapes), absent) for shapes in tables)
 
 
-def _profile_memory(model: onnx.ModelProto, shapes: ShapeTable, extra_weights: Iterable[str],
-                    absent: Iterable[str], symbolic_shapes: ShapeTable | None,
-                    order: Sequence[int] | None = None) -> MemoryProfile:
-    setup = _setup(model, symbolic_shapes, extra_weights, order)
+def _profile(setup: _Setup, plan: _Plan, sized: _Sized, absent: frozenset[str]) -> MemoryProfile:
+    graph = setup.graph
     labels, producer = setup.labels, setup.producer
-    sized = setup.sized(shapes)
-    absent = set(absent)
     if absent:
         known = {name: 0 if name in absent else size for name, size in sized.known.items()}
         unknown = tuple(name for name in sized.unknown if name not in absent)
     else:
         known, unknown = sized.known, sized.unknown
     workspace = sized.workspace
-    plan = _Planner(setup, absent).run()
-    timeline = _timeline(len(labels), plan.buffers, known, workspace)
-    if timeline:
-        peak_bytes = max(timeline)
-        peak_step = timeline.index(peak_bytes)
-        peak_node = labels[peak_step]
+    steps = len(labels)
+    if steps:
+        # Live bytes per step by a difference array over the buffers' lifetimes.
+        sizes = np.fromiter((known.get(name, 0) or 0 for name in plan.first), dtype=np.int64, count=len(plan.first))
+        delta = np.zeros(steps + 1, dtype=np.int64)
+        np.add.at(delta, plan.births, sizes)
+        np.add.at(delta, plan.deaths + 1, -sizes)
+        live_bytes = np.cumsum(delta[:steps]) + np.asarray(workspace, dtype=np.int64)
+        peak_step = int(live_bytes.argmax())  # the first step at the peak
+        peak_bytes, peak_node = int(live_bytes[peak_step]), labels[peak_step]
+        timeline = tuple(live_bytes.tolist())
     else:
-        peak_bytes, peak_step, peak_node = 0, -1, ""
+        peak_bytes, peak_step, peak_node, timeline = 0, -1, "", ()
 
     def by_size(tensors: Iterable[LiveTensor]) -> tuple[LiveTensor, ...]:
         # Stable sort on birth order: ties stay in execution order.
         return tuple(sorted(tensors, key=lambda t: -t.nbytes))
 
-    live = [
-        LiveTensor(occupant, known[buffer.tenants[0]], producer[occupant])
-        for buffer in plan.buffers
-        if buffer.tenants[0] in known and buffer.birth <= peak_step <= buffer.death
-        for occupant in [buffer.occupant(peak_step, plan.birth)]
-    ]
+    first = plan.first
+    alive = [index for index in (np.flatnonzero((plan.births <= peak_step) & (plan.deaths >= peak_step)).tolist()
+                                 if steps else ()) if first[index] in known]
+    occupant = plan.occupants(set(alive), peak_step)
+    live = [LiveTensor(occupant[index], known[first[index]], producer[occupant[index]]) for index in alive]
     live.sort(key=lambda t: plan.birth_rank[t.name])
     if peak_step >= 0 and workspace[peak_step]:
         live.append(LiveTensor(WORKSPACE, workspace[peak_step], peak_node))
 
-    own = set(setup.graph_inputs)
+    own = set(graph.graph_inputs)
     if peak_step >= 0:
-        own.update(setup.reads[peak_step], setup.outputs[peak_step])
+        stored = setup.order[peak_step]
+        own.update(graph.reads[stored], graph.outputs[stored])
     # A view's buffer is listed under its source's name, which may not be the node's own: counted
     # as avoidable, so the bound stays a bound.
     unavoidable = sum(t.nbytes for t in live if t.name in own or t.name == WORKSPACE)
 
     written: dict[str, int] = {}
-    for op_type, outputs in zip(setup.op_types, setup.outputs):
-        for name in outputs:
-            if name in known and name not in plan.views:
-                written[op_type] = written.get(op_type, 0) + known[name]
+    for op_type, name in zip(plan.write_ops, plan.writes):
+        size = known.get(name)
+        if size is not None:
+            written[op_type] = written.get(op_type, 0) + size
 
     return MemoryProfile(
         peak_bytes=peak_bytes,
         peak_step=peak_step,
         peak_node=peak_node,
         live_at_peak=by_size(live),
-        timeline=tuple(timeline),
+        timeline=timeline,
         intermediate_bytes=sum(written.values()),
         by_op_type=MappingProxyType(dict(sorted(written.items(), key=lambda kv: -kv[1]))),
-        # nlargest is sorted(reverse=True)[:n]: ties keep birth order, as in by_size.
-        largest=tuple(LiveTensor(n, known[n], producer[n])
-                      for n in heapq.nlargest(_LARGEST_COUNT, (n for n in producer if n in known), key=known.__getitem__)),
+        largest=tuple(LiveTensor(n, known[n], producer[n]) for n in _largest(producer, known)),
         unknown_tensors=unknown,
         weight_bytes=sized.weight_bytes,
         unavoidable_at_peak=unavoidable,
     )
+
+
+def _largest(producer: Mapping[str, str], known: Mapping[str, int]) -> list[str]:
+    """The _LARGEST_COUNT largest known tensors, ties in birth (producer) order: what
+    heapq.nlargest over the producer order gives (sorted(reverse=True)[:n]), without a key call
+    per tensor: only those at or above the n-th largest size are sorted."""
+    sizes = heapq.nlargest(_LARGEST_COUNT, known.values())
+    threshold = sizes[-1] if len(sizes) == _LARGEST_COUNT else -1
+    above = [name for name in producer if known.get(name, -1) >= threshold and name in known]
+    return sorted(above, key=lambda name: -known[name])[:_LARGEST_COUNT]
 
 
 @dataclass
@@ -320,150 +344,241 @@ class _Sized:
 
 
 @dataclass
-class _Setup:
-    """Everything a walk of one model needs that does not depend on `absent`: built once per model,
-    symbolic table and weights, and reused by the audit's repeated walks (one per fusion pattern)."""
+class _Graph:
+    """What a walk of one model needs that depends on neither the execution order nor `absent`,
+    per node as stored: built once per model, symbolic table and weights, and shared by every
+    order a scheduler judges and by the audit's repeated walks (one per fusion pattern). It holds
+    no part of the model, whose weights it would otherwise keep alive."""
 
     model_id: int
     symbolic: ShapeTable | None
     fingerprint: bytes
     labels: list[str]
     op_types: list[str]
-    reads: list[list[str]]
-    producer: dict[str, str]
-    activations: set[str]
+    producers: list[tuple[int, ...]]     # each node's producers (stored indices, ascending)
+    reads: list[tuple[str, ...]]
+    inputs: list[tuple[str, ...]]
+    outputs: list[tuple[str, ...]]
+    alias: list[bool]                    # output 0 is a view of input 0 (_ALIAS_OPS)
+    in_place: list[tuple | None]         # the node's _INPLACE_OPS rule
+    activations: set[str]                # graph inputs and node outputs that are not weights
     planner_shapes: dict[str, TensorInfo]
     planner_keys: dict[str, tuple | None]
     opset: int
-    inputs: list[list[str]]
-    outputs: list[list[str]]
-    alias: list[bool]                    # output 0 is a view of input 0 (_ALIAS_OPS)
-    in_place: list[tuple | None]         # the node's _INPLACE_OPS rule
-    count: dict[str, int]                # the planner's static reference counts (see _Planner)
-    last_read: dict[str, int]
+    count: Counter[str]                  # the planner's static reference counts (see _Planner)
     graph_inputs: list[str]
     graph_outputs: set[str]
-    # What sizing needs, copied out: a setup holds no part of the model, whose weights it would
-    # otherwise keep alive. Nodes with kernel scratch (by step), resident weight bytes, and each
-    # Constant's output with its `value` size for when the table has none.
+    # What sizing needs, copied out: nodes with kernel scratch (by stored index), resident weight
+    # bytes, and each Constant's output with its `value` size for when the table has none.
     scratch_nodes: list[tuple[int, onnx.NodeProto]]
     initializer_bytes: int
     constants: list[tuple[str, int | None]]
+    runtime: _Setup | None = None        # onnxruntime's order
+    explicit: _Setup | None = None       # the last order given (a scheduler's candidate)
+    by_table: dict[int, tuple[ShapeTable, tuple]] = field(default_factory=dict)
+
+    def sized(self, shapes: ShapeTable) -> tuple[dict[str, int], dict[int, int], int]:
+        """The bytes of each activation whose size is known, the scratch of the nodes that have
+        some (by stored index) and the resident weights' bytes, at `shapes`: shared by every order."""
+        held = self.by_table.get(id(shapes))
+        if held is not None and held[0] is shapes:
+            return held[1]
+        tensors = shapes.tensors
+        # Most tensors share a few shapes: each distinct (type, shape) is sized once.
+        by_shape: dict[tuple, int | None] = {}
+        known: dict[str, int] = {}
+        for name in self.activations:
+            info = tensors.get(name)
+            if info is None:
+                continue
+            key = (info.elem_type, info.shape)
+            size = by_shape.get(key, -1)
+            if size == -1:
+                size = by_shape[key] = info.nbytes()
+            if size is not None:
+                known[name] = size
+        scratch = {stored: size for stored, node in self.scratch_nodes
+                   if (size := _workspace_bytes(node, shapes, self.opset))}
+        weight_bytes = self.initializer_bytes + sum(
+            size or 0 for name, fallback in self.constants for size in [shapes.nbytes(name) or fallback])
+        result = (known, scratch, weight_bytes)
+        self.by_table[id(shapes)] = (shapes, result)  # the table is held: its id stays its own
+        return result
+
+
+@dataclass
+class _Setup:
+    """One model in one execution order (`order`: stored indices by step): what its walks share
+    at every shape table and every `absent`."""
+
+    graph: _Graph
+    order: list[int]
+    labels: list[str]
+    producer: dict[str, str]             # in order of birth: graph inputs, then by step
+    last_read: dict[str, int]
     by_table: dict[int, tuple[ShapeTable, _Sized]] = field(default_factory=dict)
-    explicit: tuple[int, ...] | None = None  # the execution order given, when not onnxruntime's
+    # The buffer plan reads planner shapes only, never sizes: one per `absent`, shared by every
+    # shape setting. The plain one is kept; of the audit's growing `absent` sets, the last.
+    plans: dict[frozenset[str], _Plan] = field(default_factory=dict)
 
     def sized(self, shapes: ShapeTable) -> _Sized:
         held = self.by_table.get(id(shapes))
         if held is not None and held[0] is shapes:
             return held[1]
-        sizes = {name: shapes.nbytes(name) for name in self.producer}
+        known, scratch, weight_bytes = self.graph.sized(shapes)
         workspace = [0] * len(self.labels)
-        for step, node in self.scratch_nodes:
-            workspace[step] = _workspace_bytes(node, shapes, self.opset)
-        weight_bytes = self.initializer_bytes + sum(
-            size or 0 for name, fallback in self.constants for size in [shapes.nbytes(name) or fallback])
-        result = _Sized({name: size for name, size in sizes.items() if size is not None},
-                        tuple(name for name, size in sizes.items() if size is None), workspace, weight_bytes)
+        if scratch:
+            for step, stored in enumerate(self.order):
+                workspace[step] = scratch.get(stored, 0)
+        unknown = () if len(known) == len(self.producer) else tuple(name for name in self.producer if name not in known)
+        result = _Sized(known, unknown, workspace, weight_bytes)
         self.by_table[id(shapes)] = (shapes, result)  # the table is held: its id stays its own
         return result
+
+    def plan(self, absent: frozenset[str]) -> _Plan:
+        plan = self.plans.get(absent)
+        if plan is None:
+            plan = _Planner(self, set(absent)).run()
+            if absent:
+                self.plans = {key: kept for key, kept in self.plans.items() if not key}
+            self.plans[absent] = plan
+        return plan
 
 
 # The last few models walked. A model is recognised by identity and by a fingerprint of its nodes
 # and names (a model edited in place is set up again); its tables are immutable.
-_SETUPS: list[_Setup] = []
-_EXPLICIT_SETUPS: list[_Setup] = []
-_SETUPS_KEPT = 4
+_GRAPHS: list[_Graph] = []
+_GRAPHS_KEPT = 4
 
 
 def _setup(model: onnx.ModelProto, symbolic_shapes: ShapeTable | None, extra_weights: Iterable[str],
            explicit: Sequence[int] | None = None) -> _Setup:
-    graph = model.graph
     # A list: indexing a protobuf repeated field builds a wrapper per access (35 us at 12k nodes).
-    stored = list(graph.node)
+    stored = list(model.graph.node)
+    serialized = [node.SerializeToString() for node in stored]
     extra = frozenset(extra_weights)
-    fingerprint = model_fingerprint(model, stored, extra)
-    wanted = None if explicit is None else tuple(explicit)
-    for setup in _SETUPS if explicit is None else _EXPLICIT_SETUPS:
-        # An id is reused once its model is gone; the fingerprint then says whether the new model
-        # has the same structure, for which the setup holds as well.
-        if (setup.model_id == id(model) and setup.symbolic is symbolic_shapes and setup.fingerprint == fingerprint
-                and setup.explicit == wanted):
-            return setup
-    consumed = [consumed_names(node) for node in stored]
-    execution_order(graph, consumed)  # the one place that reports a cycle
-    order = _runtime_order(stored, consumed) if explicit is None else _checked_order(explicit, stored, consumed)
-    nodes = [stored[i] for i in order]
-    labels = [node_label(node, index) for node, index in zip(nodes, order)]
-    symbolic = symbolic_shapes if symbolic_shapes is not None else infer_shapes(model)
-    weights = _weight_names(graph) | extra
-
-    producer: dict[str, str] = {}
-    for vi in graph.input:
-        if vi.name and vi.name not in weights:
-            producer[vi.name] = INPUT_PRODUCER
-    for node, label in zip(nodes, labels):
-        for name in node.output:
-            if name and name not in weights:
-                producer[name] = label
-    reads = [_reads(stored[i], consumed[i]) for i in order]
-    planner = _order_free_planner_shapes(model, fingerprint, symbolic, nodes)
-    keys = {name: _planner_key(planner.get(name)) for name in producer}
-    opset = _default_opset(model)
-    inputs = [list(node.input) for node in nodes]
-    outputs = [list(node.output) for node in nodes]
-    kinds = [(_domain(node), node.op_type) for node in nodes]
-    alias = [kind in _ALIAS_OPS and _ALIAS_OPS[kind][0] <= opset <= _ALIAS_OPS[kind][1] for kind in kinds]
-    in_place = [_INPLACE_OPS.get(kind) for kind in kinds]
-    graph_inputs = [vi.name for vi in graph.input if vi.name in producer]
-    graph_outputs = {vi.name for vi in graph.output}
-    count: dict[str, int] = {}
-    for name in (*graph_inputs, *(n for names in reads for n in names), *(n for names in outputs for n in names),
-                 *graph_outputs):
-        count[name] = count.get(name, 0) + 1
-    last_read = {name: step for step, names in enumerate(reads) for name in names}
-    scratch_nodes = [(step, _detached(node)) for step, (kind, node) in enumerate(zip(kinds, nodes))
-                     if kind in _SCRATCH_OPS]
-    initializer_bytes = sum(_tensor_nbytes(t) or 0 for t in graph.initializer) + sum(
-        (_tensor_nbytes(t.values) or 0) + (_tensor_nbytes(t.indices) or 0) for t in graph.sparse_initializer)
-    constants = [(node.output[0], _constant_value_bytes(node)) for node in stored
-                 if node.op_type == "Constant" and node.domain in _DEFAULT_DOMAINS and node.output]
-    setup = _Setup(id(model), symbolic_shapes, fingerprint, labels, [node.op_type for node in nodes], reads,
-                   producer, set(producer), planner, keys, opset, inputs, outputs, alias, in_place, count, last_read,
-                   graph_inputs, graph_outputs, scratch_nodes, initializer_bytes, constants)
-    setup.explicit = wanted
+    fingerprint = model_fingerprint(model, extra=extra, serialized=serialized)
+    # An id is reused once its model is gone; the fingerprint then says whether the new model has
+    # the same structure, for which the setup holds as well.
+    graph = next((g for g in _GRAPHS if g.model_id == id(model) and g.symbolic is symbolic_shapes
+                  and g.fingerprint == fingerprint), None)
+    if graph is None:
+        graph = _graph(model, _nodes(stored, serialized), symbolic_shapes, extra, fingerprint)
+        _GRAPHS.insert(0, graph)
+        del _GRAPHS[_GRAPHS_KEPT:]
     if explicit is None:
-        _SETUPS.insert(0, setup)
-        del _SETUPS[_SETUPS_KEPT:]
-    else:  # a scheduler's candidate, judged at each shape setting in turn: the last one kept
-        _EXPLICIT_SETUPS[:] = [setup]
-    return setup
+        if graph.runtime is None:
+            graph.runtime = _ordered(graph, _runtime_order(graph.producers))
+        return graph.runtime
+    wanted = list(explicit)
+    if graph.explicit is None or graph.explicit.order != wanted:
+        # a scheduler's candidate, judged at each shape setting in turn: the last one kept
+        graph.explicit = _ordered(graph, _checked_order(wanted, graph.producers, graph.labels))
+    return graph.explicit
 
 
-# Planner shapes depend on the nodes, not on the order they run in (any topological order
-# propagates the same dims): the last model's, kept for the many orders a scheduler judges.
-_PLANNER_SHAPES: list[tuple[int, bytes, ShapeTable, dict[str, TensorInfo]]] = []
+def _graph(model: onnx.ModelProto, nodes: Sequence[_Node], symbolic_shapes: ShapeTable | None,
+           extra: frozenset[str], fingerprint: bytes) -> _Graph:
+    graph = model.graph
+    consumed = [node.consumed for node in nodes]
+    outputs = [node.output for node in nodes]
+    labels = [node_label(node, index) for index, node in enumerate(nodes)]
+    producers = _producers(outputs, consumed)
+    if all(j < i for i, sources in enumerate(producers) for j in sources):
+        order = list(range(len(nodes)))  # stored in order: what execution_order returns
+    else:
+        order = execution_order(graph, consumed, outputs)  # the one place that reports a cycle
+    symbolic = symbolic_shapes if symbolic_shapes is not None else infer_shapes(model)
+    weights = _weight_names(graph, nodes) | extra
+    graph_inputs = [vi.name for vi in graph.input if vi.name and vi.name not in weights]
+    activations = set(graph_inputs)
+    for names in outputs:
+        activations.update(name for name in names if name and name not in weights)
+    reads = [node.reads for node in nodes]
+    # Planner shapes depend on the nodes, not on the order they run in (any topological order
+    # propagates the same dims).
+    ordered = [nodes[i] for i in order]
+    planner = _planner_shapes(ordered, _without_data_propagation(model, ordered, symbolic), _declared_dims(graph))
+    keys = _planner_keys(activations, planner)
+    opset = _default_opset(model)
+    kinds = [(_domain(node), node.op_type) for node in nodes]
+    graph_outputs = {vi.name for vi in graph.output}
+    count = Counter(itertools.chain(graph_inputs, itertools.chain.from_iterable(reads),
+                                    itertools.chain.from_iterable(outputs), graph_outputs))
+    initializer_bytes = _initializer_bytes(graph.initializer) + sum(
+        (_tensor_nbytes(t.values) or 0) + (_tensor_nbytes(t.indices) or 0) for t in graph.sparse_initializer)
+    return _Graph(
+        model_id=id(model), symbolic=symbolic_shapes, fingerprint=fingerprint, labels=labels,
+        op_types=[node.op_type for node in nodes], producers=producers, reads=reads,
+        inputs=[node.input for node in nodes], outputs=outputs,
+        alias=[kind in _ALIAS_OPS and _ALIAS_OPS[kind][0] <= opset <= _ALIAS_OPS[kind][1] for kind in kinds],
+        in_place=[_INPLACE_OPS.get(kind) for kind in kinds], activations=activations, planner_shapes=planner,
+        planner_keys=keys, opset=opset, count=count, graph_inputs=graph_inputs, graph_outputs=graph_outputs,
+        scratch_nodes=[(i, _detached(node.proto)) for i, (kind, node) in enumerate(zip(kinds, nodes))
+                       if kind in _SCRATCH_OPS],
+        initializer_bytes=initializer_bytes,
+        constants=[(node.output[0], _constant_value_bytes(node.proto)) for node in nodes
+                   if node.op_type == "Constant" and node.domain in _DEFAULT_DOMAINS and node.output])
 
 
-def _order_free_planner_shapes(model: onnx.ModelProto, fingerprint: bytes, symbolic: ShapeTable,
-                               nodes: Sequence[onnx.NodeProto]) -> dict[str, TensorInfo]:
-    for model_id, kept_fingerprint, kept_symbolic, shapes in _PLANNER_SHAPES:
-        if model_id == id(model) and kept_symbolic is symbolic and kept_fingerprint == fingerprint:
-            return shapes
-    shapes = _planner_shapes(nodes, _without_data_propagation(model, nodes, symbolic), _declared_dims(model.graph))
-    _PLANNER_SHAPES[:] = [(id(model), fingerprint, symbolic, shapes)]
-    return shapes
+class _Node:
+    """A node's fields, read from the protobuf once (see _nodes); attributes are read from `proto`
+    (rarely: Concat's axis, scratch sizes), which is never kept past the setup."""
+
+    __slots__ = ("proto", "name", "op_type", "domain", "input", "output", "consumed", "reads")
+
+    def __init__(self, proto: onnx.NodeProto, fields: tuple):
+        self.proto = proto
+        self.name, self.op_type, self.domain, self.input, self.output, self.consumed, self.reads = fields
+
+    @property
+    def attribute(self):
+        return self.proto.attribute
 
 
-def _checked_order(order: Sequence[int], stored: Sequence[onnx.NodeProto], consumed: Sequence[set[str]]) -> list[int]:
+# Each field read of a protobuf node builds a new wrapper (12k nodes: 4 ms a field, 20 ms a node's
+# fields), while serializing a node takes 0.2 us: the fields of the nodes seen lately, by their
+# bytes (a candidate keeps most of the original's nodes as they were). Never a node's attributes.
+_NODE_FIELDS: dict[bytes, tuple] = {}
+_NODE_FIELDS_KEPT = 200_000
+
+
+def _nodes(stored: Sequence[onnx.NodeProto], serialized: Sequence[bytes]) -> list[_Node]:
+    if len(_NODE_FIELDS) > _NODE_FIELDS_KEPT:
+        _NODE_FIELDS.clear()
+    nodes = []
+    for proto, key in zip(stored, serialized):
+        fields = _NODE_FIELDS.get(key)
+        if fields is None:
+            # tuples: of strings only, the garbage collector stops tracking them after one look
+            inputs, consumed = tuple(proto.input), consumed_names(proto)
+            fields = _NODE_FIELDS[key] = (proto.name, proto.op_type, proto.domain, inputs, tuple(proto.output),
+                                          tuple(consumed), tuple(_reads(inputs, consumed)))
+        nodes.append(_Node(proto, fields))
+    return nodes
+
+
+def _ordered(graph: _Graph, order: list[int]) -> _Setup:
+    labels = [graph.labels[i] for i in order]
+    producer = dict.fromkeys(graph.graph_inputs, INPUT_PRODUCER)
+    activations = graph.activations
+    for i, label in zip(order, labels):
+        for name in graph.outputs[i]:
+            if name in activations:
+                producer[name] = label
+    last_read = {name: step for step, i in enumerate(order) for name in graph.reads[i]}
+    return _Setup(graph, order, labels, producer, last_read)
+
+
+def _checked_order(order: Sequence[int], producers: Sequence[Sequence[int]], labels: Sequence[str]) -> list[int]:
     """`order` when it runs every node once, each after its producers; else ValueError."""
     order = list(order)
-    if sorted(order) != list(range(len(stored))):
+    if sorted(order) != list(range(len(producers))):
         raise ValueError("the order must name every node exactly once")
-    producer = {name: i for i, node in enumerate(stored) for name in node.output if name}
-    done = [False] * len(stored)
+    done = [False] * len(producers)
     for i in order:
-        if any(not done[producer[name]] for name in consumed[i] if name in producer):
-            raise ValueError(f"{node_label(stored[i], i)} runs before one of its producers")
+        if any(not done[j] for j in producers[i]):
+            raise ValueError(f"{labels[i]} runs before one of its producers")
         done[i] = True
     return order
 
@@ -473,13 +588,13 @@ def _checked_order(order: Sequence[int], stored: Sequence[onnx.NodeProto], consu
 def runtime_order(graph: onnx.GraphProto) -> list[int]:
     """Indices into `graph.node` in onnxruntime's default execution order (see the module
     docstring). Iterative: graphs reach 10k+ nodes. Assumes an acyclic graph."""
-    return _runtime_order(graph.node, [consumed_names(node) for node in graph.node])
+    return _runtime_order(_producers([node.output for node in graph.node], [consumed_names(node) for node in graph.node]))
 
 
 def runtime_order_of(nodes: Sequence[onnx.NodeProto], consumed: Sequence[set[str]]) -> list[int]:
     """onnxruntime's order of `nodes` stored as listed (each node's consumed_names given): what a
     scheduler's candidate stored order would run as."""
-    return _runtime_order(nodes, consumed)
+    return _runtime_order(_producers([node.output for node in nodes], consumed))
 
 
 # What a scheduler needs of the kernel rules above, so that its own sizing follows this model.
@@ -506,15 +621,20 @@ def workspace_bytes(node: onnx.NodeProto, shapes: ShapeTable, opset: int) -> int
     return _workspace_bytes(node, shapes, opset)
 
 
-def _runtime_order(nodes: Sequence[onnx.NodeProto], consumed: Sequence[set[str]]) -> list[int]:
-    producer = {name: i for i, node in enumerate(nodes) for name in node.output if name}
-    producers = [sorted({producer[n] for n in names if n in producer}) for names in consumed]
-    read = [False] * len(nodes)
+def _producers(outputs: Sequence[Sequence[str]], consumed: Sequence[Iterable[str]]) -> list[tuple[int, ...]]:
+    """Each node's producers, ascending, from each one's outputs and consumed_names."""
+    producer = {name: i for i, names in enumerate(outputs) for name in names if name}
+    return [tuple(sorted({producer[n] for n in names if n in producer})) for names in consumed]
+
+
+def _runtime_order(producers: Sequence[Sequence[int]]) -> list[int]:
+    """onnxruntime's order of nodes given as each one's producers (_producers)."""
+    read = [False] * len(producers)
     for sources in producers:
         for i in sources:
             read[i] = True
-    stack = [(i, False) for i in range(len(nodes)) if not read[i]]
-    visited = [False] * len(nodes)
+    stack = [(i, False) for i in range(len(producers)) if not read[i]]
+    visited = [False] * len(producers)
     order: list[int] = []
     while stack:
         i, leaving = stack.pop()
@@ -528,26 +648,33 @@ def _runtime_order(nodes: Sequence[onnx.NodeProto], consumed: Sequence[set[str]]
     return order
 
 
-@dataclass(eq=False)
-class _Buffer:
-    """One allocation: its tenants in order of birth (the first one sized it), the step it was
-    allocated at, the step after which it is released, and the planner's reference count."""
-
-    tenants: list[str]
-    birth: int
-    uses: int
-    death: int = -1
-
-    def occupant(self, step: int, birth: Mapping[str, int]) -> str:
-        return next(t for t in reversed(self.tenants) if birth[t] <= step)
-
-
 @dataclass
 class _Plan:
-    buffers: list[_Buffer]
+    """The buffers of one walk, as parallel lists by buffer index (in order of allocation): the
+    first tenant (who sized it), the step it is allocated at, the step after which it is
+    released; and every tenant with its buffer, in order of birth."""
+
     views: set[str]                 # Alias outputs: a view of their input, nothing written
     birth: dict[str, int]
     birth_rank: dict[str, int]
+    first: list[str]
+    births: np.ndarray
+    deaths: np.ndarray
+    tenants: list[str]
+    tenant_buffers: list[int]
+    # what the nodes write, by step (views write nothing): each tensor and its node's op_type,
+    # in two lists, not a pair each (fewer objects for the garbage collector to look at)
+    write_ops: list[str]
+    writes: list[str]
+
+    def occupants(self, buffers: set[int], step: int) -> dict[int, str]:
+        """Each of `buffers`' tenant at `step`: the last one born by then."""
+        occupant: dict[int, str] = {}
+        birth = self.birth
+        for name, buffer in zip(self.tenants, self.tenant_buffers):
+            if buffer in buffers and birth[name] <= step:
+                occupant[buffer] = name
+        return occupant
 
 
 @dataclass
@@ -557,113 +684,124 @@ class _Planner:
     `count` holds the planner's static reference counts per tensor: one per read (with
     multiplicity), one for the definition, one more for graph inputs and outputs (the caller's
     use). A buffer's `uses` sums its tenants' and drops by one per read and definition passed,
-    so it reaches 0 exactly when the planner puts the buffer on its free list.
+    so it reaches 0 exactly when the planner puts the buffer on its free list. Buffers are
+    indices into parallel lists, not objects: a walk of 12k nodes makes 8k of them.
     """
 
     setup: _Setup
     absent: set[str]
-    buffer_of: dict[str, _Buffer] = field(default_factory=dict)
-    free: dict[tuple, list[_Buffer]] = field(default_factory=dict)
+    buffer_of: dict[str, int] = field(default_factory=dict)
+    free: dict[tuple, list[int]] = field(default_factory=dict)
     count: Mapping[str, int] = field(default_factory=dict)
     keys: Mapping[str, tuple | None] = field(default_factory=dict)
+    uses: list[int] = field(default_factory=list)
+    first: list[str] = field(default_factory=list)
+    born: list[int] = field(default_factory=list)
+    tenants: list[str] = field(default_factory=list)
+    tenant_buffers: list[int] = field(default_factory=list)
 
     def run(self) -> _Plan:
-        setup = self.setup
-        reads, count, keys, activations = setup.reads, setup.count, setup.planner_keys, setup.activations
+        setup, graph = self.setup, self.setup.graph
+        reads, count, keys, activations = graph.reads, graph.count, graph.planner_keys, graph.activations
         self.count, self.keys = count, keys
         last = len(setup.labels) - 1
-        graph_inputs, graph_outputs = setup.graph_inputs, setup.graph_outputs
-        buffers: list[_Buffer] = []
+        graph_inputs, graph_outputs = graph.graph_inputs, graph.graph_outputs
         views: set[str] = set()
         weight_views: set[str] = set()  # views of weights: no activation bytes at all
         birth: dict[str, int] = {}
+        buffer_of_get, keys_get, free, uses, first = self.buffer_of.get, keys.get, self.free, self.uses, self.first
         for name in graph_inputs:
             birth[name] = 0
             if name not in self.absent:
-                buffers.append(self._new(name, 0))
-        for step, (inputs, outputs) in enumerate(zip(setup.inputs, setup.outputs)):
+                self._new(name, 0)
+        absent, buffer_of = self.absent, self.buffer_of
+        all_inputs, all_outputs, alias, in_place = graph.inputs, graph.outputs, graph.alias, graph.in_place
+        for step, i in enumerate(setup.order):
+            inputs, outputs = all_inputs[i], all_outputs[i]
             for index, name in enumerate(outputs):
                 if name not in activations:
                     continue
                 birth[name] = step
-                if name in self.absent:
+                if name in absent:
                     continue
                 if name in graph_outputs:
-                    buffers.append(self._new(name, step))
+                    self._new(name, step)
                     continue
                 source = inputs[0] if inputs else ""
-                if index == 0 and setup.alias[step] and source:
-                    if source in self.buffer_of:
+                if index == 0 and alias[i] and source:
+                    if source in buffer_of:
                         views.add(name)
-                        self._join(self.buffer_of[source], name)
+                        self._join(buffer_of[source], name)
                         continue
                     if source not in activations or source in weight_views:
                         views.add(name)
                         weight_views.add(name)
                         continue
-                shared = self._in_place(setup.in_place[step], inputs, name) if index == 0 else None
+                shared = self._in_place(in_place[i], inputs, name) if index == 0 and in_place[i] is not None else None
                 if shared is None:
-                    shared = self._reusable(name)
+                    # a dead buffer of the same planner shape, the last freed first (FindReusableTensor)
+                    key = keys_get(name)
+                    stack = free.get(key) if key is not None else None
+                    shared = stack.pop() if stack else None
                 if shared is not None:
                     self._join(shared, name)
                 else:
-                    buffers.append(self._new(name, step))
-            for name in reads[step]:
-                self._release(name)
-            for name in outputs:
-                self._release(name)
+                    self._new(name, step)
+            # a release, inlined: it runs once per read and per output (12k nodes: 27k times a walk)
+            for name in itertools.chain(reads[i], outputs):
+                buffer = buffer_of_get(name)
+                if buffer is None:
+                    continue
+                uses[buffer] -= 1
+                if not uses[buffer]:
+                    key = keys_get(first[buffer])
+                    if key is not None and key[1]:  # scalars are never reused
+                        free.setdefault(key, []).append(buffer)
 
         # Released after the last read of any tenant; the caller's inputs and outputs, and
         # tensors nobody reads (no release action is planned for them), stay to the end.
         last_read = setup.last_read
         held = graph_outputs | set(graph_inputs)
-        for buffer in buffers:
-            buffer.death = max(
-                last if t in held or t not in last_read else last_read[t] for t in buffer.tenants
-            )
+        deaths = [-1] * len(first)
+        for name, buffer in zip(self.tenants, self.tenant_buffers):
+            step = last if name in held else last_read.get(name, last)
+            if step > deaths[buffer]:
+                deaths[buffer] = step
         rank = {name: i for i, name in enumerate(birth)}
-        return _Plan(buffers, views, birth, rank)
+        written = [(i, name) for i in setup.order for name in graph.outputs[i] if name in activations and name not in views]
+        return _Plan(views, birth, rank, first, np.array(self.born, dtype=np.int64), np.array(deaths, dtype=np.int64),
+                     self.tenants, self.tenant_buffers, [graph.op_types[i] for i, _ in written],
+                     [name for _, name in written])
 
-    def _new(self, name: str, step: int) -> _Buffer:
-        buffer = _Buffer([name], step, self.count[name])
+    def _new(self, name: str, step: int) -> None:
+        buffer = len(self.first)
+        self.first.append(name)
+        self.born.append(step)
+        self.uses.append(self.count[name])
         self.buffer_of[name] = buffer
-        return buffer
+        self.tenants.append(name)
+        self.tenant_buffers.append(buffer)
 
-    def _join(self, buffer: _Buffer, name: str) -> None:
-        buffer.tenants.append(name)
-        buffer.uses += self.count[name]
+    def _join(self, buffer: int, name: str) -> None:
+        self.uses[buffer] += self.count[name]
         self.buffer_of[name] = buffer
-
-    def _release(self, name: str) -> None:
-        buffer = self.buffer_of.get(name)
-        if buffer is None:
-            return
-        buffer.uses -= 1
-        if buffer.uses:
-            return
-        key = self.keys.get(buffer.tenants[0])
-        if key is not None and key[1]:  # scalars are never reused
-            self.free.setdefault(key, []).append(buffer)
+        self.tenants.append(name)
+        self.tenant_buffers.append(buffer)
 
     def _in_place(self, rule: tuple[int, frozenset[int] | None] | None, inputs: Sequence[str],
-                  name: str) -> _Buffer | None:
+                  name: str) -> int | None:
         """The input buffer a MayInplace kernel computes this output in, if the planner allows."""
         if rule is None or len(inputs) <= rule[0]:
             return None
         source, types = rule
         buffer = self.buffer_of.get(inputs[source])
-        if buffer is None or buffer.uses != 1:
+        if buffer is None or self.uses[buffer] != 1:
             return None  # read again later, or the caller's: not the last use
-        info = self.setup.planner_shapes.get(inputs[source])
+        info = self.setup.graph.planner_shapes.get(inputs[source])
         if types is not None and (info is None or info.elem_type not in types):
             return None
         key = self.keys.get(inputs[source])
         return buffer if key is not None and key == self.keys.get(name) else None
-
-    def _reusable(self, name: str) -> _Buffer | None:
-        key = self.keys.get(name)
-        stack = self.free.get(key) if key is not None else None
-        return stack.pop() if stack else None
 
 
 # Operators whose inference broadcasts its inputs' dims (onnx's multidirectional broadcasting).
@@ -823,10 +961,26 @@ def _planner_key(info: TensorInfo | None) -> tuple | None:
     return None if bits is None else (bits, info.shape)
 
 
-def _reads(node: onnx.NodeProto, consumed: set[str]) -> list[str]:
-    """What the planner counts as this node's reads: each explicit input occurrence, then each
-    name its subgraphs take from the enclosing scope (`consumed` less the explicit inputs)."""
-    explicit = [name for name in node.input if name]
+def _planner_keys(names: Iterable[str], planner: Mapping[str, TensorInfo]) -> dict[str, tuple | None]:
+    """_planner_key of each name, computed once per distinct (type, shape): a few hundred at 12k nodes."""
+    by_shape: dict[tuple, tuple | None] = {}
+    keys: dict[str, tuple | None] = {}
+    for name in names:
+        info = planner.get(name)
+        if info is None:
+            keys[name] = None
+            continue
+        shape = (info.elem_type, info.shape)
+        if shape not in by_shape:
+            by_shape[shape] = _planner_key(info)
+        keys[name] = by_shape[shape]
+    return keys
+
+
+def _reads(inputs: Sequence[str], consumed: set[str]) -> list[str]:
+    """What the planner counts as a node's reads: each explicit input occurrence, then each name
+    its subgraphs take from the enclosing scope (`consumed` less the explicit inputs)."""
+    explicit = [name for name in inputs if name]
     return explicit + sorted(consumed - set(explicit))
 
 
@@ -836,24 +990,6 @@ def _domain(node: onnx.NodeProto) -> str:
 
 def _default_opset(model: onnx.ModelProto) -> int:
     return next((o.version for o in model.opset_import if o.domain in _DEFAULT_DOMAINS), 0)
-
-
-def _timeline(steps: int, buffers: Sequence[_Buffer], known: Mapping[str, int],
-              workspace: Sequence[int]) -> list[int]:
-    """Live bytes per step via a difference array: O(steps + buffers), not O(steps * live)."""
-    if not steps:
-        return []
-    delta = [0] * (steps + 1)
-    for buffer in buffers:
-        size = known.get(buffer.tenants[0])
-        if size:
-            delta[buffer.birth] += size
-            delta[buffer.death + 1] -= size
-    timeline, running = [], 0
-    for step in range(steps):
-        running += delta[step]
-        timeline.append(running + workspace[step])
-    return timeline
 
 
 # (domain, op_type) of the nodes _workspace_bytes may give scratch to.
@@ -1138,10 +1274,10 @@ def _conv_pads(attrs: Mapping, spatial_in: Sequence[int], spatial_out: Sequence[
     return list(attrs.get("pads") or [0] * 2 * len(spatial_in))
 
 
-def _weight_names(graph: onnx.GraphProto) -> set[str]:
+def _weight_names(graph: onnx.GraphProto, nodes: Iterable[onnx.NodeProto | _Node] | None = None) -> set[str]:
     names = {t.name for t in graph.initializer}
     names |= {t.values.name for t in graph.sparse_initializer}
-    for node in graph.node:
+    for node in graph.node if nodes is None else nodes:
         if node.op_type == "Constant" and node.domain in _DEFAULT_DOMAINS:
             names.update(name for name in node.output if name)
     return names
@@ -1158,6 +1294,12 @@ def _detached(node: onnx.NodeProto) -> onnx.NodeProto:
     copy = onnx.NodeProto()
     copy.CopyFrom(node)
     return copy
+
+
+def _initializer_bytes(initializers: Iterable[onnx.TensorProto]) -> int:
+    """The initializers' bytes (unknown ones as 0), each distinct (type, dims) sized once."""
+    counts = Counter((t.data_type, tuple(t.dims)) for t in initializers)
+    return sum(count * (TensorInfo("", data_type, dims).nbytes() or 0) for (data_type, dims), count in counts.items())
 
 
 def _tensor_nbytes(tensor: onnx.TensorProto) -> int | None:

@@ -298,8 +298,10 @@ def toposort(graph: gs.Graph) -> None:
     graphsurgeon's recursive sort overflows the stack on long chains stored out of order."""
     nodes = list(graph.nodes)
     position = {id(n): i for i, n in enumerate(nodes)}
-    edges = ((position[id(t.inputs[0])], i) for i, node in enumerate(nodes) for t in _reads(node)
-             if t.inputs and id(t.inputs[0]) in position)
+    edges = [(position[id(t.inputs[0])], i) for i, node in enumerate(nodes) for t in _reads(node)
+             if t.inputs and id(t.inputs[0]) in position]
+    if all(a < b for a, b in edges):
+        return  # already sorted: Kahn's lowest index first would keep the order as it is
     order, stuck = topological(len(nodes), edges)
     if stuck:
         node = nodes[stuck[0]]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx_graphsurgeon as gs
 
@@ -83,11 +85,13 @@ def _small_constant(tensor: gs.Tensor) -> tuple | None:
     value = constant_value(tensor)
     if value is None or value.nbytes > VALUE_KEY_BYTES or value.dtype == object:
         return None
-    return str(value.dtype), value.shape, value.tobytes()
+    # the dtype itself, not its name: str(dtype) is a Python function, 30 us a call (36k inputs
+    # at 12k nodes)
+    return value.dtype, value.shape, value.tobytes()
 
 
 def _nbytes(tensor: gs.Constant) -> int:
-    return int(np.prod(tensor.shape, dtype=np.int64)) * np.dtype(tensor.dtype).itemsize
+    return math.prod(tensor.shape) * np.dtype(tensor.dtype).itemsize
 
 
 def _value_key(value: object) -> object:
@@ -100,5 +104,5 @@ def _value_key(value: object) -> object:
         items = [_value_key(v) for v in value]
         return None if any(i is None for i in items) else tuple(items)
     if isinstance(value, np.ndarray):
-        return str(value.dtype), value.shape, value.tobytes()
+        return value.dtype, value.shape, value.tobytes()
     return (type(value).__name__, value)
