@@ -5,7 +5,7 @@ What it printed for onnxruntime-gpu 1.31.1 and onnxruntime 1.32.0 is in fuse_cli
 STANDARD table.
 
     python benchmarks/opset23_probe.py"""
-import sys, numpy as np, onnx, onnxruntime as ort
+import numpy as np, onnx, onnxruntime as ort
 from onnx import helper, TensorProto as TP
 print("onnxruntime", ort.__version__, ort.__file__)
 DT = {"float32": TP.FLOAT, "float16": TP.FLOAT16, "float64": TP.DOUBLE}  # bfloat16: numpy has none; not probed
@@ -16,7 +16,7 @@ def run(nodes, inputs, outputs, feeds, opset=23, ir=10):
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=ir)
     so = ort.SessionOptions(); so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so.log_severity_level = 4
-    import tempfile, os
+    import tempfile
     so.optimized_model_filepath = tempfile.mktemp(suffix=".onnx")
     s = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
     ops = [n.op_type for n in onnx.load(so.optimized_model_filepath).graph.node]

@@ -14,6 +14,20 @@ from onnx import TensorProto
 
 from tests.graphs import GraphBuilder
 
+# Symbolic dims at two distinct sizes each; the mask input is a 0/1 attention_mask, as tokenizers give it.
+SIZES = ({"batch": 1, "sequence": 3, "memory_sequence": 5}, {"batch": 3, "sequence": 8, "memory_sequence": 2})
+MASK_VALUES = {"attention_mask": (0, 2)}
+
+
+def assert_same_outputs(original: onnx.ModelProto, fused: onnx.ModelProto) -> None:
+    """The rewrite against the original in onnxruntime, at both SIZES and two seeds."""
+    from fuse_cli.verify import verify_models
+
+    for dims in SIZES:
+        for seed in (0, 1):
+            result = verify_models(original, fused, dims=dims, seed=seed, rtol=1e-4, atol=1e-5, int_ranges=MASK_VALUES)
+            assert result.passed, result.outputs
+
 F32_MIN = float(np.finfo(np.float32).min)
 
 

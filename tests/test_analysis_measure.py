@@ -325,7 +325,7 @@ def attention_between_projections():
     g2 = Exp(u2) have the same planner shape only if the attention output is [batch, 128, 128]
     as onnxruntime infers it: then they take g's and u's dead buffers, which stay allocated
     across the attention."""
-    heads, size, length, wide = 4, 32, 256, 1024
+    heads, size, wide = 4, 32, 1024
     hidden = heads * size
     nodes = [node("MatMul", ["x", "w1"], ["u"]), node("Exp", ["u"], ["g"]), node("MatMul", ["g", "w2"], ["q"]),
              helper.make_node("MultiHeadAttention", ["q", "k", "v", "", "", "bias"], ["o"], name="mha",

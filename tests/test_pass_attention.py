@@ -8,23 +8,12 @@ import pytest
 
 from fuse_cli.errors import UsageError
 from fuse_cli.passes import pipeline_for, resolve
-from fuse_cli.verify import verify_models
-from tests.attention_graphs import attention_model, bert, dynamo_sdpa_model, gpt2, vit, vit_static
+from tests.attention_graphs import assert_same_outputs, attention_model, bert, dynamo_sdpa_model, gpt2, vit, vit_static
 from tests.conftest import SAMPLES, optimize_model
 from tests.graphs import op_counts
 
 MHA = "com.microsoft::MultiHeadAttention"
 UNPACKED = ("packed-attention",)  # the runtime pipeline as far as this pass: packed-attention would take its output
-# symbolic dims at two sizes; the mask input is a 0/1 attention_mask, as tokenizers give it
-SIZES = ({"batch": 1, "sequence": 3, "memory_sequence": 5}, {"batch": 3, "sequence": 8, "memory_sequence": 2})
-MASK_VALUES = {"attention_mask": (0, 2)}
-
-
-def assert_same_outputs(original: onnx.ModelProto, fused: onnx.ModelProto) -> None:
-    for dims in SIZES:
-        for seed in (0, 1):
-            result = verify_models(original, fused, dims=dims, seed=seed, rtol=1e-4, atol=1e-5, int_ranges=MASK_VALUES)
-            assert result.passed, result.outputs
 
 
 def mha_attrs(model: onnx.ModelProto) -> dict:

@@ -2,28 +2,17 @@
 
 from __future__ import annotations
 
-import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto
 
 from fuse_cli.verify import verify_models
-from tests.attention_graphs import attention_model, bert
+from tests.attention_graphs import assert_same_outputs, attention_model, bert
 from tests.conftest import SAMPLES, optimize_model
 from tests.graphs import GraphBuilder, assert_declined, op_counts
 
 ATTENTION, MHA = "com.microsoft::Attention", "com.microsoft::MultiHeadAttention"
 PASSES = ("attention", "packed-attention")
-# distinct sizes for distinct symbolic dims; the mask is a 0/1 attention_mask
-SIZES = ({"batch": 1, "sequence": 3, "memory_sequence": 5}, {"batch": 3, "sequence": 8, "memory_sequence": 2})
-MASK_VALUES = {"attention_mask": (0, 2)}
-
-
-def assert_same_outputs(original: onnx.ModelProto, fused: onnx.ModelProto) -> None:
-    for dims in SIZES:
-        for seed in (0, 1):
-            result = verify_models(original, fused, dims=dims, seed=seed, rtol=1e-4, atol=1e-5, int_ranges=MASK_VALUES)
-            assert result.passed, result.outputs
 
 
 FORMS = {

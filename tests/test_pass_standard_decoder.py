@@ -15,7 +15,7 @@ from fuse_cli.verify import verify_models
 from tests.conftest import optimize_model
 from tests.graphs import op_counts
 from tests.llama_graphs import llama_attention_model
-from tests.test_pass_cached_attention import MASK_VALUES, assert_same_outputs
+from tests.test_pass_cached_attention import assert_same_outputs
 
 PASSES = ("standard-rotary-embedding", "standard-attention")
 

@@ -23,7 +23,6 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 from google.protobuf.message import DecodeError
