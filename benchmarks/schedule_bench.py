@@ -188,7 +188,7 @@ def markdown(rows: list[dict], stack: list[dict], seconds: float) -> str:
         est = geomean([r["est_with"] / r["est_without"] for r in mine])
         meas = [r["meas_with"] / r["meas_without"] for r in mine if r["meas_without"] and r["meas_with"]]
         bound = geomean([min(1.0, r["lower_bound"] / r["est_without"]) for r in mine if r["lower_bound"]])
-        lines.append(f"| {group} | {rule} | {len(mine)} | {sum(r['method'] != 'kept' for r in mine)} | {est:.3f} | "
+        lines.append(f"| {group} | {rule} | {len(mine)} | {sum(r['method'] not in ('kept', 'guard') for r in mine)} | {est:.3f} | "
                      f"{geomean(meas):.3f} | {max(meas, default=float('nan')):.3f} | {bound:.3f} | <= {goal} |")
     lines += ["", "12k-node transformer stack (`big_models.build_deep_stack`), `fuse optimize --no-verify` at "
               "batch 1, sequence 128:", "",
