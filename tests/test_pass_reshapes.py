@@ -115,6 +115,38 @@ def test_noop_reshape_at_graph_output_keeps_the_name(tmp_path):
     assert [o.name for o in optimized.graph.output] == ["y"]
 
 
+def transpose(perm):
+    return ("Transpose", None, {"perm": perm})
+
+
+@pytest.mark.parametrize("x_shape, perm, shape", [
+    (("batch", 1, 1, 8), [0, 3, 1, 2], [-1, 8]),      # ConvNeXt's head: [B, 1, 1, C] -> [B, C, 1, 1], flattened
+    ((2, 1, 3, 1), [1, 0, 3, 2], [3, 2]),              # unit axes moved on both sides of the others
+    (("batch", 4), [0, 1], [-1, 2, 2]),                # the identity
+])
+def test_a_transpose_that_moves_only_unit_axes_goes_before_a_reshape(tmp_path, x_shape, perm, shape):
+    model = chain(x_shape, transpose(perm), reshape(shape))
+    check_fused(tmp_path, model, ("fuse-reshapes",), {"Neg": 1, "Reshape": 1, "Relu": 1})
+
+
+@pytest.mark.parametrize("x_shape, perm", [
+    (("batch", 3, 4), [0, 2, 1]),     # a real permutation
+    (("batch", "n", 1), [1, 0, 2]),   # a symbolic dim may be anything: not 1
+])
+def test_a_transpose_that_moves_elements_is_not_this_pattern(tmp_path, x_shape, perm):
+    model = chain(x_shape, transpose(perm), reshape([-1]))
+    result = optimize_model(model, tmp_path, passes=("fuse-reshapes",))
+    assert not result.report.fusions and not result.report.near_misses
+    assert signature(result.model) == signature(model)
+
+
+def test_a_unit_transpose_is_kept_where_the_reshape_copies_its_dims_or_it_is_read_elsewhere(tmp_path):
+    check_declined(tmp_path, chain((2, 1, 3), transpose([1, 0, 2]), reshape([0, -1])), "fuse-reshapes", "s1",
+                   "copies a dim of s0's output")
+    check_declined(tmp_path, chain(("batch", 1, 8), transpose([0, 2, 1]), reshape([-1, 8]), reader=True),
+                   "fuse-reshapes", "s1", "s0's output 's0_out' is also read by reader")
+
+
 @pytest.mark.parametrize("opset", [11, 13], ids=["axes-attribute", "axes-input"])
 @pytest.mark.parametrize("x_shape, steps", [
     (("batch", 3), [("Unsqueeze", [1], {}), ("Squeeze", [1], {})]),
