@@ -19,7 +19,9 @@ class MergeUnsqueezes(PatternPass):
     the final output; c is where all of them end up in the final output (the first's dims move
     right past each of the second's inserted before them). Negative axes need the rank of x.
     Exact: both compute a reshape of x that only inserts 1s. Axes are an attribute before opset
-    13 and a constant input from 13; the merged node uses the model's form.
+    13 and a constant input from 13; the merged node uses the model's form. A first Unsqueeze
+    read only by Unsqueezes (exporters unsqueeze one range twice for two masks) stays for the
+    others until each has merged; then nothing reads it and it goes.
     """
 
     name = "merge-unsqueezes"
@@ -27,8 +29,14 @@ class MergeUnsqueezes(PatternPass):
     label = "Unsqueeze + Unsqueeze"
     pattern = Op("Unsqueeze", Op("Unsqueeze", Var("x"), Var("inner_axes", optional=True), name="inner"),
                  Var("outer_axes", optional=True), name="outer")
+    keeps = ("inner",)  # re-emitted for its other Unsqueeze readers (check allows no other kind)
 
     def check(self, m: Match, g: GraphEditor) -> Decline | None:
+        inner = m.node("inner")
+        others = [r for r in g.outside_readers(inner.outputs[0], m) if r.op != "Unsqueeze"]
+        if others or g.is_graph_output(inner.outputs[0]):
+            where = "is a graph output" if not others else f"is also read by {others[0].name}"
+            return Decline(f"{inner.name}'s output {inner.outputs[0].name!r} {where}")
         merged = _merged_axes(m, g)
         return merged if isinstance(merged, Decline) else None
 
@@ -41,7 +49,13 @@ class MergeUnsqueezes(PatternPass):
             inputs, attrs = [m.tensor("x")], {"axes": axes.tolist()}
         node = gs.Node(op="Unsqueeze", name=g.unique_name(f"{outer.name}_merged"), attrs=attrs, inputs=inputs,
                        outputs=[outer.outputs[0]])
-        return Replacement(nodes=[node])
+        inner = m.node("inner")
+        if not g.outside_readers(inner.outputs[0], m):
+            return Replacement(nodes=[node])
+        # the other Unsqueezes still read it: as it was, until they merge too
+        kept = gs.Node(op="Unsqueeze", name=inner.name, attrs=dict(inner.attrs), inputs=list(inner.inputs),
+                       outputs=[inner.outputs[0]])
+        return Replacement(nodes=[kept, node])
 
 
 def _merged_axes(m: Match, g: GraphEditor) -> list[int] | Decline:
