@@ -31,9 +31,11 @@ class PackQkvAttention(PatternPass):
     MultiHeadAttention; onnxruntime's packed Attention does the three projections as one GEMM
     against the concatenated weights and takes the same [q|k|v] bias, scale and attention_bias
     (added to the scores the same way), so y is the same computation. It measured 0.91-0.97x the
-    CPU time of the MatMuls and MultiHeadAttention it replaces and a lower peak (no q/k/v
-    tensors between them), at graph optimization disabled and all (benchmarks/results/
-    bert_packed_attention.md). The weights must be constant (they are concatenated once) and
+    CPU time of the MatMuls and MultiHeadAttention it replaces, at graph optimization disabled
+    and all, and a lower peak on BERT-small and BERT-base layers (no q/k/v tensors between them;
+    benchmarks/results/bert_packed_attention.md). Not everywhere: its [B, S, 3D] projection
+    scratch can outweigh them (the 64-wide transformer sample at batch 1: 448 against 384 KiB);
+    the peak guard holds the result to the original's peak. The weights must be constant (they are concatenated once) and
     the three projections must read one input: cross-attention keeps MultiHeadAttention. Q and K
     are as wide as each other (the kernel's rule); V may differ (qkv_hidden_sizes).
     """
