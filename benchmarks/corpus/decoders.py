@@ -11,8 +11,9 @@ Each model in two graphs per exporter:
 
 and two exporters: `opset17` (TorchScript, eager attention: MatMul/Softmax/MatMul) and `dynamo18`
 (torch.export, opset 18, the library's default sdpa attention). Models (2 layers, hidden 128, head
-size 32 so GroupQueryAttention's CPU kernel applies, vocab 1000): Llama and Qwen2 with grouped K/V
-heads, Phi-3 (packed QKV) and GPT-2 (one K/V head per head), see MODELS.
+size 32 so GroupQueryAttention's CPU kernel applies, vocab 1000): Llama, Qwen2, Qwen3, Mistral,
+Gemma and Gemma2 with grouped K/V heads, Phi-3 (packed QKV) and GPT-2 (one K/V head per head), see
+MODELS.
 
     .venv-corpus/bin/python benchmarks/corpus/decoders.py [--out DIR] [--only NAME,...] [--force]
 
@@ -61,6 +62,7 @@ class Decoder:
     name: str
     make: Callable[[], tuple[Any, Any]]  # -> (model class, config)
     note: str
+    dynamo_attention: str = "sdpa"  # the library's attention for the dynamo export (Gemma2 has no sdpa)
 
 
 def _llama():
@@ -89,12 +91,48 @@ def _gpt2():
                                  bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1)
 
 
+def _qwen3():
+    from transformers import Qwen3Config, Qwen3Model
+    return Qwen3Model, Qwen3Config(vocab_size=VOCAB, hidden_size=128, intermediate_size=352, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                   max_position_embeddings=512)
+
+
+def _mistral():
+    from transformers import MistralConfig, MistralModel
+    return MistralModel, MistralConfig(vocab_size=VOCAB, hidden_size=128, intermediate_size=344, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                       max_position_embeddings=512, sliding_window=None)
+
+
+def _gemma():
+    from transformers import GemmaConfig, GemmaModel
+    return GemmaModel, GemmaConfig(vocab_size=VOCAB, hidden_size=128, intermediate_size=344, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                   max_position_embeddings=512)
+
+
+def _gemma2():
+    from transformers import Gemma2Config, Gemma2Model
+    return Gemma2Model, Gemma2Config(vocab_size=VOCAB, hidden_size=128, intermediate_size=344, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                     query_pre_attn_scalar=32, max_position_embeddings=512, sliding_window=512)
+
+
 MODELS = [
     Decoder("llama-gqa", _llama, "LlamaModel(hidden 128, 2 layers, 4 heads, 2 KV heads, head 32, MLP 344)"),
     Decoder("qwen2-gqa", _qwen2, "Qwen2Model(hidden 128, 2 layers, 4 heads, 2 KV heads, head 32, MLP 352; "
                                  "Q/K/V biases)"),
     Decoder("phi3", _phi3, "Phi3Model(hidden 128, 2 layers, 4 heads = 4 KV heads, head 32, packed QKV)"),
     Decoder("gpt2", _gpt2, "GPT2Model(hidden 128, 2 layers, 4 heads, head 32)"),
+    Decoder("qwen3-gqa", _qwen3, "Qwen3Model(hidden 128, 2 layers, 4 heads, 2 KV heads, head 32, MLP 352; "
+                                 "RMSNorm on each head's Q and K)"),
+    Decoder("mistral-gqa", _mistral, "MistralModel(hidden 128, 2 layers, 4 heads, 2 KV heads, head 32, MLP 344)"),
+    Decoder("gemma-gqa", _gemma, "GemmaModel(hidden 128, 2 layers, 4 heads, 2 KV heads, head 32, MLP 344; "
+                                 "RMSNorm by 1 + weight, tanh GELU, scaled embeddings)"),
+    Decoder("gemma2-gqa", _gemma2, "Gemma2Model(hidden 128, 2 layers, 4 heads, 2 KV heads, head 32, MLP 344; "
+                                   "attention logits soft-capped by tanh, sliding window 512, pre/post norms)",
+            dynamo_attention="eager"),
 ]
 
 
@@ -265,7 +303,7 @@ def export_one(entry: Decoder, form: str, kind: str, out: Path, force: bool) -> 
     try:
         torch.manual_seed(seed)
         cls, config = entry.make()
-        attn = "eager" if exporter == "torchscript" else "sdpa"
+        attn = "eager" if exporter == "torchscript" else entry.dynamo_attention
         model = cls._from_config(config, attn_implementation=attn).eval()
         spec = base.Spec(entry.name, "transformers", lambda _a: model, None, {}, "last_hidden_state")
         record.update(base.perturb(model, spec, torch.Generator().manual_seed(seed)))
