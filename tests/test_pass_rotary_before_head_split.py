@@ -14,11 +14,17 @@ PASSES = ("rotary-before-head-split",)
 HEADS, D, MAX_POSITIONS = 3, 8, 32
 
 
-def rotary_on_heads(*, hidden: int | str = HEADS * D, perm=(0, 2, 1, 3), rotary_dim: int | None = None):
-    """x3 [batch, sequence, H*d] -> Reshape [0, 0, H, d] -> Transpose(perm) -> RotaryEmbedding -> Neg -> y."""
+def rotary_on_heads(*, hidden: int | str = HEADS * D, perm=(0, 2, 1, 3), rotary_dim: int | None = None,
+                    head_norm_axis: int | None = None):
+    """x3 [batch, sequence, H*d] -> Reshape [0, 0, H, d] (-> SimplifiedLayerNormalization(axis), Qwen3's
+    per-head q/k norm) -> Transpose(perm) -> RotaryEmbedding -> Neg -> y."""
     b = GraphBuilder(extra_opsets={"com.microsoft": 1})
     x3 = b.input("x", ["batch", "sequence", hidden])
-    heads = b.op("Transpose", b.op("Reshape", x3, b.const(np.array([0, 0, HEADS, D], np.int64))), perm=list(perm))
+    split = b.op("Reshape", x3, b.const(np.array([0, 0, HEADS, D], np.int64)))
+    if head_norm_axis is not None:
+        scale = b.const(np.linspace(0.5, 1.5, D if head_norm_axis in (-1, 3) else HEADS).astype(np.float32))
+        split = b.op("SimplifiedLayerNormalization", split, scale, axis=head_norm_axis, epsilon=1e-6)
+    heads = b.op("Transpose", split, perm=list(perm))
     angles = np.arange(MAX_POSITIONS)[:, None] * (10000.0 ** (-np.arange(D // 2) / (D // 2)))[None]
     attrs = {"rotary_embedding_dim": rotary_dim} if rotary_dim else {}
     rotated = b.op("RotaryEmbedding", heads, b.const(np.array([1], np.int64)), b.const(np.cos(angles).astype(np.float32)),
@@ -57,3 +63,22 @@ def test_portable_target_never_runs_it(tmp_path, target):
     model = rotary_on_heads()
     result = optimize_model(model, tmp_path, target=target)
     assert op_counts(result.model)["com.microsoft::RotaryEmbedding"] == 1
+
+
+def test_a_per_head_norm_stays_on_the_heads_and_the_rotary_moves_past_it(tmp_path):
+    # Qwen3: RMSNorm over each head's Q/K, then the rotary embedding on the transposed heads
+    model = rotary_on_heads(head_norm_axis=-1)
+    result = optimize_model(model, tmp_path, target="ort-cpu", passes=PASSES)
+    nodes = {n.output[0]: n for n in result.model.graph.node}
+    (rotary,) = [n for n in result.model.graph.node if n.op_type == "RotaryEmbedding"]
+    viewed = nodes[rotary.input[0]]
+    assert viewed.op_type == "Reshape" and nodes[viewed.input[0]].op_type == "SimplifiedLayerNormalization"
+    assert {a.name: onnx.helper.get_attribute_value(a) for a in rotary.attribute}["num_heads"] == HEADS
+    assert_same_outputs(model, result.model, sizes=({"batch": 2, "sequence": 5}, {"batch": 3, "sequence": 7}))
+
+
+def test_a_norm_across_heads_is_not_this_pattern(tmp_path):
+    model = rotary_on_heads(head_norm_axis=2)
+    result = optimize_model(model, tmp_path, target="ort-cpu", passes=PASSES)
+    assert signature(result.model) == signature(model)
+    assert not result.report.fusions and not result.report.near_misses

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
-from fuse_cli.match import Match, Op, Var
+from fuse_cli.match import Alt, Match, Op, Var
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
 from fuse_cli.toolkit.heads import head_split
@@ -14,10 +15,17 @@ MS = "com.microsoft"
 HEADS_PERM = [0, 2, 1, 3]
 
 
+def _split() -> Op:
+    return Op("Reshape", Var("x3"), Var("split_shape"), name="split")
+
+
 @register
 class RotaryBeforeHeadSplit(PatternPass):
     """x3 [B, S, H*d] ─ Reshape [B, S, H, d] ─ Transpose[0,2,1,3] ─ RotaryEmbedding(pos, cos, sin) ─ y
         =>  x3 ─ RotaryEmbedding(pos, cos, sin; num_heads=H) ─ Reshape ─ Transpose[0,2,1,3] ─ y
+
+    x3 ─ Reshape [B, S, H, d] ─ norm(axis -1) ─ Transpose ─ RotaryEmbedding ─ y        (Qwen3's q/k norms)
+        =>  x3 ─ Reshape ─ norm ─ Reshape [B, S, H*d] ─ RotaryEmbedding(num_heads=H) ─ Reshape ─ Transpose ─ y
 
     com.microsoft RotaryEmbedding rotates each head of a [B, S, H*d] input (num_heads H) exactly as
     it rotates [B, H, S, d]: position s of head h reads cos/sin row position_ids + s either way, so
@@ -26,15 +34,24 @@ class RotaryBeforeHeadSplit(PatternPass):
     whole Slice that eliminate-noop-layout removes afterwards) the kernel runs on the split heads
     and the attention patterns, which read Q and K as projections, do not see it. The split is
     redone after the kernel, so the Reshape and Transpose that stay are what attention removes.
+    A SimplifiedLayerNormalization over each head's last axis between split and Transpose (Qwen3
+    normalizes each head's Q and K) stays on the heads; its [B, S, H, d] output is viewed as
+    [B, S, H*d] (Reshape [0, 0, -1], no copy) for the kernel, which the attention patterns then
+    read as the projection they expect.
     """
 
     name = "rotary-before-head-split"
     description = "Move a RotaryEmbedding on split heads [B, H, S, d] onto the [B, S, H*d] projection"
     label = "RotaryEmbedding on heads -> on the projection"
     emits = ("com.microsoft::RotaryEmbedding",)
-    pattern = Op("RotaryEmbedding", Op("Transpose", Op("Reshape", Var("x3"), Var("split_shape"), name="split"),
-                                       name="heads", perm=HEADS_PERM),
+    pattern = Op("RotaryEmbedding",
+                 Op("Transpose", Alt(Op("SimplifiedLayerNormalization", _split(), Var("norm_scale"), name="head_norm"),
+                                     _split()), name="heads", perm=HEADS_PERM),
                  Var("position_ids"), Var("cos"), Var("sin"), domain=MS, name="rotary")
+
+    def matches(self, m: Match, g: GraphEditor) -> bool:
+        """A norm between split and Transpose is this pattern only over each head's own axis."""
+        return "head_norm" not in m.nodes or m.node("head_norm").attrs.get("axis", -1) in (-1, 3)
 
     def check(self, m: Match, g: GraphEditor) -> Decline | None:
         split = m.node("split")
@@ -52,10 +69,25 @@ class RotaryBeforeHeadSplit(PatternPass):
         rotated.shape = list(g.shape(x3).dims)  # what later passes of this run read (the tables predate it)
         split_out = g.variable(f"{rotary.name}_split", like=x3)
         split_out.shape = list(g.shape(split.outputs[0]).dims)
+        source, kept = x3, []
+        if "head_norm" in m.nodes:  # the norm stays on the heads; the kernel reads its output as [B, S, H*d]
+            norm = m.node("head_norm")
+            source = g.variable(f"{norm.name}_projection", like=x3)
+            source.shape = list(g.shape(x3).dims)
+            kept = [_copy(split), _copy(norm), gs.Node("Reshape", g.unique_name(f"{norm.name}_projection"), {},
+                                         [norm.outputs[0], g.constant(f"{norm.name}_projection_shape",
+                                                                      np.array([0, 0, -1], np.int64))], [source])]
         return Replacement(nodes=[
-            gs.Node("RotaryEmbedding", g.unique_name(rotary.name), attrs, [x3, *rotary.inputs[1:]], [rotated], domain=MS),
+            *kept,
+            gs.Node("RotaryEmbedding", g.unique_name(rotary.name), attrs, [source, *rotary.inputs[1:]], [rotated],
+                    domain=MS),
             gs.Node("Reshape", g.unique_name(f"{rotary.name}_split"), dict(split.attrs), [rotated, split.inputs[1]],
                     [split_out]),
             gs.Node("Transpose", g.unique_name(f"{rotary.name}_heads"), dict(transpose.attrs), [split_out],
                     [rotary.outputs[0]]),
         ])
+
+
+def _copy(node: gs.Node) -> gs.Node:
+    """The node as it is, for a replacement that keeps it (the matched one is detached when replaced)."""
+    return gs.Node(node.op, node.name, dict(node.attrs), list(node.inputs), list(node.outputs), domain=node.domain)
