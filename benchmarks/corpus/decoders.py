@@ -91,32 +91,16 @@ def _gpt2():
                                  bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1)
 
 
-def _qwen3():
-    from transformers import Qwen3Config, Qwen3Model
-    return Qwen3Model, Qwen3Config(vocab_size=VOCAB, hidden_size=128, intermediate_size=352, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                                   max_position_embeddings=512)
-
-
-def _mistral():
-    from transformers import MistralConfig, MistralModel
-    return MistralModel, MistralConfig(vocab_size=VOCAB, hidden_size=128, intermediate_size=344, num_hidden_layers=2,
-                                       num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                                       max_position_embeddings=512, sliding_window=None)
-
-
-def _gemma():
-    from transformers import GemmaConfig, GemmaModel
-    return GemmaModel, GemmaConfig(vocab_size=VOCAB, hidden_size=128, intermediate_size=344, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                                   max_position_embeddings=512)
-
-
-def _gemma2():
-    from transformers import Gemma2Config, Gemma2Model
-    return Gemma2Model, Gemma2Config(vocab_size=VOCAB, hidden_size=128, intermediate_size=344, num_hidden_layers=2,
-                                     num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                                     query_pre_attn_scalar=32, max_position_embeddings=512, sliding_window=512)
+def _grouped(family: str, **extra) -> Callable[[], tuple[Any, Any]]:
+    """transformers' `{family}Model` at the corpus's grouped size: hidden 128, 2 layers, 4 heads,
+    2 KV heads, head 32, MLP 344 (plus `extra`)."""
+    def make():
+        import transformers
+        config = getattr(transformers, f"{family}Config")(
+            vocab_size=VOCAB, hidden_size=128, intermediate_size=344, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=32, max_position_embeddings=512, **extra)
+        return getattr(transformers, f"{family}Model"), config
+    return make
 
 
 MODELS = [
@@ -125,13 +109,12 @@ MODELS = [
                                  "Q/K/V biases)"),
     Decoder("phi3", _phi3, "Phi3Model(hidden 128, 2 layers, 4 heads = 4 KV heads, head 32, packed QKV)"),
     Decoder("gpt2", _gpt2, "GPT2Model(hidden 128, 2 layers, 4 heads, head 32)"),
-    Decoder("qwen3-gqa", _qwen3, "Qwen3Model(hidden 128, 2 layers, 4 heads, 2 KV heads, head 32, MLP 352; "
-                                 "RMSNorm on each head's Q and K)"),
-    Decoder("mistral-gqa", _mistral, "MistralModel(hidden 128, 2 layers, 4 heads, 2 KV heads, head 32, MLP 344)"),
-    Decoder("gemma-gqa", _gemma, "GemmaModel(hidden 128, 2 layers, 4 heads, 2 KV heads, head 32, MLP 344; "
-                                 "RMSNorm by 1 + weight, tanh GELU, scaled embeddings)"),
-    Decoder("gemma2-gqa", _gemma2, "Gemma2Model(hidden 128, 2 layers, 4 heads, 2 KV heads, head 32, MLP 344; "
-                                   "attention logits soft-capped by tanh, sliding window 512, pre/post norms)",
+    Decoder("qwen3-gqa", _grouped("Qwen3"), "Qwen3Model(grouped size; RMSNorm on each head's Q and K)"),
+    Decoder("mistral-gqa", _grouped("Mistral", sliding_window=None), "MistralModel(grouped size)"),
+    Decoder("gemma-gqa", _grouped("Gemma"),
+            "GemmaModel(grouped size; RMSNorm by 1 + weight, tanh GELU, scaled embeddings)"),
+    Decoder("gemma2-gqa", _grouped("Gemma2", query_pre_attn_scalar=32, sliding_window=512),
+            "Gemma2Model(grouped size; attention logits soft-capped by tanh, sliding window 512, pre/post norms)",
             dynamo_attention="eager"),
 ]
 
