@@ -35,6 +35,12 @@ class Replacement:
     reroute: list[tuple[gs.Tensor, gs.Tensor]] = field(default_factory=list)
 
 
+def kept(node: gs.Node) -> gs.Node:
+    """A matched node as it is, for a replacement that keeps it: `GraphEditor.apply` detaches
+    every covered node, so the replacement carries a copy (same name, attributes and tensors)."""
+    return gs.Node(node.op, node.name, dict(node.attrs), list(node.inputs), list(node.outputs), domain=node.domain)
+
+
 @dataclass(frozen=True)
 class TensorShape:
     """What the checks may rely on: dims that hold for every input shape (ints), symbolic names,

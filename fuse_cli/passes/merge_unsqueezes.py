@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from fuse_cli.graph.edit import GraphEditor, Replacement
+from fuse_cli.graph.edit import GraphEditor, Replacement, kept
 from fuse_cli.match import Match, Op, Var, constant_value
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
@@ -53,9 +53,7 @@ class MergeUnsqueezes(PatternPass):
         if not g.outside_readers(inner.outputs[0], m):
             return Replacement(nodes=[node])
         # the other Unsqueezes still read it: as it was, until they merge too
-        kept = gs.Node(op="Unsqueeze", name=inner.name, attrs=dict(inner.attrs), inputs=list(inner.inputs),
-                       outputs=[inner.outputs[0]])
-        return Replacement(nodes=[kept, node])
+        return Replacement(nodes=[kept(inner), node])
 
 
 def _merged_axes(m: Match, g: GraphEditor) -> list[int] | Decline:

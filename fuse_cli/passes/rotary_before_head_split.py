@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from fuse_cli.graph.edit import GraphEditor, Replacement
+from fuse_cli.graph.edit import GraphEditor, Replacement, kept
 from fuse_cli.match import Alt, Match, Op, Var
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
@@ -69,16 +69,16 @@ class RotaryBeforeHeadSplit(PatternPass):
         rotated.shape = list(g.shape(x3).dims)  # what later passes of this run read (the tables predate it)
         split_out = g.variable(f"{rotary.name}_split", like=x3)
         split_out.shape = list(g.shape(split.outputs[0]).dims)
-        source, kept = x3, []
+        source, kept_nodes = x3, []
         if "head_norm" in m.nodes:  # the norm stays on the heads; the kernel reads its output as [B, S, H*d]
             norm = m.node("head_norm")
             source = g.variable(f"{norm.name}_projection", like=x3)
             source.shape = list(g.shape(x3).dims)
-            kept = [_copy(split), _copy(norm), gs.Node("Reshape", g.unique_name(f"{norm.name}_projection"), {},
-                                         [norm.outputs[0], g.constant(f"{norm.name}_projection_shape",
-                                                                      np.array([0, 0, -1], np.int64))], [source])]
+            flat = g.constant(f"{norm.name}_projection_shape", np.array([0, 0, -1], np.int64))
+            kept_nodes = [kept(split), kept(norm), gs.Node("Reshape", g.unique_name(f"{norm.name}_projection"), {},
+                                                           [norm.outputs[0], flat], [source])]
         return Replacement(nodes=[
-            *kept,
+            *kept_nodes,
             gs.Node("RotaryEmbedding", g.unique_name(rotary.name), attrs, [source, *rotary.inputs[1:]], [rotated],
                     domain=MS),
             gs.Node("Reshape", g.unique_name(f"{rotary.name}_split"), dict(split.attrs), [rotated, split.inputs[1]],
@@ -86,8 +86,3 @@ class RotaryBeforeHeadSplit(PatternPass):
             gs.Node("Transpose", g.unique_name(f"{rotary.name}_heads"), dict(transpose.attrs), [split_out],
                     [rotary.outputs[0]]),
         ])
-
-
-def _copy(node: gs.Node) -> gs.Node:
-    """The node as it is, for a replacement that keeps it (the matched one is detached when replaced)."""
-    return gs.Node(node.op, node.name, dict(node.attrs), list(node.inputs), list(node.outputs), domain=node.domain)
