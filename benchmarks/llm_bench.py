@@ -190,7 +190,7 @@ def bench_model(path: Path, entry: dict, scratch: Path, anchor_python: Path | No
         measured = measure_peak(p, dims=dims, repeats=timing.peak_repeats, int_ranges=ranges)
         # the allocator's exact count where memray is installed: decode-step peaks are sub-MiB,
         # where the resident figure reads hundreds of KiB off
-        rows[key].peak_bytes = measured.allocated_bytes if measured.allocated_bytes is not None else measured.peak_bytes
+        rows[key].peak_bytes = measured.exact_or_resident_bytes
         rows[key].session_ms = timed_session(p, "CPU", "all", timing.session_repeats)[1]
     return ModelRow(path.stem, {k: v for k, v in dims.items() if "+" not in k}, noise,
                     [original, *(rows[t] for t in TOOLS)])

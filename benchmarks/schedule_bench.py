@@ -95,18 +95,13 @@ def run_one(group: str, name: str, model: onnx.ModelProto, work: Path, rule: str
            "seconds": record.seconds if record else 0.0,
            "equal": bitwise_equal(paths["with"], paths["without"], dims)}
     stored = rule == "stored"
-    row["meas_without"] = measured_peak(paths["without"], dims, stored)
-    row["meas_with"] = measured_peak(paths["with"], dims, stored) if record and record.changed else row["meas_without"]
+    row["meas_without"] = measure_peak(paths["without"], dims=dims, stored_order=stored).exact_or_resident_bytes
+    row["meas_with"] = (measure_peak(paths["with"], dims=dims, stored_order=stored).exact_or_resident_bytes
+                        if record and record.changed else row["meas_without"])
     print(f"{group:9} {name:26} {rule:11} est {row['est_without'] / MiB:8.2f} -> {row['est_with'] / MiB:8.2f} MiB  "
           f"meas {_mib(row['meas_without'])} -> {_mib(row['meas_with'])}  LB {row['lower_bound'] / MiB:7.2f}  "
           f"{row['seconds']:5.2f} s  {row['method']}  equal={row['equal']}", file=sys.stderr, flush=True)
     return row
-
-
-def measured_peak(path: Path, dims: dict[str, int], stored_order: bool) -> int | None:
-    """The allocator's exact high-water mark where memray is installed, else the resident peak."""
-    result = measure_peak(path, dims=dims, stored_order=stored_order)
-    return result.allocated_bytes if result.allocated_bytes is not None else result.peak_bytes
 
 
 def stack_times(work: Path, blocks: int) -> list[dict]:

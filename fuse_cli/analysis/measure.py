@@ -73,6 +73,11 @@ class Measurement:
     allocated_bytes: int | None = None
     allocated_reason: str | None = None
 
+    @property
+    def exact_or_resident_bytes(self) -> int | None:
+        """The allocator's exact count where memray measured it, else the resident figure."""
+        return self.allocated_bytes if self.allocated_bytes is not None else self.peak_bytes
+
 
 def method_sentence(repeats: int) -> str:
     return (
