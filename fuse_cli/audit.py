@@ -11,7 +11,7 @@ copies grow with sequence, a folded weight does not).
 from __future__ import annotations
 
 import dataclasses
-import itertools
+import hashlib
 from collections.abc import Mapping, Sequence
 
 import onnx
@@ -57,9 +57,9 @@ class PeakEstimate:
                         if bound.bound_dims and not config.input_shapes else None)
         # A few recent, by identity, stored order (the `schedule` pass reorders a candidate in place)
         # and execution order (None: onnxruntime's).
-        self._profiles: list[tuple[onnx.ModelProto, int, tuple[str, ...], tuple[int, ...] | None, MemoryProfile]] = []
-        self._table_cache: list[tuple[onnx.ModelProto, int, frozenset[str], tuple[ShapeTable, ShapeTable]]] = []
-        self._symbolic: tuple[onnx.ModelProto, ShapeTable, frozenset[str]] | None = None
+        self._profiles: list[tuple[onnx.ModelProto, int, bytes, tuple[int, ...] | None, MemoryProfile]] = []
+        self._table_cache: list[tuple[onnx.ModelProto, int, frozenset[bytes], tuple[ShapeTable, ShapeTable]]] = []
+        self._symbolic: tuple[onnx.ModelProto, ShapeTable, frozenset[bytes]] | None = None
 
     def _setting(self, dims, shapes: ShapeTable, input_shapes) -> _Setting:
         before = profile_memory(self.original, shapes, extra_weights=self.defaults, symbolic_shapes=self.symbolic)
@@ -102,11 +102,11 @@ class PeakEstimate:
                 self._profiles = [*self._profiles[-5:], (model, i, stored, run, profile)]
         return tuple(found[i] for i in indices)
 
-    def _tables(self, model: onnx.ModelProto, index: int, nodes: frozenset[str] | None = None
+    def _tables(self, model: onnx.ModelProto, index: int, nodes: frozenset[bytes] | None = None
                 ) -> tuple[ShapeTable, ShapeTable]:
         """The candidate's sizes at setting `index` and its planner shapes. Shapes do not depend
         on the node order: a reordered model (same nodes, same identity) keeps its tables.
-        nodes: the tensors its nodes write (_structure), when the caller has them."""
+        nodes: its nodes, serialized (_structure), when the caller has them."""
         nodes = _structure(model)[1] if nodes is None else nodes
         for cached, i, fingerprint, tables in self._table_cache:
             if cached is model and i == index and fingerprint == nodes:
@@ -127,7 +127,7 @@ class PeakEstimate:
             sizes=lambda model: self._tables(model, 0)[0], extra_weights=self.defaults, rules=rules,
             floor=lambda model, order: self.profile(model, 0, order).unavoidable_at_peak)
 
-    def _planner_shapes(self, model: onnx.ModelProto, nodes: frozenset[str]) -> ShapeTable:
+    def _planner_shapes(self, model: onnx.ModelProto, nodes: frozenset[bytes]) -> ShapeTable:
         """The shapes with no dim bound, as onnxruntime's planner compares them. onnxruntime infers
         its contrib operators' outputs (MultiHeadAttention, ...) at run time: fill what onnx cannot
         infer from its symbolic inference, only then (on a 12k-node graph it takes longer than the
@@ -212,15 +212,15 @@ def _stored_in(model: onnx.ModelProto, order: Sequence[int]) -> onnx.ModelProto:
     return copy
 
 
-def _structure(model: onnx.ModelProto) -> tuple[tuple[str, ...], frozenset[str]]:
-    """What the caches of a candidate compare to notice an edit in place, cheaply: the stored node
-    order, by each node's first output (a reordering in place changes it), and the tensors its
-    nodes write, which its shapes depend on (a reordering keeps them; a rewrite does not). Each
-    node's outputs are read once: every read of a protobuf field builds a wrapper."""
-    nodes = list(model.graph.node)
-    outputs = [node.output[:] for node in nodes]
-    stored = tuple(names[0] if names else node.name for names, node in zip(outputs, nodes))
-    return stored, frozenset(itertools.chain.from_iterable(outputs))
+def _structure(model: onnx.ModelProto) -> tuple[bytes, frozenset[bytes]]:
+    """What the caches of a candidate compare to notice an edit in place, cheaply: a digest of the
+    nodes in stored order (a reordering in place changes it), and the set of nodes, which the
+    shapes depend on (a reordering keeps it; a rewrite does not). Each node serialized: 0.3 us,
+    where reading its fields builds a wrapper per field, and bytes are not containers the
+    garbage collector walks (a list per node set off full collections of a big process's heap:
+    0.3 s in all at 12k nodes)."""
+    serialized = [node.SerializeToString() for node in model.graph.node]
+    return hashlib.blake2b(b"".join(serialized), digest_size=16).digest(), frozenset(serialized)
 
 
 def _infer(model: onnx.ModelProto, dims, input_shapes) -> ShapeTable:

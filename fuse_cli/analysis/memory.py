@@ -151,7 +151,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from fuse_cli.core.order import consumed_names, execution_order, model_fingerprint, node_label
+from fuse_cli.core.order import consumed_names, execution_order, may_hold_subgraphs, model_fingerprint, node_label
 from fuse_cli.analysis.shapes import ShapeTable, TensorInfo, element_size_bits, infer_shapes, paused_gc
 
 INPUT_PRODUCER = "<input>"
@@ -482,7 +482,7 @@ def _graph(model: onnx.ModelProto, nodes: Sequence[_Node], symbolic_shapes: Shap
     graph = model.graph
     consumed = [node.consumed for node in nodes]
     outputs = [node.output for node in nodes]
-    labels = [node_label(node, index) for index, node in enumerate(nodes)]
+    labels = [node.name or node_label(node, index) for index, node in enumerate(nodes)]  # a call only when unnamed
     producers = _producers(outputs, consumed)
     if all(j < i for i, sources in enumerate(producers) for j in sources):
         order = list(range(len(nodes)))  # stored in order: what execution_order returns
@@ -491,9 +491,10 @@ def _graph(model: onnx.ModelProto, nodes: Sequence[_Node], symbolic_shapes: Shap
     symbolic = symbolic_shapes if symbolic_shapes is not None else infer_shapes(model)
     weights = _weight_names(graph, nodes) | extra
     graph_inputs = [vi.name for vi in graph.input if vi.name and vi.name not in weights]
-    activations = set(graph_inputs)
-    for names in outputs:
-        activations.update(name for name in names if name and name not in weights)
+    activations = set(itertools.chain.from_iterable(outputs))
+    activations -= weights
+    activations.discard("")
+    activations.update(graph_inputs)
     reads = [node.reads for node in nodes]
     # Planner shapes depend on the nodes, not on the order they run in (any topological order
     # propagates the same dims).
@@ -501,7 +502,7 @@ def _graph(model: onnx.ModelProto, nodes: Sequence[_Node], symbolic_shapes: Shap
     planner = _planner_shapes(ordered, _without_data_propagation(model, ordered, symbolic), _declared_dims(graph))
     keys = _planner_keys(activations, planner)
     opset = _default_opset(model)
-    kinds = [(_domain(node), node.op_type) for node in nodes]
+    kinds = [node.kind for node in nodes]
     graph_outputs = {vi.name for vi in graph.output}
     count = Counter(itertools.chain(graph_inputs, itertools.chain.from_iterable(reads),
                                     itertools.chain.from_iterable(outputs), graph_outputs))
@@ -525,11 +526,11 @@ class _Node:
     """A node's fields, read from the protobuf once (see _nodes); attributes are read from `proto`
     (rarely: Concat's axis, scratch sizes), which is never kept past the setup."""
 
-    __slots__ = ("proto", "name", "op_type", "domain", "input", "output", "consumed", "reads")
+    __slots__ = ("proto", "name", "op_type", "domain", "input", "output", "consumed", "reads", "kind")
 
     def __init__(self, proto: onnx.NodeProto, fields: tuple):
         self.proto = proto
-        self.name, self.op_type, self.domain, self.input, self.output, self.consumed, self.reads = fields
+        self.name, self.op_type, self.domain, self.input, self.output, self.consumed, self.reads, self.kind = fields
 
     @property
     def attribute(self):
@@ -551,9 +552,16 @@ def _nodes(stored: Sequence[onnx.NodeProto], serialized: Sequence[bytes]) -> lis
         fields = _NODE_FIELDS.get(key)
         if fields is None:
             # tuples: of strings only, the garbage collector stops tracking them after one look
-            inputs, consumed = tuple(proto.input), consumed_names(proto)
-            fields = _NODE_FIELDS[key] = (proto.name, proto.op_type, proto.domain, inputs, tuple(proto.output),
-                                          tuple(consumed), tuple(_reads(inputs, consumed)))
+            inputs, op_type, domain = tuple(proto.input), proto.op_type, proto.domain
+            explicit = tuple(name for name in inputs if name) if "" in inputs else inputs
+            if may_hold_subgraphs(op_type, domain):
+                consumed = consumed_names(proto)
+                reads = tuple(_reads(inputs, consumed))
+            else:  # its inputs, read once (a field read builds a wrapper)
+                consumed, reads = set(explicit), explicit
+            kind = ("" if domain in _DEFAULT_DOMAINS else domain, op_type)  # (_domain, op_type)
+            fields = _NODE_FIELDS[key] = (proto.name, op_type, domain, inputs, tuple(proto.output),
+                                          tuple(consumed), reads, kind)
         nodes.append(_Node(proto, fields))
     return nodes
 
@@ -710,6 +718,7 @@ class _Planner:
         weight_views: set[str] = set()  # views of weights: no activation bytes at all
         birth: dict[str, int] = {}
         buffer_of_get, keys_get, free, uses, first = self.buffer_of.get, keys.get, self.free, self.uses, self.first
+        born, tenants, tenant_buffers = self.born, self.tenants, self.tenant_buffers
         for name in graph_inputs:
             birth[name] = 0
             if name not in self.absent:
@@ -745,8 +754,13 @@ class _Planner:
                     shared = stack.pop() if stack else None
                 if shared is not None:
                     self._join(shared, name)
-                else:
-                    self._new(name, step)
+                else:  # _new, inlined: once per buffer (12k nodes: 8k times a walk)
+                    buffer_of[name] = buffer = len(first)
+                    first.append(name)
+                    born.append(step)
+                    uses.append(count[name])
+                    tenants.append(name)
+                    tenant_buffers.append(buffer)
             # a release, inlined: it runs once per read and per output (12k nodes: 27k times a walk)
             for name in itertools.chain(reads[i], outputs):
                 buffer = buffer_of_get(name)
@@ -875,11 +889,14 @@ def _without_data_propagation(model: onnx.ModelProto, nodes: Sequence[onnx.NodeP
     """`symbolic` with the dims onnx's data propagation named, and onnxruntime's inference does
     not, marked as placeholders (so `_planner_shapes` redoes them): onnx inferred once more without
     data propagation, only when some shape is read from a value computed at run time."""
-    computed = {name for node in nodes if not (node.op_type == "Constant" and _domain(node) == "")
-                for name in node.output}
-    if not any(len(node.input) > index and node.input[index] in computed for node in nodes
-               for index in [SHAPE_VALUE_INPUT.get(node.op_type) if _domain(node) == "" else None]
-               if index is not None):
+    shape_inputs = {node.input[index] for node in nodes
+                    if (index := SHAPE_VALUE_INPUT.get(node.op_type)) is not None and len(node.input) > index
+                    and _domain(node) == ""}
+    if shape_inputs:  # computed: written by a node, not a Constant
+        shape_inputs &= set(itertools.chain.from_iterable(node.output for node in nodes))
+        shape_inputs -= {name for node in nodes if node.op_type == "Constant" and _domain(node) == ""
+                         for name in node.output}
+    if not shape_inputs:
         return symbolic
     plain = infer_shapes(model, data_propagation=False)
     placeholders = dict(symbolic.placeholders)
@@ -897,14 +914,17 @@ def _runtime_dims(node: onnx.NodeProto, raw: tuple, known: tuple, shapes: Mappin
     """One output's dims as onnxruntime infers them: where onnx wrote a placeholder (or, when an
     input changed, a name), what the operator's inference makes of its inputs' dims as
     onnxruntime sees them."""
-    inputs = [(shapes.get(i), raw_of.get(i)) for i in node.input if i]
+    inputs = None   # (shape info, placeholders) of each input, read on first need
+    passed = None   # each input placeholder's dim as onnxruntime sees it, the first input's first
     rank = len(known)
     dims = list(known)
     op = node.op_type if _domain(node) == "" else ""
     for index, (dim, placeholder) in enumerate(zip(known, raw)):
+        if placeholder is None and (not touched or not isinstance(dim, str)):
+            continue
+        if inputs is None:
+            inputs = [(shapes.get(i), raw_of.get(i)) for i in node.input if i]
         if placeholder is None:
-            if not touched or not isinstance(dim, str):
-                continue
             if op not in _BROADCAST_OPS and op != "Concat" and not (op == "MatMul" and index < rank - 2):
                 # A name survives only where an input still carries it.
                 carried = any(info is not None and info.shape is not None and dim in info.shape for info, _ in inputs)
@@ -921,10 +941,14 @@ def _runtime_dims(node: onnx.NodeProto, raw: tuple, known: tuple, shapes: Mappin
                       and len(info.shape) == rank]
             dims[index] = None if index == axis else _first_known(shape[index] for shape in ranked)
         else:  # a dim passed through: the input dim onnx copied it from
-            dims[index] = next((
-                info.shape[k] for info, source in inputs if info is not None and source is not None
-                and info.shape is not None and len(info.shape) == len(source)
-                for k, d in enumerate(source) if d == placeholder), None)
+            if passed is None:
+                passed = {}
+                for info, source in inputs:
+                    if info is not None and source is not None and info.shape is not None \
+                            and len(info.shape) == len(source):
+                        for d, value in zip(source, info.shape):
+                            passed.setdefault(d, value)
+            dims[index] = passed.get(placeholder)
     return tuple(dims)
 
 
