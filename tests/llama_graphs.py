@@ -17,7 +17,8 @@ def llama_attention_model(*, heads: int = 4, kv_heads: int = 2, head_size: int =
                           tables: str = "computed", half_bounds: str = "shape", mask: str = "causal-padding",
                           repeat: str = "expand", scale: str = "mul", seq: str | int = "sequence",
                           rotate_order: str = "neg-upper", dynamo: bool = False,
-                          flat_shape: str = "key", cache: str = "none", partial: bool = False) -> onnx.ModelProto:
+                          flat_shape: str = "key", cache: str = "none", partial: bool = False,
+                          softcap: tuple[float, float] | None = None) -> onnx.ModelProto:
     """freqs: positions times inv_freq by "mul" ([1, S, 1] * [d/2]) or "matmul" ([1, d/2, 1] @ [1, 1, S],
     transposed). tables: "computed" (Cos/Sin of Concat(f, f)), "uneven" (Concat(f, 2f): halves differ),
     "inputs" (cos/sin graph inputs [1, sequence, d]) or "constant" (a static-length table; seq must be
@@ -35,7 +36,8 @@ def llama_attention_model(*, heads: int = 4, kv_heads: int = 2, head_size: int =
     past_sequence, d] concatenated before the new K/V into the present outputs, the mask over
     attention_mask [batch, past_sequence + sequence] with the causal offset of the past). partial: as
     transformers' partial-rotary code (Phi-3) writes it with a rotary dim that is the whole head:
-    Concat(rotary(x[..., :d]), x[..., d:]), the second piece empty."""
+    Concat(rotary(x[..., :d]), x[..., d:]), the second piece empty. softcap (a, b): Gemma2's soft cap on
+    the scaled scores before the mask, tanh(s / a) * b (a == b is a soft cap)."""
     b = GraphBuilder(opset=17, seed=5)
     hidden, kv_hidden, half = heads * head_size, kv_heads * head_size, head_size // 2
     x = b.input("hidden", ["batch", seq, hidden])
@@ -127,6 +129,9 @@ def llama_attention_model(*, heads: int = 4, kv_heads: int = 2, head_size: int =
         scores = b.op("MatMul", q, b.op("Transpose", k, perm=[0, 1, 3, 2]))
         scores = (b.op("Mul", scores, b.const(np.float32(head_size**-0.5))) if scale == "mul"
                   else b.op("Div", scores, b.const(np.float32(3.0))))
+    if softcap is not None:
+        divisor, cap = softcap
+        scores = b.op("Mul", b.op("Tanh", b.op("Div", scores, b.const(np.float32(divisor)))), b.const(np.float32(cap)))
     if mask != "none":
         m = b.input("attention_mask", ["batch", "past_sequence + sequence" if cache == "past" else seq], TensorProto.INT64)
         rows = b.op("Range", b.const(np.array(0, np.int64)), length, b.const(np.array(1, np.int64)))

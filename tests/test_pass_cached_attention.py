@@ -121,6 +121,7 @@ DECLINES = {
                                     "is not provably [batch or 1, 1 or 4, sequence, key length]"),
     "dynamo-flattened-to-d-first": (dict(dynamo=True, flat_shape="d-first"),
                                     "are not provably K^T through a batch-flattened view"),
+    "soft-capped-scores": (dict(softcap=(0.7, 0.7)), "MultiHeadAttention has no soft cap"),
 }
 
 

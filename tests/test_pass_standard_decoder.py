@@ -40,6 +40,8 @@ FORMS = {  # llama_attention_model's switches, the heads and K/V heads, whether 
     "decode-grouped": (dict(cache="past"), 4, 2),
     "decode-no-repeat": (dict(cache="past", kv_heads=4, repeat="none"), 4, 4),
     "decode-dynamo-sdpa": (dict(cache="past", dynamo=True), 4, 2),
+    "prefill-soft-capped": (dict(softcap=(0.7, 0.7)), 4, 2),
+    "decode-soft-capped": (dict(cache="past", softcap=(0.7, 0.7)), 4, 2),
 }
 
 
@@ -54,6 +56,7 @@ def test_decoder_attention_fuses_into_standard_operators(form, tmp_path):
     attrs = attrs_of(result.model, "Attention")
     assert (attrs["q_num_heads"], attrs["kv_num_heads"], attrs["is_causal"]) == (heads, kv_heads, 0)
     assert attrs.get("scale") == (pytest.approx(1 / 3) if kwargs.get("scale") == "div" else None)
+    assert attrs.get("softcap") == (pytest.approx(kwargs["softcap"][0]) if "softcap" in kwargs else None)
     (node,) = [n for n in result.model.graph.node if n.op_type == "Attention"]
     if kwargs.get("cache") == "past":  # the cache Concat is gone: past in, present out
         assert list(node.input)[4:] == ["past_key", "past_value"] and list(node.output)[1:] == ["present_key",

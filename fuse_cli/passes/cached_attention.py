@@ -62,6 +62,10 @@ class FuseCachedAttention(PatternPass):
     def check(self, m: Match, g: GraphEditor) -> Decline | None:
         if decline := softmax_key_axis_decline(m.node("softmax"), g.opset):
             return decline
+        if "softcap" in m.nodes:
+            return Decline(f"the scores are soft-capped ({m.node('softcap_tanh').name}: tanh(s / c) * c, as Gemma2's): "
+                           "MultiHeadAttention has no soft cap, and GroupQueryAttention's, over a past, runs on the CPU "
+                           "only at batch 1 or sequence 1, which the graph's symbolic dims do not promise")
         split = split_of(m, g, "query")
         if isinstance(split, Decline):
             return split

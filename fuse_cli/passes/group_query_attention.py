@@ -7,13 +7,13 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from fuse_cli.graph.edit import GraphEditor, Replacement, label
+from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Match
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
 from fuse_cli.toolkit.attention_forms import PREFILL
-from fuse_cli.toolkit.attention_proofs import (grouped_heads, key_t_decline, mask_fits, merge_decline,
-                                               scale_decline, scale_of, split_of)
+from fuse_cli.toolkit.attention_proofs import (grouped_heads, key_t_decline, mask_fits, merge_decline, read_outside,
+                                               scale_decline, scale_of, softcap_of, split_of)
 from fuse_cli.toolkit.runtime_shapes import unnamed_like_the_original, unnamed_where_it_was
 
 
@@ -26,7 +26,7 @@ class FuseGroupQueryAttention(PatternPass):
         ─ (Add(mask)) ─ Softmax ─ MatMul ─ Transpose[0,2,1,3] ─ Reshape[0,0,H*d]
       v [B, S, KV*d] ─ Reshape[0,0,KV,d] ─ Transpose ─ Unsqueeze(2) ─ Expand ─ Reshape ──┘
         =>  GroupQueryAttention(q, k, v, seqlens_k=S-1 per row, total_sequence_length=S,
-                                attention_bias=mask; num_heads=H, kv_num_heads=KV, causal=0)
+                                attention_bias=mask; num_heads=H, kv_num_heads=KV, causal=0, softcap)
 
     repeat_kv makes head h read K/V head h // n (the Reshape merges [KV, n] row-major), which is
     GroupQueryAttention's grouping, so the repeated copies are never built. With causal=0 the
@@ -35,7 +35,8 @@ class FuseGroupQueryAttention(PatternPass):
     and total_sequence_length then say "a prompt of S tokens, no past" for every row. Q and K come
     in their [B, S, hidden] form (rotary-embedding leaves them so). The repeat's shapes are proved
     from the inferred shapes ([B, KV, n, S, d] and [B, KV*n, S, d]); scale is the product of the
-    constant scalars on the scores (and FusedMatMul's alpha). CPU kernel: float32, float16, head
+    constant scalars on the scores (and FusedMatMul's alpha); Gemma2's soft cap tanh(s / c) * c
+    on the scaled scores, before the mask, is the kernel's `softcap` (applied in that order). CPU kernel: float32, float16, head
     size % 8 == 0; CUDA's has no float32 kernel and its causal=0 + attention_bias path is not
     verified by fuse, so targets with CUDA decline. A prefill graph's present K/V outputs (the K/V
     heads before the repeat) become the node's present_key/present_value outputs. Where the mask
@@ -66,18 +67,8 @@ class FuseGroupQueryAttention(PatternPass):
             return Decline(f"head size {d} is not a multiple of 8, which GroupQueryAttention's CPU kernel needs")
         if decline := merge_decline(m, g, h * d, rows=False) or key_t_decline(m, g, d) or scale_decline(m):
             return decline
-        for role in ("key", "value"):
-            heads = m.node(f"{role}_heads").outputs[0]
-            readers = g.outside_readers(heads, m)
-            if readers:
-                # Read elsewhere, the heads would come out of the kernel as a present output, and
-                # with its presents returned it holds more than the decomposed attention did
-                # (bert-base's dynamo export, when a Shape that only sized the match counted as a
-                # reader: 8.25 -> 15.86 MiB at batch 1 x 128). A present that is a graph output
-                # (a prefill's KV cache) is what it is for.
-                return Decline(f"{heads.name!r} (the {role} heads) is read by {label(readers[0])} outside the attention: "
-                               "GroupQueryAttention would return it as a present output, which measured a higher "
-                               "peak than the decomposed attention")
+        if isinstance(cap := softcap_of(m), Decline):
+            return cap
         mask = m.tensor("mask")
         if mask is not None and not mask_fits(m, g, h, g.shape(m.tensor("query")).dims[1]):
             shape = g.shape(mask)
@@ -91,6 +82,8 @@ class FuseGroupQueryAttention(PatternPass):
         attrs = {"num_heads": h, "kv_num_heads": kv, "causal": 0}
         if not np.isclose(scale, d**-0.5, rtol=1e-6, atol=0):
             attrs["scale"] = scale
+        if (cap := softcap_of(m)) is not None:
+            attrs["softcap"] = cap  # the kernel caps the scaled scores, then adds attention_bias
         base, nodes = m.node("softmax").name, []
         key = m.tensor("key")
         dims = _node(g, nodes, "Shape", [key], base)  # [B, S, KV*d]: a prompt of S tokens per row
@@ -105,15 +98,16 @@ class FuseGroupQueryAttention(PatternPass):
         if mask is not None:
             inputs += [gs.Variable.empty()] * 3 + [mask]
         presents = [m.node(f"{role}_heads").outputs[0] for role in ("key", "value")]
+        kept = [read_outside(t, m, g) for t in presents]
         y = m.root.outputs[0]
         unnamed = unnamed_where_it_was([m.tensor("query"), key, m.tensor("value"), mask], y)
         outputs = [g.variable(f"{base}_gqa_out") if unnamed else y]
-        # check() declined heads read by any node outside: what remains is a graph output (a
-        # prefill's KV cache). Both or neither: the kernel refuses one present without the other;
-        # the one that is not a graph output gets a name of its own.
-        if any(g.is_graph_output(t) for t in presents):
-            outputs += [t if g.is_graph_output(t) else g.variable(f"{base}_present_{role}")
-                        for t, role in zip(presents, ("key", "value"))]
+        # Heads read after the attention (a prefill's KV cache, or a sliding window's slice of it)
+        # are the kernel's present outputs. Both or neither: the kernel refuses one present without
+        # the other; one nobody reads gets a name of its own.
+        if any(kept):
+            outputs += [t if keep else g.variable(f"{base}_present_{role}")
+                        for t, keep, role in zip(presents, kept, ("key", "value"))]
         nodes.append(gs.Node("GroupQueryAttention", g.unique_name(f"{base}_gqa"), attrs, inputs, outputs,
                              domain="com.microsoft"))
         if unnamed:

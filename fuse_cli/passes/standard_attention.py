@@ -13,7 +13,7 @@ from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
 from fuse_cli.toolkit.attention_forms import DECODER
 from fuse_cli.toolkit.attention_proofs import (grouped_heads, key_t_decline, mask_fits, merge_decline, merged_rows,
-                                               read_outside, scale_decline, scale_of, split_of)
+                                               read_outside, scale_decline, scale_of, softcap_of, split_of)
 from fuse_cli.toolkit.shapes import same_dim
 
 
@@ -31,7 +31,8 @@ class FuseStandardAttention(PatternPass):
       k [B, S, KV*d] ─ Reshape ─ Transpose ─ (Concat(past_key, ., axis 2) = present_key) ─ repeat_kv ─ K^T ─ MatMul
         ─ (*c) ─ (Add(mask)) ─ Softmax ─ MatMul ─ Transpose[0,2,1,3] ─ Reshape[0,0,H*d] ─ y
       v [B, S, KV*d] ─ Reshape ─ Transpose ─ (Concat(past_value, ., axis 2) = present_value) ─ repeat_kv ┘
-        =>  Attention(q, k, v, attn_mask=mask, past_key, past_value; q_num_heads=H, kv_num_heads=KV, scale)
+        =>  Attention(q, k, v, attn_mask=mask, past_key, past_value; q_num_heads=H, kv_num_heads=KV, scale,
+                      softcap)
               -> y, present_key, present_value
 
     The 3-D form: Q/K/V in their projected [B, S, heads*d] form (standard-rotary-embedding leaves
@@ -68,6 +69,8 @@ class FuseStandardAttention(PatternPass):
         if decline := (_cache_decline(m, g, kv, d) or merge_decline(m, g, h * d, rows=True) or scale_decline(m)
                        or key_t_decline(m, g, d)):
             return decline
+        if isinstance(cap := softcap_of(m), Decline):
+            return cap
         mask = m.tensor("mask")
         if mask is not None:
             total = g.shape(m.node("context").inputs[1])  # V as read: [B, H, T, d]
@@ -87,6 +90,8 @@ class FuseStandardAttention(PatternPass):
         scale = scale_of(m)  # float64 product, rounded once into the attribute
         if not np.isclose(scale, d**-0.5, rtol=1e-6, atol=0):
             attrs["scale"] = scale
+        if (cap := softcap_of(m)) is not None:
+            attrs["softcap"] = cap  # applied to the scaled scores before attn_mask, as the graph does
         mask, nodes = m.tensor("mask"), []
         if mask is not None:  # onnxruntime zeroes rows masked with exactly float32's lowest; -1e30 averages them as the graph does
             clamped = g.variable(f"{mask.name}_clamped", like=mask)

@@ -41,8 +41,16 @@ def scaled(x: Pattern, role: str) -> Alt:
     return Alt(Op(("Mul", "Div"), x, Var(f"{role}_scale", const=True), name=f"{role}_scaling"), x)
 
 
+def soft_capped(scores: Pattern) -> Alt:
+    """Gemma2's soft cap on the scores, tanh(s / c) * c (or s * (1/c)), before the mask; or none."""
+    tanh = Op("Tanh", Op(("Div", "Mul"), scores, Var("softcap_in", const=True), name="softcap_in_scaling"),
+              name="softcap_tanh")
+    return Alt(Op("Mul", tanh, Var("softcap_out", const=True), name="softcap"), scores)
+
+
 def attention(key: Pattern, value: Pattern) -> Op:
-    """merge_heads(softmax(split(Q) K^T * scale + mask) V) with K and V [B, H, T, d] as `key` and `value` match.
+    """merge_heads(softmax(cap(split(Q) K^T * scale) + mask) V) with K and V [B, H, T, d] as `key` and `value`
+    match; cap: soft_capped, or none.
 
     K^T: a Transpose, FusedMatMul's transB, or (torch's dynamo) a batch-flattened view: Reshape
     [-1, T, d], Transpose [0, 2, 1], Reshape [B, H, d, T] (toolkit.heads.flattened_key_t proves it).
@@ -54,6 +62,7 @@ def attention(key: Pattern, value: Pattern) -> Op:
     scores = scaled(Alt(Op("MatMul", scaled(heads("query"), "query"), scaled(key_t, "key"), name="qk"),
                         Op("FusedMatMul", heads("query"), key, domain="com.microsoft", name="qk", transB=1,
                            transA=NOT_SET, transBatchA=NOT_SET, transBatchB=NOT_SET)), "score")
+    scores = soft_capped(scores)
     softmax = Op("Softmax", Alt(Op("Add", scores, Var("mask"), name="mask_add"), scores), name="softmax")
     zero = Const(lambda v: v.size == 1 and v.item() == 0)
     probs = Alt(Op("Where", Op("IsNaN", Var("softmax"), name="nan_test"), zero, softmax, name="nan_guard"), softmax)

@@ -94,6 +94,24 @@ def scale_of(m: Match) -> float:
     return scale
 
 
+def softcap_of(m: Match) -> float | Decline | None:
+    """The soft cap c of tanh(s / c) * c on the scores (attention_forms.soft_capped), in float64; None
+    where the scores are not capped."""
+    if "softcap" not in m.nodes:
+        return None
+    inner, outer = (constant_value(m.tensor(f"softcap_{side}")) for side in ("in", "out"))
+    if inner is None or outer is None or inner.size != 1 or outer.size != 1:
+        return Decline(f"{m.node('softcap_tanh').name} is not between two constant scalars (a soft cap tanh(s / c) * c)")
+    divisor = float(inner.reshape(-1)[0])
+    if m.node("softcap_in_scaling").op == "Mul":
+        divisor = 1.0 / divisor if divisor else np.inf
+    cap = float(outer.reshape(-1)[0])
+    if not (np.isfinite(cap) and cap > 0 and np.isclose(divisor, cap, rtol=1e-6, atol=0)):
+        return Decline(f"the scores go through tanh(s / {divisor:g}) * {cap:g}, not a soft cap tanh(s / c) * c "
+                       f"with one positive c")
+    return cap
+
+
 def mask_fits(m: Match, g: GraphEditor, h: int, length) -> bool:
     """The additive mask is [B or 1, 1 or H, S, length] of the query's dtype, S the query's length:
     the fused kernels broadcast it over the batch and the heads only."""
