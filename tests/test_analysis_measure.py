@@ -290,6 +290,19 @@ def variadic(op, count, broadcast=False):
     return model(nodes, [value("x", x)], [value("y", x)], [floats("row", [256])] if broadcast else [], opset=13)
 
 
+def variadic_into_a_held_buffer():
+    """Sum over four computed [16, 256, 256] tensors (4 MiB each), e0 = Cos(x) * w with w reduced
+    from t = Exp(x), computed last (stored first: onnxruntime's walk visits the highest index first): Cos(x)
+    dies just before the Sum, and its buffer is the one the planner gives the Sum's output s, held
+    already, so both partial results come on top of the held buffers."""
+    x = [16, 256, 256]
+    nodes = [node("Cos", ["x"], ["c"]), node("Exp", ["x"], ["t"]), node("ReduceSum", ["t", "axes"], ["w"]),
+             node("Mul", ["c", "w"], ["e0"]), node("Neg", ["x"], ["e3"]), node("Exp", ["x"], ["e1"]),
+             node("Sin", ["x"], ["e2"]), node("Sum", ["e0", "e1", "e2", "e3"], ["s"]), node("Neg", ["s"], ["y"])]
+    axes = numpy_helper.from_array(np.array([2], np.int64), "axes")
+    return model(nodes, [value("x", x)], [value("y", x)], [axes], opset=13)
+
+
 @pytest.mark.parametrize(("build", "mib"), [
     # x + e0..e2 + y = 20 MiB, and the first pair's sum beside the output: 24
     (lambda: variadic("Sum", 3), 24),
@@ -297,6 +310,8 @@ def variadic(op, count, broadcast=False):
     (lambda: variadic("Sum", 4), 28),
     (lambda: variadic("Mean", 3), 24),
     (lambda: variadic("Max", 3, broadcast=True), 20),
+    # x + e0..e3 + s in Cos(x)'s held buffer = 24 MiB, and both partial results on top: 32
+    (variadic_into_a_held_buffer, 32),
 ])
 def test_variadic_kernels_sum_through_temporaries(build, mib):
     m = build()

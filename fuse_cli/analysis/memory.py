@@ -88,6 +88,11 @@ Workspace. Kernel scratch, live while its node runs:
   pixels; else one 128x128-float tile (64 KiB) per thread;
 - Dropout from opset 12 without a mask output fills a mask anyway: one byte per element
   (cpu/nn/dropout_op.h);
+- Sum, Mean, Max and Min over n > 2 inputs combine them pairwise into temporaries, two alive at
+  once while n > 3, and ask for their output only for the last pair (UntypedBroadcastVariadic):
+  a fresh output takes the place of the first temporary, one the planner handed a held buffer
+  does not, so the scratch depends on the plan (_Plan.held_outputs; randwire networks, found
+  by memray's exact count: one 0.38 MiB temporary missing at the peak);
 - com.microsoft BiasGelu, and FastGelu given a bias, write input + bias into a temporary the
   size of the output before the Erf/Tanh pass (BiasGelu::Compute, contrib_ops/cpu/bert/
   bias_gelu.cc); measured: one output's worth. Gelu, FastGelu without a bias, FusedMatMul,
@@ -267,6 +272,10 @@ def _profile(setup: _Setup, plan: _Plan, sized: _Sized, absent: frozenset[str]) 
     else:
         known, unknown = sized.known, sized.unknown
     workspace = sized.workspace
+    if sized.held_workspace and (held := plan.held_outputs.intersection(sized.held_workspace)):
+        workspace = list(workspace)
+        for step in held:
+            workspace[step] = sized.held_workspace[step]
     steps = len(labels)
     if steps:
         # Live bytes per step by a difference array over the buffers' lifetimes.
@@ -299,8 +308,9 @@ def _profile(setup: _Setup, plan: _Plan, sized: _Sized, absent: frozenset[str]) 
         stored = setup.order[peak_step]
         own.update(graph.reads[stored], graph.outputs[stored])
     # A view's buffer is listed under its source's name, which may not be the node's own: counted
-    # as avoidable, so the bound stays a bound.
-    unavoidable = sum(t.nbytes for t in live if t.name in own or t.name == WORKSPACE)
+    # as avoidable, so the bound stays a bound. The scratch too: the least the kernel needs in any
+    # plan (a variadic node's output written fresh, not into a held buffer).
+    unavoidable = sum(t.nbytes for t in live if t.name in own) + (sized.workspace[peak_step] if peak_step >= 0 else 0)
 
     written: dict[str, int] = {}
     for op_type, name in zip(plan.write_ops, plan.writes):
@@ -335,12 +345,14 @@ def _largest(producer: Mapping[str, str], known: Mapping[str, int]) -> list[str]
 
 @dataclass
 class _Sized:
-    """What a model's walk needs from one shape table."""
+    """What a model's walk needs from one shape table. held_workspace: the scratch of the steps
+    whose kernel needs more when the plan writes its output into a held buffer (variadic ops)."""
 
     known: dict[str, int]
     unknown: tuple[str, ...]
     workspace: list[int]
     weight_bytes: int
+    held_workspace: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -377,9 +389,11 @@ class _Graph:
     explicit: _Setup | None = None       # the last order given (a scheduler's candidate)
     by_table: dict[int, tuple[ShapeTable, tuple]] = field(default_factory=dict)
 
-    def sized(self, shapes: ShapeTable) -> tuple[dict[str, int], dict[int, int], int]:
+    def sized(self, shapes: ShapeTable) -> tuple[dict[str, int], dict[int, int], int, dict[int, int]]:
         """The bytes of each activation whose size is known, the scratch of the nodes that have
-        some (by stored index) and the resident weights' bytes, at `shapes`: shared by every order."""
+        some (by stored index), the resident weights' bytes, and the scratch of the variadic nodes
+        whose output, written into a held buffer, changes theirs (by stored index), at `shapes`:
+        shared by every order."""
         held = self.by_table.get(id(shapes))
         if held is not None and held[0] is shapes:
             return held[1]
@@ -399,9 +413,11 @@ class _Graph:
                 known[name] = size
         scratch = {stored: size for stored, node in self.scratch_nodes
                    if (size := _workspace_bytes(node, shapes, self.opset))}
+        held = {stored: size for stored, node in self.scratch_nodes if _is_variadic(node)
+                and (size := _variadic_workspace(node, shapes, output_held=True)) != scratch.get(stored, 0)}
         weight_bytes = self.initializer_bytes + sum(
             size or 0 for name, fallback in self.constants for size in [shapes.nbytes(name) or fallback])
-        result = (known, scratch, weight_bytes)
+        result = (known, scratch, weight_bytes, held)
         self.by_table[id(shapes)] = (shapes, result)  # the table is held: its id stays its own
         return result
 
@@ -425,13 +441,14 @@ class _Setup:
         held = self.by_table.get(id(shapes))
         if held is not None and held[0] is shapes:
             return held[1]
-        known, scratch, weight_bytes = self.graph.sized(shapes)
+        known, scratch, weight_bytes, held = self.graph.sized(shapes)
         workspace = [0] * len(self.labels)
         if scratch:
             for step, stored in enumerate(self.order):
                 workspace[step] = scratch.get(stored, 0)
+        held_workspace = {step: held[stored] for step, stored in enumerate(self.order) if stored in held} if held else {}
         unknown = () if len(known) == len(self.producer) else tuple(name for name in self.producer if name not in known)
-        result = _Sized(known, unknown, workspace, weight_bytes)
+        result = _Sized(known, unknown, workspace, weight_bytes, held_workspace)
         self.by_table[id(shapes)] = (shapes, result)  # the table is held: its id stays its own
         return result
 
@@ -674,6 +691,8 @@ class _Plan:
     # in two lists, not a pair each (fewer objects for the garbage collector to look at)
     write_ops: list[str]
     writes: list[str]
+    # the steps whose first output went into a buffer allocated before (reused or in place)
+    held_outputs: set[int] = field(default_factory=set)
 
     def occupants(self, buffers: set[int], step: int) -> dict[int, str]:
         """Each of `buffers`' tenant at `step`: the last one born by then."""
@@ -719,6 +738,7 @@ class _Planner:
         birth: dict[str, int] = {}
         buffer_of_get, keys_get, free, uses, first = self.buffer_of.get, keys.get, self.free, self.uses, self.first
         born, tenants, tenant_buffers = self.born, self.tenants, self.tenant_buffers
+        held_outputs: set[int] = set()
         for name in graph_inputs:
             birth[name] = 0
             if name not in self.absent:
@@ -754,6 +774,8 @@ class _Planner:
                     shared = stack.pop() if stack else None
                 if shared is not None:
                     self._join(shared, name)
+                    if index == 0:
+                        held_outputs.add(step)
                 else:  # _new, inlined: once per buffer (12k nodes: 8k times a walk)
                     buffer_of[name] = buffer = len(first)
                     first.append(name)
@@ -785,7 +807,7 @@ class _Planner:
         written = [(i, name) for i in setup.order for name in graph.outputs[i] if name in activations and name not in views]
         return _Plan(views, birth, rank, first, np.array(self.born, dtype=np.int64), np.array(deaths, dtype=np.int64),
                      self.tenants, self.tenant_buffers, [graph.op_types[i] for i, _ in written],
-                     [name for _, name in written])
+                     [name for _, name in written], held_outputs)
 
     def _new(self, name: str, step: int) -> None:
         buffer = len(self.first)
@@ -1037,7 +1059,7 @@ def _workspace_bytes(node: onnx.NodeProto, shapes: ShapeTable, opset: int) -> in
         return shapes.nbytes(node.output[0]) or 0
     if domain == "" and node.op_type == "Where":
         return _where_workspace(node, shapes)
-    if domain == "" and node.op_type in _VARIADIC_OPS and len([i for i in node.input if i]) > 2:
+    if _is_variadic(node):
         return _variadic_workspace(node, shapes)
     if domain == "" and node.op_type == "LRN":
         return _lrn_workspace(node, shapes)
@@ -1073,11 +1095,16 @@ def _where_workspace(node: onnx.NodeProto, shapes: ShapeTable) -> int:
 _VARIADIC_OPS = frozenset({"Sum", "Mean", "Max", "Min"})
 
 
-def _variadic_workspace(node: onnx.NodeProto, shapes: ShapeTable) -> int:
+def _is_variadic(node: onnx.NodeProto) -> bool:
+    return _domain(node) == "" and node.op_type in _VARIADIC_OPS and len([i for i in node.input if i]) > 2
+
+
+def _variadic_workspace(node: onnx.NodeProto, shapes: ShapeTable, *, output_held: bool = False) -> int:
     """The temporaries of Sum/Mean/Max/Min over n > 2 inputs, in bytes; 0 when unknown. Partial
-    results p0 = in0 (+) in1, p1 = p0 (+) in2, ...; while p[i] is computed p[i-1] is alive (before the
-    output exists), and the last partial is alive beside the output: the most of p[-1] and
-    p[i-1] + p[i] - output (the output is counted beside the scratch)."""
+    results p0 = in0 (+) in1, p1 = p0 (+) in2, ...; while p[i] is computed p[i-1] is alive, and the
+    last partial is alive beside the output, which the kernel asks for last: the most of p[-1] and
+    p[i-1] + p[i], less the output where the plan allocates it fresh (it is counted beside the
+    scratch and takes p[0]'s place), in full where it is a buffer held before (output_held)."""
     infos = [shapes.get(name) for name in node.input if name]
     out = shapes.get(node.output[0])
     if out is None or out.shape is None or any(i is None or i.shape is None or not all(isinstance(d, int) for d in i.shape)
@@ -1090,7 +1117,7 @@ def _variadic_workspace(node: onnx.NodeProto, shapes: ShapeTable) -> int:
     for info in infos[1:-1]:
         shape = _broadcast_static(shape, info.shape)
         partials.append(math.prod(shape))
-    output = math.prod(out.shape)
+    output = 0 if output_held else math.prod(out.shape)
     held = [partials[-1]] + [a + b - output for a, b in zip(partials, partials[1:])]
     return bits // 8 * max(0, *held)
 
