@@ -3,10 +3,11 @@
     .venv/bin/python benchmarks/memory_truth.py [--only NAME,...] [--targets onnx,ort-cpu]
                                                 [--settings small,large] [--out benchmarks/results]
 
-Models: sample_models/*.onnx, the nine light zoo models inside the onnx package, and the corpora
-in benchmarks/corpus/models and benchmarks/corpus/heldout-models (`make bench-corpus` builds both;
-or $FUSE_CORPUS_DIRS, colon-separated),
-whatever exists when it runs. A folder's manifest.json, where present, gives each file's symbolic
+Models: sample_models/*.onnx, the nine light zoo models inside the onnx package, the "branchy"
+models built in code (branchy_models.py: four randomly wired networks, whose Sum nodes over 3 to 7
+inputs no export has, and a transformer block with parallel Q/K/V), and the corpora in
+benchmarks/corpus/models and benchmarks/corpus/heldout-models (`make bench-corpus` builds both;
+or $FUSE_CORPUS_DIRS, colon-separated), whatever exists when it runs. A folder's manifest.json, where present, gives each file's symbolic
 dims, its `small` and `large` settings and the valid ranges of its integer inputs.
 
 Per model, target (`--target onnx`, `--target ort-cpu`) and setting: fuse's estimate before and
@@ -36,6 +37,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -44,6 +46,9 @@ import onnx
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from branchy_models import parallel_qkv_transformer, randwire  # noqa: E402 - the benchmarks' own builders
 
 from fuse_cli import api  # noqa: E402
 from fuse_cli.analysis.measure import measure_peak  # noqa: E402
@@ -110,6 +115,7 @@ def light_models_dir() -> Path:
 def discover() -> list[Model]:
     models = [Model(p, "samples", []) for p in sorted((REPO / "sample_models").glob("*.onnx"))]
     models += [Model(p, "light-zoo", []) for p in sorted(light_models_dir().glob("light_*.onnx"))]
+    models += [Model(p, "branchy", []) for p in built_branchy_models()]
     for folder in CORPUS_DIRS:
         manifest = _read_manifest(folder / "manifest.json")
         for path in sorted(folder.glob("*.onnx")):
@@ -119,6 +125,18 @@ def discover() -> list[Model]:
     for model in models:
         model.symbols = _input_symbols(model.path)
     return models
+
+
+def built_branchy_models() -> list[Path]:
+    """The schedule benchmark's graphs built in code, saved into a folder of their own."""
+    folder = Path(tempfile.mkdtemp(prefix="fuse-branchy-"))
+    built = [(f"randwire-ws-seed{seed}", randwire(seed)) for seed in range(4)]
+    built.append(("transformer-parallel-qkv", parallel_qkv_transformer()))
+    paths = []
+    for name, model in built:
+        onnx.save(model, folder / f"{name}.onnx")
+        paths.append(folder / f"{name}.onnx")
+    return paths
 
 
 def _read_manifest(path: Path) -> dict:
