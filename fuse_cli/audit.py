@@ -125,7 +125,8 @@ class PeakEstimate:
         return Estimates(
             peaks=lambda model, order: tuple(profile.peak_bytes for profile in self.profiles(model, order)),
             sizes=lambda model: self._tables(model, 0)[0], extra_weights=self.defaults, rules=rules,
-            floor=lambda model, order: self.profile(model, 0, order).unavoidable_at_peak)
+            floor=lambda model, order: self.profile(model, 0, order).unavoidable_at_peak,
+            held=lambda model: self.profile(model, 0).held_across_peak)
 
     def _planner_shapes(self, model: onnx.ModelProto, nodes: frozenset[bytes]) -> ShapeTable:
         """The shapes with no dim bound, as onnxruntime's planner compares them. onnxruntime infers
@@ -157,15 +158,22 @@ def memory_audit(estimate: PeakEstimate, optimized: onnx.ModelProto, fusions: li
     The parts add up to the total: in the order the kinds first fused, each is what taking its
     removed intermediates away too does to the original's peak; what the new operators bring
     (their outputs' buffer reuse, their kernels' scratch) is the remainder, reported as its own
-    row, not spread over the kinds; the node order's part (the `schedule` pass) is the last:
-    the optimized model run in its input order, then in the order written."""
+    row, not spread over the kinds, less what a model pass estimated as its own part (views that
+    keep the planner from holding a buffer: FusionRecord.peak_delta); the node order's part (the
+    `schedule` pass) is the last: the optimized model run in its input order, then in the order
+    written."""
     before, after = estimate.before, estimate.profile(optimized)
     reordered = next((record for record in orders if record.changed), None)
     unscheduled = estimate.profile(optimized, 0, reordered.unscheduled) if reordered is not None else None
     fused_peak = (unscheduled or after).peak_bytes
     removed: dict[tuple[str, str], set[str]] = {}
+    estimated: dict[tuple[str, str], int] = {}  # the model passes' own parts (FusionRecord.peak_delta)
     for record in fusions:
-        removed.setdefault((record.pass_name, record.pattern), set()).update(t.name for t in record.removed)
+        if record.peak_delta is not None:
+            estimated[(record.pass_name, record.pattern)] = estimated.get((record.pass_name, record.pattern), 0) + \
+                record.peak_delta
+        else:
+            removed.setdefault((record.pass_name, record.pattern), set()).update(t.name for t in record.removed)
     deltas, gone, previous = [], set(), before.peak_bytes
     for (pass_name, pattern), names in removed.items():
         if names <= gone:  # nothing this kind removed is still there: the same absent set, the same peak
@@ -176,9 +184,11 @@ def memory_audit(estimate: PeakEstimate, optimized: onnx.ModelProto, fusions: li
                               symbolic_shapes=estimate.symbolic).peak_bytes
         deltas.append((pass_name, pattern, peak - previous))
         previous = peak
+    deltas += [(pass_name, pattern, delta) for (pass_name, pattern), delta in estimated.items()]
     unknown = tuple(f"{u.tensor}[{u.dim if u.dim is not None else '?'}]" for u in bound.unknown_dims)
     return MemoryAudit(before=before, after=after, peak_delta_by_pattern=tuple(deltas),
-                       peak_delta_other=fused_peak - previous, unknown_dims=unknown, unscheduled=unscheduled)
+                       peak_delta_other=fused_peak - previous - sum(estimated.values()), unknown_dims=unknown,
+                       unscheduled=unscheduled)
 
 
 def measure(source, optimized: onnx.ModelProto, bound: ShapeTable, config: FuseConfig,

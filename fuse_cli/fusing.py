@@ -61,8 +61,14 @@ def fuse(loaded: LoadedModel, passes: list[Pass], proofs: ShapeTable, bound: Sha
     provenance = f"fuse {__version__} --target {config.target} passes: {','.join(p.name for p in passes)}"
     model = assemble_model(loaded, exported, provenance)
     ensure_domain_imports(model)
-    orders = tuple(p.run(model, estimates) for p in model_passes) if estimates is not None else ()
-    return Fused(model, fusions, near_misses, orders)
+    orders: list[OrderRecord] = []
+    for model_pass in model_passes if estimates is not None else ():
+        record = model_pass.run(model, estimates)
+        if isinstance(record, OrderRecord):
+            orders.append(record)
+        else:
+            fusions.extend(record)
+    return Fused(model, fusions, near_misses, tuple(orders))
 
 
 def _run_passes(loaded: LoadedModel, passes: list[Pass], proofs: ShapeTable, bound: ShapeTable,

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from fuse_cli.analysis.memory import (INPUT_PRODUCER, WORKSPACE, LiveTensor, flash_attention_buffer, profile_memory,
-                                      runtime_order)
+from fuse_cli.analysis.memory import (INPUT_PRODUCER, WORKSPACE, LiveTensor, flash_attention_buffer, planner_shapes,
+                                      profile_memory, runtime_order)
 from fuse_cli.core.order import execution_order
 from fuse_cli.analysis.shapes import infer_shapes
 
@@ -437,3 +437,38 @@ def test_the_fingerprint_notices_an_initializer_edited_in_place():
     after_dims = model_fingerprint(m)
     m.graph.initializer[0].data_type = TensorProto.INT32
     assert len({before, after_dims, model_fingerprint(m)}) == 3
+
+
+def shape_then(reader: str, dims) -> object:
+    """x -> Relu -> r; y = reader(r, Shape(r)) (Reshape), or reader(Concat(Shape(r)[0:1], [16, 8, 8])): what
+    onnxruntime's own inference makes of a shape read from a Shape node."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Shape", ["r"], ["s"])]
+    initializers = []
+    if reader == "concat":
+        initializers = [numpy_helper.from_array(np.array([0], np.int64), "zero"),
+                        numpy_helper.from_array(np.array([1], np.int64), "one"),
+                        numpy_helper.from_array(np.array([16, 8, 8], np.int64), "rest")]
+        nodes += [helper.make_node("Slice", ["s", "zero", "one"], ["b"]),
+                  helper.make_node("Concat", ["b", "rest"], ["target"], axis=0)]
+    nodes.append(helper.make_node("Reshape", ["r", "target" if reader == "concat" else "s"], ["y"]))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializers)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize(("reader", "dims", "known"), [
+    ("shape", [2, 16, 8, 8], True),        # a Shape of known dims: its direct reader sees the constant
+    ("shape", ["batch", 16, 8, 8], False),  # a symbol: nothing
+    ("concat", [2, 16, 8, 8], False),       # arithmetic on it: nothing, even over known dims
+])
+def test_onnxruntime_reads_a_shape_of_known_dims_and_nothing_else(reader, dims, known):
+    import onnxruntime as ort
+
+    model = shape_then(reader, dims)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    inferred = session.get_outputs()[0].shape  # onnxruntime's own inference of y
+    assert all(isinstance(d, int) for d in inferred) == known, inferred
+    y = planner_shapes(model)["y"]
+    assert (y.shape is not None and all(isinstance(d, int) for d in y.shape)) == known, y

@@ -232,6 +232,10 @@ class MemoryProfile:
     # What no execution order can free at the peak step: the peak node's inputs, outputs and
     # scratch, and the graph inputs. The peak less this bounds what any reordering can gain.
     unavoidable_at_peak: int = 0
+    # Buffers alive at the peak with no tenant alive: the planner keeps a dead buffer allocated
+    # for a later tensor of the same planner shape. Each such later tensor (its first tenant
+    # after the peak), with the buffer's bytes, biggest first.
+    held_across_peak: tuple[LiveTensor, ...] = ()
 
 
 def profile_memory(model: onnx.ModelProto, shapes: ShapeTable, *, extra_weights: Iterable[str] = (),
@@ -312,6 +316,8 @@ def _profile(setup: _Setup, plan: _Plan, sized: _Sized, absent: frozenset[str]) 
     # plan (a variadic node's output written fresh, not into a held buffer).
     unavoidable = sum(t.nbytes for t in live if t.name in own) + (sized.workspace[peak_step] if peak_step >= 0 else 0)
 
+    held_across_peak = _held_across_peak(setup, plan, alive, peak_step, known, producer) if steps else ()
+
     written: dict[str, int] = {}
     for op_type, name in zip(plan.write_ops, plan.writes):
         size = known.get(name)
@@ -330,7 +336,31 @@ def _profile(setup: _Setup, plan: _Plan, sized: _Sized, absent: frozenset[str]) 
         unknown_tensors=unknown,
         weight_bytes=sized.weight_bytes,
         unavoidable_at_peak=unavoidable,
+        held_across_peak=held_across_peak,
     )
+
+
+def _held_across_peak(setup: _Setup, plan: _Plan, alive: list[int], peak_step: int, known: Mapping[str, int],
+                      producer: Mapping[str, str]) -> tuple[LiveTensor, ...]:
+    """MemoryProfile.held_across_peak: of the buffers alive at `peak_step` (indices), those whose
+    tenants born by then are all dead (read last before it; graph inputs and outputs are held),
+    each with its first tenant born after it."""
+    kept = setup.graph.graph_outputs.union(setup.graph.graph_inputs)
+    last_read, birth = setup.last_read, plan.birth
+    candidates = set(alive)
+    busy: set[int] = set()
+    later: dict[int, str] = {}
+    for name, buffer in zip(plan.tenants, plan.tenant_buffers):
+        if buffer not in candidates:
+            continue
+        if birth[name] <= peak_step:
+            if name in kept or last_read.get(name, birth[name]) >= peak_step:
+                busy.add(buffer)
+        elif buffer not in later:
+            later[buffer] = name
+    held = [LiveTensor(later[b], known[plan.first[b]], producer[later[b]]) for b in alive
+            if b not in busy and b in later]
+    return tuple(sorted(held, key=lambda t: -t.nbytes))
 
 
 def _largest(producer: Mapping[str, str], known: Mapping[str, int]) -> list[str]:

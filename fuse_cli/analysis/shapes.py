@@ -26,8 +26,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from fuse_cli.analysis.shape_values import as_constant_nodes, evaluate_shape_values, initial_values
 from fuse_cli.core.order import execution_order, model_fingerprint
@@ -169,6 +170,11 @@ def _infer_shapes(model: onnx.ModelProto, dims: Mapping[str, int], input_shapes:
     copy = _inference_copy(model)
     _bind(copy.graph, bindings, input_shapes)
     inferred, warnings = _run_inference(copy, data_propagation)
+    if not data_propagation:
+        for _ in range(_STATIC_SHAPE_ROUNDS):
+            if not _static_shapes_as_constants(copy, inferred):
+                break
+            inferred, warnings = _run_inference(copy, False)
 
     placeholders: dict[str, tuple[Dim, ...]] = {}
     tensors = _collect(model.graph, inferred.graph, bindings, declared, placeholders)
@@ -445,6 +451,37 @@ def _format_shape(shape: Sequence[Dim]) -> str:
 # unbound in a row. Recognised by id and fingerprint (an in-place edit makes a new copy).
 _LIGHT_COPIES: list[tuple[int, bytes, onnx.ModelProto]] = []
 _LIGHT_COPIES_KEPT = 2
+
+
+# How many times a Shape made known (below) may make another one's input static.
+_STATIC_SHAPE_ROUNDS = 4
+
+
+def _static_shapes_as_constants(copy: onnx.ModelProto, inferred: onnx.ModelProto) -> bool:
+    """onnxruntime's own graph inference reads no computed values but one: a Shape of a tensor
+    whose dims are all known, which its direct readers (Reshape, Expand, ConstantOfShape) see as
+    that constant; a Concat, Gather or Slice of it is unknown to them again (one-node probes of
+    onnxruntime 1.31's inferred output types). Such Shape nodes of `copy` become Constants holding
+    their values, so that inference without data propagation knows what onnxruntime knows.
+    Returns whether any did."""
+    known: dict[str, list[int]] = {}
+    for vi in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output):
+        tensor_type = vi.type.tensor_type
+        if vi.type.HasField("tensor_type") and tensor_type.HasField("shape") and all(
+                d.HasField("dim_value") for d in tensor_type.shape.dim):
+            known[vi.name] = [d.dim_value for d in tensor_type.shape.dim]
+    changed = False
+    for k, node in enumerate(copy.graph.node):
+        if node.op_type != "Shape" or node.domain not in ("", "ai.onnx") or node.input[0] not in known:
+            continue
+        dims = known[node.input[0]]
+        attrs = {a.name: a.i for a in node.attribute}
+        values = dims[attrs.get("start", 0):attrs["end"]] if "end" in attrs else dims[attrs.get("start", 0):]
+        constant = helper.make_node("Constant", [], list(node.output), name=node.name,
+                                    value=numpy_helper.from_array(np.array(values, np.int64)))
+        copy.graph.node[k].CopyFrom(constant)
+        changed = True
+    return changed
 
 
 def _inference_copy(model: onnx.ModelProto) -> onnx.ModelProto:

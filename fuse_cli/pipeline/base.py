@@ -14,7 +14,7 @@ import onnx_graphsurgeon as gs
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.analysis.shapes import ShapeTable
 from fuse_cli.match import Alt, Match, Op
-from fuse_cli.pipeline.records import OrderRecord
+from fuse_cli.pipeline.records import FusionRecord, OrderRecord
 from fuse_cli.targets import TARGETS
 
 ALL_TARGETS = frozenset(TARGETS)
@@ -114,14 +114,18 @@ class Estimates:
     extra_weights: tuple[str, ...]
     rules: tuple[str, ...]
     floor: Callable[[onnx.ModelProto, Sequence[int] | None], int] | None = None
+    # MemoryProfile.held_across_peak of `model` at the first setting, in onnxruntime's order
+    held: Callable[[onnx.ModelProto], tuple] | None = None
 
 
 class ModelPass(Pass):
-    """A transformation of the exported model, run once after the graph passes reached their
-    fixpoint: the stored node order, which graphsurgeon's cleanup and sort would not keep. Changes
-    no operator and no value; returns the record of what it did, `model` changed in place."""
+    """A transformation of the exported model judged by the memory model, run once after the graph
+    passes reached their fixpoint, on what onnxruntime will plan: the stored node order, which
+    graphsurgeon's cleanup and sort would not keep, or the dims its planner sees. Changes no value;
+    returns the record of what it did (an OrderRecord, or FusionRecords of the nodes it added),
+    `model` changed in place."""
 
     label: ClassVar[str]
 
-    def run(self, model: onnx.ModelProto, estimates: Estimates) -> OrderRecord:
+    def run(self, model: onnx.ModelProto, estimates: Estimates) -> OrderRecord | tuple[FusionRecord, ...]:
         raise NotImplementedError

@@ -24,6 +24,9 @@ class FusionRecord:
     replaced: tuple[str, ...]
     created: tuple[str, ...]
     removed: tuple[RemovedTensor, ...]
+    # A model pass's own estimate of its part of the peak change (bytes, at the bound dims); None
+    # for the graph passes, whose part the audit derives from the tensors they removed.
+    peak_delta: int | None = None
 
     @property
     def nodes_removed(self) -> int:

@@ -59,7 +59,9 @@ PORTABLE_PIPELINE: tuple[str, ...] = (
     "bn-affine",
     # 6. the form onnxruntime's own level-all optimizer meets: no slower CPU BiasGelu made of it
     "pin-gelu-bias",
-    # 7. last, on the final operators: the stored node order (a model pass, run once)
+    # 7. last, on the final operators, model passes run once: the dims onnxruntime's planner sees,
+    # then the stored node order
+    "unhold-buffers",
     "schedule",
 )
 
@@ -95,6 +97,7 @@ RUNTIME_PIPELINE: tuple[str, ...] = (
     "fused-gemm",
     "bn-affine",
     "pin-gelu-bias",  # after every GELU and bias pass; not on ort-cuda, where BiasGelu is faster
+    "unhold-buffers",
     "schedule",
 )
 

@@ -24,6 +24,11 @@ RULES = ("onnxruntime", "stored")
 MIN_GAIN_BYTES = 1 << 18
 MIN_GAIN_FRACTION = 0.01
 
+
+def gain_needed(peak: int) -> int:
+    """The least a rearrangement must lower a peak of `peak` bytes by to be taken (MIN_GAIN_*)."""
+    return max(MIN_GAIN_BYTES, int(peak * MIN_GAIN_FRACTION))
+
 # An execution order (indices into graph.node; None: onnxruntime's order of the nodes as stored,
 # which a caller may have estimated already) -> the estimated peak at each shape setting.
 Judge = Callable[[Sequence[int] | None], tuple[int, ...]]
@@ -86,9 +91,6 @@ def schedule(model: onnx.ModelProto, sizes: ShapeTable, judge: Judge, rules: Seq
     # The input's own order under each rule: onnxruntime's walk of it (None), or as stored.
     as_stored = {"onnxruntime": None, "stored": list(original)}
     before = {rule: judge(as_stored[rule]) for rule in rules}
-
-    def gain_needed(peak: int) -> int:
-        return max(MIN_GAIN_BYTES, int(peak * MIN_GAIN_FRACTION))
 
     if floor is not None:
         floors = {rule: floor(as_stored[rule]) for rule in rules}
