@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 
 import onnx
 from onnx import helper
@@ -63,8 +65,11 @@ class UnholdBuffers(ModelPass):
             view = _insert_view(model, target)
             if view is None:
                 continue
-            after = _peaks(model, estimates)
-            if not _better(current, after):
+            try:
+                after = _peaks(model, estimates)
+            except ValueError:
+                after = None
+            if after is None or not _better(current, after):
                 _remove_view(model, view)
                 continue
             records.append(FusionRecord(self.name, self.label, (), view.created, (),
@@ -73,9 +78,11 @@ class UnholdBuffers(ModelPass):
         return tuple(records)
 
 
+@dataclass(frozen=True)
 class _View:
-    def __init__(self, producer: str, source: str, viewed: str, created: tuple[str, str]):
-        self.producer, self.source, self.viewed, self.created = producer, source, viewed, created
+    source: str                # the producer's input, as it was
+    viewed: str                # what the producer reads now: Reshape(source, Shape(source))
+    created: tuple[str, str]   # the Shape and Reshape nodes' names
 
 
 def _peaks(model: onnx.ModelProto, estimates: Estimates) -> dict[str, tuple[int, ...]]:
@@ -109,7 +116,7 @@ def _insert_view(model: onnx.ModelProto, tensor: str) -> _View | None:
             producer.input[k] = viewed
     graph.node.insert(index, view_node)
     graph.node.insert(index, shape_node)
-    return _View(producer.name, source, viewed, (shape_node.name, view_node.name))
+    return _View(source, viewed, (shape_node.name, view_node.name))
 
 
 def _remove_view(model: onnx.ModelProto, view: _View) -> None:
