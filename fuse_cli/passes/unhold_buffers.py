@@ -35,8 +35,10 @@ class UnholdBuffers(ModelPass):
     exported dims onnxruntime cannot name).
 
     The later tensor's producer reads its input through Reshape(x, Shape(x)), a view (no bytes,
-    no copy) whose dims onnxruntime's inference cannot name, so the producer's output matches no
-    buffer freed before and the dead one is released where it dies. Each view is judged by the
+    no copy) whose dims onnxruntime's inference cannot name where x has a symbolic dim, and the
+    producer's outputs lose their declared shapes (value_info, which onnxruntime would merge the
+    names back from), so the producer's output matches no buffer freed before and the dead one is
+    released where it dies. Each view is judged by the
     peak guard's own estimate, as the node order is: kept only when never worse at any setting
     under any execution rule and lower at the bound dims by a gain the estimate vouches for
     (scheduling.gain_needed); then the next held buffer, up to MAX_TRIES. Runs after every fusion,
@@ -82,6 +84,7 @@ class _View:
     source: str                # the producer's input, as it was
     viewed: str                # what the producer reads now: Reshape(source, Shape(source))
     created: tuple[str, str]   # the Shape and Reshape nodes' names
+    undeclared: tuple[onnx.ValueInfoProto, ...]  # the producer's outputs' value_info, taken out
 
 
 def _peaks(model: onnx.ModelProto, estimates: Estimates) -> dict[str, tuple[int, ...]]:
@@ -115,7 +118,15 @@ def _insert_view(model: onnx.ModelProto, tensor: str) -> _View | None:
             producer.input[k] = viewed
     graph.node.insert(index, view_node)
     graph.node.insert(index, shape_node)
-    return _View(source, viewed, (shape_node.name, view_node.name))
+    # A declared shape is what onnxruntime's inference merges into, and it would name the dims anyway
+    # (dynamo's exports declare every tensor, and graphsurgeon writes what it knows).
+    outputs = set(producer.output)
+    undeclared = tuple(vi for vi in graph.value_info if vi.name in outputs)
+    if undeclared:
+        kept = [vi for vi in graph.value_info if vi.name not in outputs]
+        del graph.value_info[:]
+        graph.value_info.extend(kept)
+    return _View(source, viewed, (shape_node.name, view_node.name), undeclared)
 
 
 def _remove_view(model: onnx.ModelProto, view: _View) -> None:
@@ -127,6 +138,7 @@ def _remove_view(model: onnx.ModelProto, view: _View) -> None:
                 node.input[k] = view.source
     del graph.node[:]
     graph.node.extend(kept)
+    graph.value_info.extend(view.undeclared)
 
 
 def _names(graph: onnx.GraphProto) -> set[str]:
