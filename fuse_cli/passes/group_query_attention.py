@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from fuse_cli import targets
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Match
 from fuse_cli.pipeline.base import Decline, PatternPass
@@ -69,6 +70,8 @@ class FuseGroupQueryAttention(PatternPass):
             return decline
         if isinstance(cap := softcap_of(m), Decline):
             return cap
+        if cap is not None and (measured := targets.slower(g.target, "GroupQueryAttention:softcap")) is not None:
+            return Decline(measured.reason.format(target=g.target))
         mask = m.tensor("mask")
         if mask is not None and not mask_fits(m, g, h, g.shape(m.tensor("query")).dims[1]):
             shape = g.shape(mask)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from fuse_cli import targets
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Match
 from fuse_cli.pipeline.base import Decline, PatternPass
@@ -71,6 +72,10 @@ class FuseStandardAttention(PatternPass):
             return decline
         if isinstance(cap := softcap_of(m), Decline):
             return cap
+        # Standard operators are for every runtime; the one fuse measures (and verifies with) is
+        # onnxruntime's CPU provider, where a soft cap costs more than the fusion saves.
+        if cap is not None and (measured := targets.slower("ort-cpu", "Attention:softcap")) is not None:
+            return Decline(measured.reason.format(target=g.target))
         mask = m.tensor("mask")
         if mask is not None:
             total = g.shape(m.node("context").inputs[1])  # V as read: [B, H, T, d]
