@@ -15,12 +15,24 @@ size 32 so GroupQueryAttention's CPU kernel applies, vocab 1000): Llama, Qwen2, 
 Gemma and Gemma2 with grouped K/V heads, Phi-3 (packed QKV) and GPT-2 (one K/V head per head), see
 MODELS.
 
+One encoder-decoder, Whisper's decoder (EncoderDecoder), with Optimum's cache names and no decoder
+attention_mask (neither Optimum's nor onnxruntime's Whisper export has one):
+
+  prefill  input_ids [batch, sequence], encoder_hidden_states [batch, encoder_sequence, 128]
+           -> last_hidden_state, present.N.decoder.key/value [batch, 4, sequence, 32] (self-attention)
+           and present.N.encoder.key/value [batch, 4, encoder_sequence, 32] (cross-attention K/V,
+           computed once from the encoder's states)
+  decode   input_ids, past_key_values.N.decoder.key/value [batch, 4, past_sequence, 32],
+           past_key_values.N.encoder.key/value [batch, 4, encoder_sequence, 32] (the prefill's cross
+           K/V as cached inputs, as onnxruntime's Whisper decoder takes them; no encoder states)
+           -> last_hidden_state, present.N.decoder.key/value [batch, 4, past_sequence + sequence, 32]
+
     .venv-corpus/bin/python benchmarks/corpus/decoders.py [--out DIR] [--only NAME,...] [--force]
 
 DIR defaults to $FUSE_DECODER_MODELS or benchmarks/corpus/decoder-models. Every export is traced at
-batch 2, sequence 7, past 5 and checked in onnxruntime (optimizations off) against torch
-at batch 3, sequence 2 (decode) or 11 (prefill), past 13, with padding in the first
-row's mask; the manifest records the check, node and op counts, inputs with
+batch 2, sequence 7, past 5 (encoder 9) and checked in onnxruntime (optimizations off) against torch
+at batch 3, sequence 2 (decode) or 11 (prefill), past 13 (encoder 15), with padding in the first
+row's mask where there is one; the manifest records the check, node and op counts, inputs with
 symbolic dims and their ranges, and the dynamo form's dim bounds (`dim_max`).
 
 Gemma2's decode step is bounded to past_sequence <= 511: its sliding-window layer (window 512)
@@ -194,6 +206,75 @@ class Decoder:
         return {**DIM_MAX, "past_sequence": limit}
 
 
+@dataclass
+class EncoderDecoder(Decoder):
+    """An encoder-decoder's decoder with an EncoderDecoderCache, as Optimum's and onnxruntime's
+    Whisper exports serve it (no decoder attention_mask: Whisper generation has none). The prefill
+    takes the encoder's states and returns the cross-attention K/V it computed from them beside the
+    self-attention K/V; the decode step takes the cross K/V as cached inputs
+    (`past_key_values.N.encoder.key`), never the encoder states, and returns only the self K/V."""
+    family = "encoder-decoder"
+
+    def graph(self, config, decode: bool) -> Graph:
+        total = TOTAL if decode else "sequence"
+        graph = Graph(["input_ids"], ["last_hidden_state"],
+                      {"input_ids": {0: "batch", 1: "sequence"}, "last_hidden_state": {0: "batch", 1: "sequence"}},
+                      {"last_hidden_state": {2: config.d_model}})
+        heads, layers = config.decoder_attention_heads, config.decoder_layers
+        size = config.d_model // heads
+        if decode:
+            cache_tensors(graph, "past_key_values", layers,
+                          {"decoder": "past_sequence", "encoder": "encoder_sequence"}, heads, size)
+            cache_tensors(graph, "present", layers, {"decoder": total}, heads, size)
+        else:
+            graph.inputs.append("encoder_hidden_states")
+            graph.axes["encoder_hidden_states"] = {0: "batch", 1: "encoder_sequence"}
+            cache_tensors(graph, "present", layers, {"decoder": total, "encoder": "encoder_sequence"}, heads, size)
+        return graph
+
+    def step(self, model, graph: Graph, decode: bool):
+        """forward(input_ids, encoder_hidden_states) (prefill) or forward(input_ids, then per layer
+        self K, self V, cross K, cross V) (decode) -> (last_hidden_state, the presents of `graph`)."""
+        torch = base._torch()
+        from transformers import DynamicCache, EncoderDecoderCache
+        layers = model.config.decoder_layers
+
+        class Step(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.decoder = model.decoder
+
+            def forward(self, input_ids, *rest):
+                if decode:
+                    self_kv = DynamicCache([(rest[4 * i], rest[4 * i + 1]) for i in range(layers)])
+                    cross_kv = DynamicCache([(rest[4 * i + 2], rest[4 * i + 3]) for i in range(layers)])
+                    # A filled cross cache is marked updated, so cross-attention reads it and never
+                    # these states; the layer only needs them to be not None to run cross-attention.
+                    states = rest[2]
+                else:
+                    self_kv, cross_kv, states = DynamicCache(), DynamicCache(), rest[0]
+                out = self.decoder(input_ids=input_ids, encoder_hidden_states=states,
+                                   cache=EncoderDecoderCache(self_kv, cross_kv), use_cache=True, return_dict=True)
+                present = []
+                for own, cross in zip(out.cache.self_attention_cache.layers, out.cache.cross_attention_cache.layers):
+                    present += [own.keys, own.values] + ([] if decode else [cross.keys, cross.values])
+                return (out.last_hidden_state, *present)
+
+        named_forward(Step, graph.inputs)
+        return Step().eval()
+
+    def inputs(self, config, decode: bool, dims: dict[str, int], gen) -> tuple:
+        """Ids over the vocabulary; random encoder states (prefill) or random self and cross K/V (decode)."""
+        torch = base._torch()
+        batch, heads = dims["batch"], config.decoder_attention_heads
+        size = config.d_model // heads
+        if not decode:
+            return token_ids(dims, gen), torch.randn(batch, dims["encoder_sequence"], config.d_model, generator=gen)
+        lengths = [dims["past_sequence"]] * 2 + [dims["encoder_sequence"]] * 2
+        return (token_ids(dims, gen), *(torch.randn(batch, heads, n, size, generator=gen)
+                                        for _ in range(config.decoder_layers) for n in lengths))
+
+
 def _llama():
     from transformers import LlamaConfig, LlamaModel
     return LlamaModel, LlamaConfig(vocab_size=VOCAB, hidden_size=128, intermediate_size=344, num_hidden_layers=2,
@@ -232,6 +313,19 @@ def _grouped(family: str, **extra) -> Callable[[], tuple[Any, Any]]:
     return make
 
 
+def _whisper():
+    """WhisperModel (its decoder is exported; the one-layer encoder is built only because the model
+    class holds it). Whisper's special token ids (50256, 50257) are moved inside the small vocabulary:
+    the padding id must index the embedding, and transformers warns of the others; the
+    begin-suppressed tokens, a generation setting, are dropped with them."""
+    from transformers import WhisperConfig, WhisperModel
+    return WhisperModel, WhisperConfig(vocab_size=VOCAB, d_model=128, decoder_layers=2, decoder_attention_heads=4,
+                                       decoder_ffn_dim=344, encoder_layers=1, encoder_attention_heads=4,
+                                       encoder_ffn_dim=344, max_target_positions=448, pad_token_id=VOCAB - 1,
+                                       bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1,
+                                       decoder_start_token_id=VOCAB - 2, begin_suppress_tokens=None)
+
+
 MODELS = [
     Decoder("llama-gqa", _llama, "LlamaModel(hidden 128, 2 layers, 4 heads, 2 KV heads, head 32, MLP 344)"),
     Decoder("qwen2-gqa", _qwen2, "Qwen2Model(hidden 128, 2 layers, 4 heads, 2 KV heads, head 32, MLP 352; "
@@ -246,6 +340,8 @@ MODELS = [
             "Gemma2Model(grouped size; attention logits soft-capped by tanh, sliding window 512, pre/post norms; "
             "decode valid for past_sequence <= 511, see the module docstring)",
             dynamo_attention="eager"),
+    EncoderDecoder("whisper", _whisper, "WhisperModel's decoder (d_model 128, 2 layers, 4 heads, head 32, MLP 344; "
+                                        "LayerNorm, exact GELU, learned positions, self- and cross-attention)"),
 ]
 
 
