@@ -5,7 +5,8 @@
 Models: every file of DIR's manifest.json (benchmarks/corpus/decoders.py: tiny random-init Llama
 GQA, Qwen2, Phi-3 and GPT-2, TorchScript opset 17 and dynamo opset 18, prefill and decode step).
 Prefill graphs run at batch 1 x sequence 128, decode steps at batch 1, one new token, past 128;
-attention masks all ones, token ids in the embedding's range.
+Whisper's (encoder-decoder) at encoder_sequence 1500; attention masks all ones, token ids in the
+embedding's range.
 
 Tools, each writing a file from the original:
 - `fuse`: fuse_cli.api.optimize, --target ort-cpu, default flags (verification and peak guard on);
@@ -58,6 +59,7 @@ ATTENTIONS = {("com.microsoft", "Attention"), ("com.microsoft", "MultiHeadAttent
               ("com.microsoft", "GroupQueryAttention"), ("", "Attention")}
 PREFILL = {"batch": 1, "sequence": 128}
 DECODE = {"batch": 1, "sequence": 1, "past_sequence": 128}
+ENCODER = {"encoder_sequence": 1500}  # an encoder-decoder's (Whisper's) encoder output: 30 s of audio
 LEVELS = ("disabled", "all")
 TIMING = Timing(min_samples=15, max_samples=200, min_seconds=0.6)
 QUICK = Timing(warmup_runs=1, warmup_seconds=0.0, min_samples=3, max_samples=3, min_seconds=0.0, sample_seconds=0.0)
@@ -145,6 +147,8 @@ def main() -> int:
 
 def bench_model(path: Path, entry: dict, scratch: Path, anchor_python: Path | None, timing: Timing) -> ModelRow:
     dims = dict(DECODE if entry.get("kind") == "decode" else PREFILL)
+    if any("encoder_sequence" in i["shape"] for i in entry["inputs"]):
+        dims.update(ENCODER)
     dims["past_sequence + sequence"] = dims.get("past_sequence", 0) + dims["sequence"]
     ranges = {i["name"]: tuple(i["range"]) for i in entry["inputs"] if "range" in i and "mask" not in i["name"]}
     outputs: dict[str, Path] = {}

@@ -15,12 +15,34 @@ size 32 so GroupQueryAttention's CPU kernel applies, vocab 1000): Llama, Qwen2, 
 Gemma and Gemma2 with grouped K/V heads, Phi-3 (packed QKV) and GPT-2 (one K/V head per head), see
 MODELS.
 
+One encoder-decoder, Whisper's decoder (EncoderDecoder), with Optimum's cache names and no decoder
+attention_mask (neither Optimum's nor onnxruntime's Whisper export has one):
+
+  prefill  input_ids [batch, sequence], encoder_hidden_states [batch, encoder_sequence, 128]
+           -> last_hidden_state, present.N.decoder.key/value [batch, 4, sequence, 32] (self-attention)
+           and present.N.encoder.key/value [batch, 4, encoder_sequence, 32] (cross-attention K/V,
+           computed once from the encoder's states)
+  decode   input_ids, past_key_values.N.decoder.key/value [batch, 4, past_sequence, 32],
+           past_key_values.N.encoder.key/value [batch, 4, encoder_sequence, 32] (the prefill's cross
+           K/V as cached inputs, as onnxruntime's Whisper decoder takes them; no encoder states)
+           -> last_hidden_state, present.N.decoder.key/value [batch, 4, past_sequence + sequence, 32]
+
     .venv-corpus/bin/python benchmarks/corpus/decoders.py [--out DIR] [--only NAME,...] [--force]
 
 DIR defaults to $FUSE_DECODER_MODELS or benchmarks/corpus/decoder-models. Every export is traced at
-batch 2, sequence 7, past 5 and checked in onnxruntime (optimizations off) against torch at batch 3,
-sequence 2 (decode) or 11 (prefill), past 13, with padding in the first row's mask; the
-manifest records the check, node and op counts, inputs with symbolic dims and their ranges.
+batch 2, sequence 7, past 5 (encoder 9) and checked in onnxruntime (optimizations off) against torch
+at batch 3, sequence 2 (decode) or 11 (prefill), past 13 (encoder 15), with padding in the first
+row's mask where there is one; the manifest records the check, node and op counts, inputs with
+symbolic dims and their ranges, and the dynamo form's dim bounds (`dim_max`).
+
+Gemma2's decode step is bounded to past_sequence <= 511: its sliding-window layer (window 512)
+masks by whether the window is full, which torch.export decides at trace time (guard
+`past_key_values_0_key.size()[2] <= 511`; with the default bound 512 the dynamo export failed
+"Constraints violated (past_sequence)"). The graph is the window-not-full one, in both forms. A
+longer past is outside the graph's interface anyway: the sliding layer's present keeps the last 511
+positions while the full layer's keeps all, so the presents stop sharing one past_sequence. Up to
+past 511 both forms match torch (also checked at past 300 + sequence 300, where the sliding layer's
+present is 511 long, shorter than its declared past_sequence + sequence).
 """
 
 from __future__ import annotations
@@ -49,8 +71,11 @@ DEFAULT_OUT = Path(os.environ.get("FUSE_DECODER_MODELS", base.HERE / "decoder-mo
 VOCAB = 1000
 FORMS = {"opset17": ("torchscript", 17), "dynamo18": ("dynamo", 18)}
 KINDS = ("prefill", "decode")
-TRACE = {"batch": 2, "sequence": 7, "past_sequence": 5}
-CHECK = {"batch": 3, "sequence": 2, "past_sequence": 13}
+TRACE = {"batch": 2, "sequence": 7, "past_sequence": 5, "encoder_sequence": 9}
+CHECK = {"batch": 3, "sequence": 2, "past_sequence": 13, "encoder_sequence": 15}
+# What the dynamo exports accept (Decoder.dim_max lowers past_sequence below a sliding window);
+# encoder_sequence reaches Whisper's 1500 frames (30 s of audio).
+DIM_MAX = {"batch": 64, "sequence": 512, "past_sequence": 512, "encoder_sequence": 1500}
 CHECK_PREFILL_SEQUENCE = 11
 # The mask's and the present K/V's length, written as the arithmetic it is (as dynamo's `s0 + s1`):
 # fuse's input domain then evaluates it instead of giving it a size of its own that no run accepts.
@@ -58,11 +83,196 @@ TOTAL = "past_sequence + sequence"
 
 
 @dataclass
+class Graph:
+    """One exported graph's interface: names in order, each input's and output's symbolic dims by
+    axis (names of TRACE, or TOTAL), and the output dims that are static (see pin_static_dims)."""
+    inputs: list[str]
+    outputs: list[str]
+    axes: dict[str, dict[int, str]]
+    static: dict[str, dict[int, int]]
+
+    def dims(self) -> list[str]:
+        """The plain symbolic dims (TOTAL is their sum), in TRACE's order."""
+        used = {d for by_axis in self.axes.values() for d in by_axis.values()}
+        return [d for d in TRACE if d in used]
+
+
+def cache_tensors(graph: Graph, prefix: str, layers: int, parts: dict[str, str], heads: int, size: int) -> None:
+    """Add `prefix.N[.part].key/value` [batch, heads, parts[part], size] per layer to `graph`, as
+    inputs (prefix past_key_values) or outputs (present). `parts` maps a part name ("" for a
+    decoder-only cache) to the dim of its length; outputs get heads and size pinned as static."""
+    outputs = prefix == "present"
+    for i in range(layers):
+        for part, length in parts.items():
+            for kv in ("key", "value"):
+                name = ".".join(filter(None, (prefix, str(i), part, kv)))
+                (graph.outputs if outputs else graph.inputs).append(name)
+                graph.axes[name] = {0: "batch", 2: length}
+                if outputs:
+                    graph.static[name] = {1: heads, 3: size}
+
+
+def kv_heads(config) -> tuple[int, int]:
+    """(K/V heads, head size) of a decoder config."""
+    heads = config.num_attention_heads
+    return getattr(config, "num_key_value_heads", None) or heads, config.hidden_size // heads
+
+
+def token_ids(dims: dict[str, int], gen):
+    """[batch, sequence] ids over the whole vocabulary."""
+    torch = base._torch()
+    return torch.randint(0, VOCAB, (dims["batch"], dims["sequence"]), generator=gen, dtype=torch.int64)
+
+
+def named_forward(step_class, names: list[str]) -> None:
+    """torch.export binds dynamic_shapes to forward's parameter names: give `forward(self, *args)`
+    one per graph input."""
+    p = inspect.Parameter
+    step_class.forward.__signature__ = inspect.Signature(
+        [p("self", p.POSITIONAL_OR_KEYWORD)] + [p(n.replace(".", "_"), p.POSITIONAL_OR_KEYWORD) for n in names])
+
+
+@dataclass
 class Decoder:
+    """A decoder-only model: input_ids and attention_mask, a DynamicCache built from the config (so
+    Gemma2's sliding layers are sliding)."""
     name: str
     make: Callable[[], tuple[Any, Any]]  # -> (model class, config)
     note: str
     dynamo_attention: str = "sdpa"  # the library's attention for the dynamo export (Gemma2 has no sdpa)
+    family = "decoder-only"
+
+    def graph(self, config, decode: bool) -> Graph:
+        total = TOTAL if decode else "sequence"
+        graph = Graph(["input_ids", "attention_mask"], ["last_hidden_state"],
+                      {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: total},
+                       "last_hidden_state": {0: "batch", 1: "sequence"}},
+                      {"last_hidden_state": {2: config.hidden_size}})
+        kv, size = kv_heads(config)
+        if decode:
+            cache_tensors(graph, "past_key_values", config.num_hidden_layers, {"": "past_sequence"}, kv, size)
+        cache_tensors(graph, "present", config.num_hidden_layers, {"": total}, kv, size)
+        return graph
+
+    def step(self, model, graph: Graph, decode: bool):
+        """forward(input_ids, attention_mask[, past K, past V per layer]) -> (last_hidden_state,
+        present K, present V per layer): plain tensors in and out, the cache built inside."""
+        torch = base._torch()
+        from transformers import DynamicCache
+        layers = model.config.num_hidden_layers
+
+        class Step(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.model = model
+
+            def forward(self, input_ids, attention_mask, *past):
+                pairs = [(past[2 * i], past[2 * i + 1]) for i in range(layers)] if past else None
+                cache = DynamicCache(pairs, config=self.model.config)
+                out = self.model(input_ids=input_ids, attention_mask=attention_mask, cache=cache, use_cache=True,
+                                 return_dict=True)
+                present = [t for layer in out.cache.layers for t in (layer.keys, layer.values)]
+                return (out.last_hidden_state, *present)
+
+        named_forward(Step, graph.inputs)
+        return Step().eval()
+
+    def inputs(self, config, decode: bool, dims: dict[str, int], gen) -> tuple:
+        """Ids over the vocabulary; a 0/1 mask padding the first row by 2: at the end for a prefill
+        (left padding there makes fully masked query rows, whose outputs torch's sdpa and eager
+        attention define differently), at the start for a decode step (the padded prompt of a batch
+        being generated); random past K/V."""
+        torch = base._torch()
+        batch, past = dims["batch"], dims["past_sequence"]
+        ids = token_ids(dims, gen)
+        mask = torch.ones(batch, past + dims["sequence"] if decode else dims["sequence"], dtype=torch.int64)
+        if not decode:
+            mask[0, -2:] = 0
+            return ids, mask
+        mask[0, :2] = 0
+        kv, size = kv_heads(config)
+        return (ids, mask, *(torch.randn(batch, kv, past, size, generator=gen)
+                             for _ in range(2 * config.num_hidden_layers)))
+
+    def dim_max(self, config) -> dict[str, int]:
+        """The dynamo export's upper bounds. A sliding-window layer keeps the last `window - 1`
+        tokens and masks by whether its window is full, a branch torch.export resolves at trace time
+        (Gemma2 guards `past_sequence <= 511` for window 512): the graph is the window-not-full one,
+        so its past is bounded to `window - 1`."""
+        from transformers import DynamicCache
+        windows = [layer.sliding_window for layer in DynamicCache(config=config).layers
+                   if getattr(layer, "is_sliding", False)]
+        limit = min([DIM_MAX["past_sequence"], *(w - 1 for w in windows)])
+        return {**DIM_MAX, "past_sequence": limit}
+
+
+@dataclass
+class EncoderDecoder(Decoder):
+    """An encoder-decoder's decoder with an EncoderDecoderCache, as Optimum's and onnxruntime's
+    Whisper exports serve it (no decoder attention_mask: Whisper generation has none). The prefill
+    takes the encoder's states and returns the cross-attention K/V it computed from them beside the
+    self-attention K/V; the decode step takes the cross K/V as cached inputs
+    (`past_key_values.N.encoder.key`), never the encoder states, and returns only the self K/V."""
+    family = "encoder-decoder"
+
+    def graph(self, config, decode: bool) -> Graph:
+        total = TOTAL if decode else "sequence"
+        graph = Graph(["input_ids"], ["last_hidden_state"],
+                      {"input_ids": {0: "batch", 1: "sequence"}, "last_hidden_state": {0: "batch", 1: "sequence"}},
+                      {"last_hidden_state": {2: config.d_model}})
+        heads, layers = config.decoder_attention_heads, config.decoder_layers
+        size = config.d_model // heads
+        if decode:
+            cache_tensors(graph, "past_key_values", layers,
+                          {"decoder": "past_sequence", "encoder": "encoder_sequence"}, heads, size)
+            cache_tensors(graph, "present", layers, {"decoder": total}, heads, size)
+        else:
+            graph.inputs.append("encoder_hidden_states")
+            graph.axes["encoder_hidden_states"] = {0: "batch", 1: "encoder_sequence"}
+            cache_tensors(graph, "present", layers, {"decoder": total, "encoder": "encoder_sequence"}, heads, size)
+        return graph
+
+    def step(self, model, graph: Graph, decode: bool):
+        """forward(input_ids, encoder_hidden_states) (prefill) or forward(input_ids, then per layer
+        self K, self V, cross K, cross V) (decode) -> (last_hidden_state, the presents of `graph`)."""
+        torch = base._torch()
+        from transformers import DynamicCache, EncoderDecoderCache
+        layers = model.config.decoder_layers
+
+        class Step(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.decoder = model.decoder
+
+            def forward(self, input_ids, *rest):
+                if decode:
+                    self_kv = DynamicCache([(rest[4 * i], rest[4 * i + 1]) for i in range(layers)])
+                    cross_kv = DynamicCache([(rest[4 * i + 2], rest[4 * i + 3]) for i in range(layers)])
+                    # A filled cross cache is marked updated, so cross-attention reads it and never
+                    # these states; the layer only needs them to be not None to run cross-attention.
+                    states = rest[2]
+                else:
+                    self_kv, cross_kv, states = DynamicCache(), DynamicCache(), rest[0]
+                out = self.decoder(input_ids=input_ids, encoder_hidden_states=states,
+                                   cache=EncoderDecoderCache(self_kv, cross_kv), use_cache=True, return_dict=True)
+                present = []
+                for own, cross in zip(out.cache.self_attention_cache.layers, out.cache.cross_attention_cache.layers):
+                    present += [own.keys, own.values] + ([] if decode else [cross.keys, cross.values])
+                return (out.last_hidden_state, *present)
+
+        named_forward(Step, graph.inputs)
+        return Step().eval()
+
+    def inputs(self, config, decode: bool, dims: dict[str, int], gen) -> tuple:
+        """Ids over the vocabulary; random encoder states (prefill) or random self and cross K/V (decode)."""
+        torch = base._torch()
+        batch, heads = dims["batch"], config.decoder_attention_heads
+        size = config.d_model // heads
+        if not decode:
+            return token_ids(dims, gen), torch.randn(batch, dims["encoder_sequence"], config.d_model, generator=gen)
+        lengths = [dims["past_sequence"]] * 2 + [dims["encoder_sequence"]] * 2
+        return (token_ids(dims, gen), *(torch.randn(batch, heads, n, size, generator=gen)
+                                        for _ in range(config.decoder_layers) for n in lengths))
 
 
 def _llama():
@@ -103,6 +313,19 @@ def _grouped(family: str, **extra) -> Callable[[], tuple[Any, Any]]:
     return make
 
 
+def _whisper():
+    """WhisperModel (its decoder is exported; the one-layer encoder is built only because the model
+    class holds it). Whisper's special token ids (50256, 50257) are moved inside the small vocabulary:
+    the padding id must index the embedding, and transformers warns of the others; the
+    begin-suppressed tokens, a generation setting, are dropped with them."""
+    from transformers import WhisperConfig, WhisperModel
+    return WhisperModel, WhisperConfig(vocab_size=VOCAB, d_model=128, decoder_layers=2, decoder_attention_heads=4,
+                                       decoder_ffn_dim=344, encoder_layers=1, encoder_attention_heads=4,
+                                       encoder_ffn_dim=344, max_target_positions=448, pad_token_id=VOCAB - 1,
+                                       bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1,
+                                       decoder_start_token_id=VOCAB - 2, begin_suppress_tokens=None)
+
+
 MODELS = [
     Decoder("llama-gqa", _llama, "LlamaModel(hidden 128, 2 layers, 4 heads, 2 KV heads, head 32, MLP 344)"),
     Decoder("qwen2-gqa", _qwen2, "Qwen2Model(hidden 128, 2 layers, 4 heads, 2 KV heads, head 32, MLP 352; "
@@ -114,104 +337,39 @@ MODELS = [
     Decoder("gemma-gqa", _grouped("Gemma"),
             "GemmaModel(grouped size; RMSNorm by 1 + weight, tanh GELU, scaled embeddings)"),
     Decoder("gemma2-gqa", _grouped("Gemma2", query_pre_attn_scalar=32, sliding_window=512),
-            "Gemma2Model(grouped size; attention logits soft-capped by tanh, sliding window 512, pre/post norms)",
+            "Gemma2Model(grouped size; attention logits soft-capped by tanh, sliding window 512, pre/post norms; "
+            "decode valid for past_sequence <= 511, see the module docstring)",
             dynamo_attention="eager"),
+    EncoderDecoder("whisper", _whisper, "WhisperModel's decoder (d_model 128, 2 layers, 4 heads, head 32, MLP 344; "
+                                        "LayerNorm, exact GELU, learned positions, self- and cross-attention)"),
 ]
 
 
-def wrapper(model, layers: int, decode: bool):
-    """forward(input_ids, attention_mask[, past K, past V per layer]) -> (last_hidden_state,
-    present K, present V per layer): plain tensors in and out, the cache built inside."""
+def export_torchscript(step, args: tuple, path: Path, graph: Graph, opset: int, _dim_max: dict) -> dict:
     torch = base._torch()
-    from transformers import DynamicCache
-
-    class Step(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.model = model
-
-        def forward(self, input_ids, attention_mask, *past):
-            pairs = [(past[2 * i], past[2 * i + 1]) for i in range(layers)] if past else None
-            cache = DynamicCache(pairs, config=self.model.config)
-            out = self.model(input_ids=input_ids, attention_mask=attention_mask, cache=cache, use_cache=True,
-                             return_dict=True)
-            present = [t for layer in out.cache.layers for t in (layer.keys, layer.values)]
-            return (out.last_hidden_state, *present)
-
-    # torch.export binds dynamic_shapes to the signature's names: one per past tensor.
-    p = inspect.Parameter
-    names = io_names(layers, decode)[0]
-    Step.forward.__signature__ = inspect.Signature(
-        [p("self", p.POSITIONAL_OR_KEYWORD)] + [p(n.replace(".", "_"), p.POSITIONAL_OR_KEYWORD) for n in names])
-    return Step().eval()
-
-
-def io_names(layers: int, decode: bool) -> tuple[list[str], list[str]]:
-    inputs = ["input_ids", "attention_mask"]
-    if decode:
-        inputs += [f"past_key_values.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
-    outputs = ["last_hidden_state"] + [f"present.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
-    return inputs, outputs
-
-
-def make_inputs(config, decode: bool, batch: int, sequence: int, past: int, gen) -> tuple:
-    """Ids over the vocabulary; a 0/1 mask padding the first row by 2: at the end for a prefill
-    (left padding there makes fully masked query rows, whose outputs torch's sdpa and eager
-    attention define differently), at the start for a decode step (the padded prompt of a batch
-    being generated); random past K/V."""
-    torch = base._torch()
-    total = past + sequence if decode else sequence
-    ids = torch.randint(0, VOCAB, (batch, sequence), generator=gen, dtype=torch.int64)
-    mask = torch.ones(batch, total, dtype=torch.int64)
-    if not decode:
-        mask[0, -2:] = 0
-        return ids, mask
-    mask[0, :2] = 0
-    heads = config.num_attention_heads
-    kv = getattr(config, "num_key_value_heads", None) or heads
-    size = config.hidden_size // heads
-    past_kv = [torch.randn(batch, kv, past, size, generator=gen) for _ in range(2 * config.num_hidden_layers)]
-    return (ids, mask, *past_kv)
-
-
-def dims_of(layers: int, decode: bool) -> dict[str, dict[int, str]]:
-    inputs, outputs = io_names(layers, decode)
-    total = TOTAL if decode else "sequence"
-    axes = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: total},
-            "last_hidden_state": {0: "batch", 1: "sequence"}}
-    for name in inputs[2:]:
-        axes[name] = {0: "batch", 2: "past_sequence"}
-    for name in outputs[1:]:
-        axes[name] = {0: "batch", 2: total}
-    return axes
-
-
-def export_torchscript(step, args: tuple, path: Path, layers: int, decode: bool, opset: int) -> dict:
-    torch = base._torch()
-    inputs, outputs = io_names(layers, decode)
     torch.onnx.export(step, args, str(path), dynamo=False, opset_version=opset, do_constant_folding=False,
-                      input_names=inputs, output_names=outputs, dynamic_axes=dims_of(layers, decode))
+                      input_names=graph.inputs, output_names=graph.outputs,
+                      dynamic_axes={k: v for k, v in graph.axes.items() if k in graph.inputs + graph.outputs})
     return {"exporter": "torch.onnx.export(dynamo=False)", "do_constant_folding": False}
 
 
-def export_dynamo(step, args: tuple, path: Path, layers: int, decode: bool, opset: int) -> dict:
-    """torch.export has no sum of two dims, so the mask's total length is its own dim and the
-    names are set afterwards from the symbols torch chose (its own symbol, or `s1 + s2`, becomes TOTAL)."""
+def export_dynamo(step, args: tuple, path: Path, graph: Graph, opset: int, dim_max: dict) -> dict:
+    """torch.export has no sum of two dims, so a TOTAL axis is its own dim (Dim.AUTO) and the names
+    are set afterwards from the symbols torch chose (its own symbol, or `s1 + s2`, becomes TOTAL)."""
     torch = base._torch()
     import onnx
     from torch.export import Dim
-    inputs, outputs = io_names(layers, decode)
-    batch, seq = Dim("batch", min=1, max=64), Dim("sequence", min=1, max=512)
-    past = Dim("past_sequence", min=1, max=512)
-    shapes = [{0: batch, 1: seq}, {0: batch, 1: Dim.AUTO if decode else seq}]
-    shapes += [{0: batch, 2: past}] * (len(inputs) - 2)
-    program = torch.onnx.export(step, args, None, dynamo=True, opset_version=opset, input_names=inputs,
-                                output_names=outputs, dynamic_shapes=tuple(shapes))
+    dims = {name: Dim(name, min=1, max=dim_max[name]) for name in graph.dims()}
+    dims[TOTAL] = Dim.AUTO
+    shapes = tuple({axis: dims[d] for axis, d in graph.axes[name].items()} for name in graph.inputs)
+    program = torch.onnx.export(step, args, None, dynamo=True, opset_version=opset, input_names=graph.inputs,
+                                output_names=graph.outputs, dynamic_shapes=shapes)
     program.save(str(path), external_data=False)
     model = onnx.load(str(path))
-    rename_dims(model, dims_of(layers, decode))
+    rename_dims(model, graph.axes)
     onnx.save(model, str(path))
-    return {"exporter": "torch.onnx.export(dynamo=True)", "optimize": True}
+    return {"exporter": "torch.onnx.export(dynamo=True)", "optimize": True,
+            "dim_max": {name: dim_max[name] for name in graph.dims()}}
 
 
 def rename_dims(model, axes: dict[str, dict[int, str]]) -> None:
@@ -230,36 +388,31 @@ def rename_dims(model, axes: dict[str, dict[int, str]]) -> None:
                 dim.dim_param = renames[dim.dim_param]
 
 
-def pin_static_dims(path: Path, config, decode: bool) -> None:
+def pin_static_dims(path: Path, graph: Graph) -> None:
     """Dims that are not symbolic written as their sizes: the TorchScript exporter names a present
     K/V's head size `Concatpresent.0.key_dim_3` (it concatenates onto an empty cache), a name no
     shape analysis can equate with the 32 it is."""
     import onnx
-    heads = config.num_attention_heads
-    kv = getattr(config, "num_key_value_heads", None) or heads
-    static = {"last_hidden_state": {2: config.hidden_size}}
     model = onnx.load(str(path))
     for value in model.graph.output:
-        sizes = static.get(value.name, {1: kv, 3: config.hidden_size // heads})
-        for axis, size in sizes.items():
+        for axis, size in graph.static.get(value.name, {}).items():
             value.type.tensor_type.shape.dim[axis].dim_value = size
     onnx.save(model, str(path))
 
 
-def check(path: Path, step, config, decode: bool, gen) -> dict:
-    """onnxruntime (optimizations off) against torch at other sizes than the trace's, every output."""
+def check(path: Path, step, graph: Graph, args: tuple, dims: dict[str, int]) -> dict:
+    """onnxruntime (optimizations off) against torch on `args` (at other sizes than the trace's),
+    every output."""
     import numpy as np
     import onnxruntime as ort
     torch = base._torch()
-    sequence = CHECK["sequence"] if decode else CHECK_PREFILL_SEQUENCE
-    args = make_inputs(config, decode, CHECK["batch"], sequence, CHECK["past_sequence"], gen)
     with torch.no_grad():
         ref = [t.numpy() for t in step(*args)]
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    names = [i.name for i in session.get_inputs()]
-    got = session.run(None, {n: a.numpy() for n, a in zip(names, args)})
+    wanted = {i.name for i in session.get_inputs()}
+    got = session.run(None, {n: a.numpy() for n, a in zip(graph.inputs, args) if n in wanted})
     worst, ok = 0.0, len(got) == len(ref)
     for g, r in zip(got, ref):
         if g.shape != r.shape:
@@ -267,9 +420,7 @@ def check(path: Path, step, config, decode: bool, gen) -> dict:
         diff = float(np.max(np.abs(g.astype(np.float64) - r)))
         worst = max(worst, diff)
         ok = ok and bool(np.isfinite(g).all()) and diff <= base.CHECK_REL_TOL * max(float(np.max(np.abs(r))), 1e-6)
-    return {"check_ok": ok, "check_max_abs_diff": worst,
-            "check_dims": {"batch": CHECK["batch"], "sequence": sequence,
-                           **({"past_sequence": CHECK["past_sequence"]} if decode else {})}}
+    return {"check_ok": ok, "check_max_abs_diff": worst, "check_dims": {d: dims[d] for d in graph.dims()}}
 
 
 def export_one(entry: Decoder, form: str, kind: str, out: Path, force: bool) -> dict:
@@ -290,18 +441,20 @@ def export_one(entry: Decoder, form: str, kind: str, out: Path, force: bool) -> 
         model = cls._from_config(config, attn_implementation=attn).eval()
         spec = base.Spec(entry.name, "transformers", lambda _a: model, None, {}, "last_hidden_state")
         record.update(base.perturb(model, spec, torch.Generator().manual_seed(seed)))
-        step = wrapper(model, config.num_hidden_layers, decode)
-        args = make_inputs(config, decode, TRACE["batch"], TRACE["sequence"], TRACE["past_sequence"],
-                           torch.Generator().manual_seed(1))
+        graph = entry.graph(config, decode)
+        step = entry.step(model, graph, decode)
+        args = entry.inputs(config, decode, TRACE, torch.Generator().manual_seed(1))
         export = export_torchscript if exporter == "torchscript" else export_dynamo
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
-            record.update(export(step, args, tmp, config.num_hidden_layers, decode, opset))
-        pin_static_dims(tmp, config, decode)
-        record.update(check(tmp, step, config, decode, torch.Generator().manual_seed(2)))
+            record.update(export(step, args, tmp, graph, opset, entry.dim_max(config)))
+        pin_static_dims(tmp, graph)
+        dims = {**CHECK, "sequence": CHECK["sequence"] if decode else CHECK_PREFILL_SEQUENCE}
+        record.update(check(tmp, step, graph, entry.inputs(config, decode, dims, torch.Generator().manual_seed(2)),
+                            dims))
         os.replace(tmp, file)
-        record.update(describe(file, decode))
-        record.update({"attn_implementation": attn, "exporter_kind": exporter, "seed": seed,
+        record.update(describe(file))
+        record.update({"attn_implementation": attn, "exporter_kind": exporter, "seed": seed, "family": entry.family,
                        "status": "exported" if record["check_ok"] else "check-failed"})
     except Exception as error:  # noqa: BLE001 - recorded with the exact error, then the next file
         record.update(status="failed", error=f"{type(error).__name__}: {error}",
@@ -312,7 +465,7 @@ def export_one(entry: Decoder, form: str, kind: str, out: Path, force: bool) -> 
     return record
 
 
-def describe(path: Path, decode: bool) -> dict:
+def describe(path: Path) -> dict:
     import onnx
     from onnx.helper import tensor_dtype_to_np_dtype
     model = onnx.load(str(path), load_external_data=False)
