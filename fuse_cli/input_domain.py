@@ -73,6 +73,17 @@ def with_computed_dims(model: onnx.ModelProto, values: Mapping[str, int]) -> dic
     return _evaluate_all({p: _parse(p) for p in _input_dim_params(model)}, values)
 
 
+def with_declared_arithmetic(model: onnx.ModelProto, values: Mapping[str, int]) -> dict[str, int]:
+    """`values` plus every dim the graph declares anywhere (inputs, outputs, value_info) as
+    arithmetic of them: a decode step's present K/V of `past_sequence + sequence`, which no input
+    carries when the graph takes no mask of that length."""
+    graph = model.graph
+    params = {dim.dim_param for value in (*graph.input, *graph.output, *graph.value_info)
+              if value.type.HasField("tensor_type") for dim in value.type.tensor_type.shape.dim
+              if dim.dim_param and not dim.HasField("dim_value")}
+    return _evaluate_all({p: _parse(p) for p in sorted(params)}, values)
+
+
 def free_symbols(model: onnx.ModelProto) -> list[str]:
     """The names a size must be chosen for: input dim_params, and the names inside arithmetic ones."""
     names: list[str] = []

@@ -50,6 +50,29 @@ def test_onnxruntime_merged_dims_are_no_proof_for_fusion_checks():
     assert with_runtime_dims(model, infer_shapes(model)).get(add_out).shape[0] in ("N", "M")
 
 
+def test_a_computed_dim_is_named_after_the_arithmetic_the_graph_declares():
+    """A decode step with no mask input (Whisper's): a mask of the cache's length, built from Shape
+    arithmetic, takes `past_sequence + sequence`'s sizes at both proof settings; the name is declared
+    only on the present output, and the proofs table names the mask's dim after it (the attentions
+    then prove the mask [.., sequence, key length])."""
+    b = GraphBuilder()
+    x, past = b.input("x", ["batch", "sequence", 4]), b.input("past", ["batch", "past_sequence", 4])
+    present = b.op("Concat", past, x, axis=1)
+
+    def length_of(t: str) -> str:
+        return b.op("Gather", b.op("Shape", t), b.const(np.array(1, np.int64)), axis=0)
+
+    total = b.op("Add", length_of(past), length_of(x))
+    positions = b.op("Range", b.const(np.array(0, np.int64)), total, b.const(np.array(1, np.int64)))  # [T]: onnx cannot say T
+    mask = b.op("Cast", b.op("Unsqueeze", positions, b.const(np.array([0, 1], np.int64))), to=TensorProto.FLOAT)
+    y = b.op("Add", mask, b.const(np.float32(0)))
+    model = b.build(present, y, output_names=["present", "y"])
+    model.graph.output[0].CopyFrom(onnx.helper.make_tensor_value_info("present", TensorProto.FLOAT,
+                                                                      ["batch", "past_sequence + sequence", 4]))
+    table = with_runtime_dims(model, infer_shapes(model), proofs=True)
+    assert table.get(mask).shape == (1, 1, "past_sequence + sequence"), table.get(mask)
+
+
 @pytest.mark.parametrize("hash_seed", ["1", "2", "3"])
 def test_the_shape_confusing_reshape_is_kept_whatever_the_hash_seed(tmp_path, hash_seed):
     path, out = tmp_path / "m.onnx", tmp_path / "m.out.onnx"

@@ -33,7 +33,7 @@ from onnx import TensorProto, helper, numpy_helper
 from fuse_cli.analysis.shape_values import as_constant_nodes, evaluate_shape_values, initial_values
 from fuse_cli.core.order import execution_order, model_fingerprint
 from fuse_cli.core.tensors import element_size_bits, payload_bytes
-from fuse_cli.input_domain import shape_settings  # the distinct primes verification binds
+from fuse_cli.input_domain import shape_settings, with_declared_arithmetic  # the distinct primes verification binds
 
 Dim = int | str | None
 _NO_BINDINGS: Mapping = MappingProxyType({})
@@ -247,7 +247,13 @@ def _with_evaluated_dims(model: onnx.ModelProto, table: ShapeTable,
         evaluated = [infer_shapes(model, setting, input_shapes, symbolic=True).tensors for setting in settings]
     except ValueError:  # a setting that contradicts a fixed input dim
         return table
-    by_sizes = {tuple(s[name] for s in settings): name for name in settings[0] if name not in table.bound_dims}
+    # the input symbols' sizes, and those of the arithmetic dims the graph declares (a decode step's
+    # `past_sequence + sequence`), name the dims that take them
+    named_settings = [with_declared_arithmetic(model, setting) for setting in settings]
+    by_sizes: dict[tuple, str] = {}
+    for name in named_settings[0]:  # an input symbol first, where sizes coincide
+        if name not in table.bound_dims and all(name in s for s in named_settings):
+            by_sizes.setdefault(tuple(s[name] for s in named_settings), name)
 
     def named(sizes: tuple) -> Dim:
         if not all(isinstance(size, int) for size in sizes):
