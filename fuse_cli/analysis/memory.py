@@ -443,11 +443,11 @@ class _Graph:
                 known[name] = size
         scratch = {stored: size for stored, node in self.scratch_nodes
                    if (size := _workspace_bytes(node, shapes, self.opset))}
-        held = {stored: size for stored, node in self.scratch_nodes if _is_variadic(node)
-                and (size := _variadic_workspace(node, shapes, output_held=True)) != scratch.get(stored, 0)}
+        held_scratch = {stored: size for stored, node in self.scratch_nodes if _is_variadic(node)
+                        and (size := _variadic_workspace(node, shapes, output_held=True)) != scratch.get(stored, 0)}
         weight_bytes = self.initializer_bytes + sum(
             size or 0 for name, fallback in self.constants for size in [shapes.nbytes(name) or fallback])
-        result = (known, scratch, weight_bytes, held)
+        result = (known, scratch, weight_bytes, held_scratch)
         self.by_table[id(shapes)] = (shapes, result)  # the table is held: its id stays its own
         return result
 
@@ -471,12 +471,13 @@ class _Setup:
         held = self.by_table.get(id(shapes))
         if held is not None and held[0] is shapes:
             return held[1]
-        known, scratch, weight_bytes, held = self.graph.sized(shapes)
+        known, scratch, weight_bytes, held_scratch = self.graph.sized(shapes)
         workspace = [0] * len(self.labels)
         if scratch:
             for step, stored in enumerate(self.order):
                 workspace[step] = scratch.get(stored, 0)
-        held_workspace = {step: held[stored] for step, stored in enumerate(self.order) if stored in held} if held else {}
+        held_workspace = ({step: held_scratch[stored] for step, stored in enumerate(self.order) if stored in held_scratch}
+                          if held_scratch else {})
         unknown = () if len(known) == len(self.producer) else tuple(name for name in self.producer if name not in known)
         result = _Sized(known, unknown, workspace, weight_bytes, held_workspace)
         self.by_table[id(shapes)] = (shapes, result)  # the table is held: its id stays its own
