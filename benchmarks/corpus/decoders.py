@@ -1,4 +1,4 @@
-"""Export the decoder corpus: tiny random-init decoder LLMs with a KV cache, as onnxruntime serves them.
+"""Export the decoder corpus: random-init decoder LLMs with a KV cache, as onnxruntime serves them.
 
 Each model in two graphs per exporter:
 
@@ -10,30 +10,40 @@ Each model in two graphs per exporter:
            (a decode step has sequence 1; the graph takes any)
 
 and two exporters: `opset17` (TorchScript, eager attention: MatMul/Softmax/MatMul) and `dynamo18`
-(torch.export, opset 18, the library's default sdpa attention). Models (2 layers, hidden 128, head
-size 32 so GroupQueryAttention's CPU kernel applies, vocab 1000): Llama, Qwen2, Qwen3, Mistral,
-Gemma and Gemma2 with grouped K/V heads, Phi-3 (packed QKV) and GPT-2 (one K/V head per head), see
-MODELS.
+(torch.export, opset 18, the library's default sdpa attention). Models (vocab 1000): Llama, Qwen2,
+Qwen3, Mistral, Gemma and Gemma2 with grouped K/V heads, Phi-3 (packed QKV) and GPT-2 (one K/V head
+per head), see MODELS, each at every size of SIZES:
+
+  tiny   hidden 128, 2 layers, 4 heads of 32 (2 KV heads where grouped), MLP 344
+  small  hidden 512, 4 layers, 8 heads of 64 (2 KV heads where grouped), MLP 1368
+
+(head sizes 32 and 64, so GroupQueryAttention's CPU kernel applies; the MLP is Llama's 8/3 ratio,
+Qwen2's is 11/4: 352 and 1408; GPT-2's is its default 4x). File names carry the size except for
+tiny: `llama-gqa-prefill-opset17.onnx`, `llama-gqa-small-prefill-opset17.onnx`.
 
 One encoder-decoder, Whisper's decoder (EncoderDecoder), with Optimum's cache names and no decoder
 attention_mask (neither Optimum's nor onnxruntime's Whisper export has one):
 
-  prefill  input_ids [batch, sequence], encoder_hidden_states [batch, encoder_sequence, 128]
-           -> last_hidden_state, present.N.decoder.key/value [batch, 4, sequence, 32] (self-attention)
-           and present.N.encoder.key/value [batch, 4, encoder_sequence, 32] (cross-attention K/V,
-           computed once from the encoder's states)
-  decode   input_ids, past_key_values.N.decoder.key/value [batch, 4, past_sequence, 32],
-           past_key_values.N.encoder.key/value [batch, 4, encoder_sequence, 32] (the prefill's cross
-           K/V as cached inputs, as onnxruntime's Whisper decoder takes them; no encoder states)
-           -> last_hidden_state, present.N.decoder.key/value [batch, 4, past_sequence + sequence, 32]
+  prefill  input_ids [batch, sequence], encoder_hidden_states [batch, encoder_sequence, d_model]
+           -> last_hidden_state, present.N.decoder.key/value [batch, heads, sequence, head_size]
+           (self-attention) and present.N.encoder.key/value [batch, heads, encoder_sequence,
+           head_size] (cross-attention K/V, computed once from the encoder's states)
+  decode   input_ids, past_key_values.N.decoder.key/value [batch, heads, past_sequence, head_size],
+           past_key_values.N.encoder.key/value [batch, heads, encoder_sequence, head_size] (the
+           prefill's cross K/V as cached inputs, as onnxruntime's Whisper decoder takes them; no
+           encoder states) -> last_hidden_state, present.N.decoder.key/value [batch, heads,
+           past_sequence + sequence, head_size]
 
-    .venv-corpus/bin/python benchmarks/corpus/decoders.py [--out DIR] [--only NAME,...] [--force]
+(d_model, heads and decoder layers from SIZES: tiny 128, 4 of 32, 2 layers; small 512, 8 of 64, 4).
+
+    .venv-corpus/bin/python benchmarks/corpus/decoders.py [--out DIR] [--only NAME,...] [--sizes tiny,small] [--force]
 
 DIR defaults to $FUSE_DECODER_MODELS or benchmarks/corpus/decoder-models. Every export is traced at
 batch 2, sequence 7, past 5 (encoder 9) and checked in onnxruntime (optimizations off) against torch
 at batch 3, sequence 2 (decode) or 11 (prefill), past 13 (encoder 15), with padding in the first
 row's mask where there is one; the manifest records the check, node and op counts, inputs with
-symbolic dims and their ranges, and the dynamo form's dim bounds (`dim_max`).
+symbolic dims and their ranges, the size (`size`, `size_config`) and the dynamo form's dim bounds
+(`dim_max`). `--sizes` (default all: tiny,small) chooses the sizes exported.
 
 Gemma2's decode step is bounded to past_sequence <= 511: its sliding-window layer (window 512)
 masks by whether the window is full, which torch.export decides at trace time (guard
@@ -137,7 +147,7 @@ class Decoder:
     """A decoder-only model: input_ids and attention_mask, a DynamicCache built from the config (so
     Gemma2's sliding layers are sliding)."""
     name: str
-    make: Callable[[], tuple[Any, Any]]  # -> (model class, config)
+    make: Callable[["Size"], tuple[Any, Any]]  # Size -> (model class, config)
     note: str
     dynamo_attention: str = "sdpa"  # the library's attention for the dynamo export (Gemma2 has no sdpa)
     family = "decoder-only"
@@ -275,73 +285,110 @@ class EncoderDecoder(Decoder):
                                         for _ in range(config.decoder_layers) for n in lengths))
 
 
-def _llama():
+@dataclass(frozen=True)
+class Size:
+    """One row of SIZES: every family's config takes its dims from here (`mlp(ratio)` rounds
+    hidden * ratio up to a multiple of 8: 8/3 is Llama's ratio, 344 at hidden 128)."""
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int  # the grouped families' K/V heads (Phi-3, GPT-2 and Whisper have one per head)
+
+    @property
+    def head(self) -> int:
+        return self.hidden // self.heads
+
+    def mlp(self, ratio: float = 8 / 3) -> int:
+        return -(-int(self.hidden * ratio) // 8) * 8
+
+    def fields(self) -> dict[str, int]:
+        return {"hidden": self.hidden, "layers": self.layers, "heads": self.heads, "kv_heads": self.kv_heads,
+                "head": self.head, "mlp": self.mlp(), "qwen2_mlp": self.mlp(QWEN2_RATIO)}
+
+
+QWEN2_RATIO = 11 / 4  # Qwen2's MLP ratio (352 at hidden 128)
+# tiny's file names carry no size (`llama-gqa-prefill-opset17.onnx`); the others insert it
+# (`llama-gqa-small-prefill-opset17.onnx`).
+SIZES = {"tiny": Size(hidden=128, layers=2, heads=4, kv_heads=2),
+         "small": Size(hidden=512, layers=4, heads=8, kv_heads=2)}
+
+
+def _llama(size: Size):
     from transformers import LlamaConfig, LlamaModel
-    return LlamaModel, LlamaConfig(vocab_size=VOCAB, hidden_size=128, intermediate_size=344, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    return LlamaModel, LlamaConfig(vocab_size=VOCAB, hidden_size=size.hidden, intermediate_size=size.mlp(),
+                                   num_hidden_layers=size.layers, num_attention_heads=size.heads,
+                                   num_key_value_heads=size.kv_heads, max_position_embeddings=512)
 
 
-def _qwen2():
+def _qwen2(size: Size):
     from transformers import Qwen2Config, Qwen2Model
-    return Qwen2Model, Qwen2Config(vocab_size=VOCAB, hidden_size=128, intermediate_size=352, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    return Qwen2Model, Qwen2Config(vocab_size=VOCAB, hidden_size=size.hidden, intermediate_size=size.mlp(QWEN2_RATIO),
+                                   num_hidden_layers=size.layers, num_attention_heads=size.heads,
+                                   num_key_value_heads=size.kv_heads, max_position_embeddings=512)
 
 
-def _phi3():
+def _phi3(size: Size):
     from transformers import Phi3Config, Phi3Model
-    return Phi3Model, Phi3Config(vocab_size=VOCAB, hidden_size=128, intermediate_size=344, num_hidden_layers=2,
-                                 num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
+    return Phi3Model, Phi3Config(vocab_size=VOCAB, hidden_size=size.hidden, intermediate_size=size.mlp(),
+                                 num_hidden_layers=size.layers, num_attention_heads=size.heads,
+                                 num_key_value_heads=size.heads, max_position_embeddings=512,
                                  original_max_position_embeddings=512, pad_token_id=0, bos_token_id=1,
                                  eos_token_id=2)
 
 
-def _gpt2():
+def _gpt2(size: Size):
     from transformers import GPT2Config, GPT2Model
-    return GPT2Model, GPT2Config(vocab_size=VOCAB, n_positions=512, n_embd=128, n_layer=2, n_head=4,
-                                 bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1)
+    return GPT2Model, GPT2Config(vocab_size=VOCAB, n_positions=512, n_embd=size.hidden, n_layer=size.layers,
+                                 n_head=size.heads, bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1)
 
 
-def _grouped(family: str, **extra) -> Callable[[], tuple[Any, Any]]:
-    """transformers' `{family}Model` at the corpus's grouped size: hidden 128, 2 layers, 4 heads,
-    2 KV heads, head 32, MLP 344 (plus `extra`)."""
-    def make():
+def _grouped(family: str, **extra) -> Callable[[Size], tuple[Any, Any]]:
+    """transformers' `{family}Model` at the grouped size of `size`: its hidden, layers, heads, KV
+    heads, head size and MLP (Llama's ratio), plus `extra` (a callable value is called with `size`)."""
+    def make(size: Size):
         import transformers
         config = getattr(transformers, f"{family}Config")(
-            vocab_size=VOCAB, hidden_size=128, intermediate_size=344, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=32, max_position_embeddings=512, **extra)
+            vocab_size=VOCAB, hidden_size=size.hidden, intermediate_size=size.mlp(), num_hidden_layers=size.layers,
+            num_attention_heads=size.heads, num_key_value_heads=size.kv_heads, head_dim=size.head,
+            max_position_embeddings=512, **{k: v(size) if callable(v) else v for k, v in extra.items()})
         return getattr(transformers, f"{family}Model"), config
     return make
 
 
-def _whisper():
+def _whisper(size: Size):
     """WhisperModel (its decoder is exported; the one-layer encoder is built only because the model
     class holds it). Whisper's special token ids (50256, 50257) are moved inside the small vocabulary:
     the padding id must index the embedding, and transformers warns of the others; the
     begin-suppressed tokens, a generation setting, are dropped with them."""
     from transformers import WhisperConfig, WhisperModel
-    return WhisperModel, WhisperConfig(vocab_size=VOCAB, d_model=128, decoder_layers=2, decoder_attention_heads=4,
-                                       decoder_ffn_dim=344, encoder_layers=1, encoder_attention_heads=4,
-                                       encoder_ffn_dim=344, max_target_positions=448, pad_token_id=VOCAB - 1,
+    return WhisperModel, WhisperConfig(vocab_size=VOCAB, d_model=size.hidden, decoder_layers=size.layers,
+                                       decoder_attention_heads=size.heads, decoder_ffn_dim=size.mlp(),
+                                       encoder_layers=1, encoder_attention_heads=size.heads,
+                                       encoder_ffn_dim=size.mlp(), max_target_positions=448, pad_token_id=VOCAB - 1,
                                        bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1,
                                        decoder_start_token_id=VOCAB - 2, begin_suppress_tokens=None)
 
 
+# Notes are formatted with Size.fields() of the size exported.
 MODELS = [
-    Decoder("llama-gqa", _llama, "LlamaModel(hidden 128, 2 layers, 4 heads, 2 KV heads, head 32, MLP 344)"),
-    Decoder("qwen2-gqa", _qwen2, "Qwen2Model(hidden 128, 2 layers, 4 heads, 2 KV heads, head 32, MLP 352; "
-                                 "Q/K/V biases)"),
-    Decoder("phi3", _phi3, "Phi3Model(hidden 128, 2 layers, 4 heads = 4 KV heads, head 32, packed QKV)"),
-    Decoder("gpt2", _gpt2, "GPT2Model(hidden 128, 2 layers, 4 heads, head 32)"),
+    Decoder("llama-gqa", _llama, "LlamaModel(hidden {hidden}, {layers} layers, {heads} heads, {kv_heads} KV heads, "
+                                 "head {head}, MLP {mlp})"),
+    Decoder("qwen2-gqa", _qwen2, "Qwen2Model(hidden {hidden}, {layers} layers, {heads} heads, {kv_heads} KV heads, "
+                                 "head {head}, MLP {qwen2_mlp}; Q/K/V biases)"),
+    Decoder("phi3", _phi3, "Phi3Model(hidden {hidden}, {layers} layers, {heads} heads = {heads} KV heads, "
+                           "head {head}, packed QKV)"),
+    Decoder("gpt2", _gpt2, "GPT2Model(hidden {hidden}, {layers} layers, {heads} heads, head {head})"),
     Decoder("qwen3-gqa", _grouped("Qwen3"), "Qwen3Model(grouped size; RMSNorm on each head's Q and K)"),
     Decoder("mistral-gqa", _grouped("Mistral", sliding_window=None), "MistralModel(grouped size)"),
     Decoder("gemma-gqa", _grouped("Gemma"),
             "GemmaModel(grouped size; RMSNorm by 1 + weight, tanh GELU, scaled embeddings)"),
-    Decoder("gemma2-gqa", _grouped("Gemma2", query_pre_attn_scalar=32, sliding_window=512),
+    Decoder("gemma2-gqa", _grouped("Gemma2", query_pre_attn_scalar=lambda size: size.head, sliding_window=512),
             "Gemma2Model(grouped size; attention logits soft-capped by tanh, sliding window 512, pre/post norms; "
             "decode valid for past_sequence <= 511, see the module docstring)",
             dynamo_attention="eager"),
-    EncoderDecoder("whisper", _whisper, "WhisperModel's decoder (d_model 128, 2 layers, 4 heads, head 32, MLP 344; "
-                                        "LayerNorm, exact GELU, learned positions, self- and cross-attention)"),
+    EncoderDecoder("whisper", _whisper, "WhisperModel's decoder (d_model {hidden}, {layers} layers, {heads} heads, "
+                                        "head {head}, MLP {mlp}; LayerNorm, exact GELU, learned positions, "
+                                        "self- and cross-attention)"),
 ]
 
 
@@ -423,23 +470,31 @@ def check(path: Path, step, graph: Graph, args: tuple, dims: dict[str, int]) -> 
     return {"check_ok": ok, "check_max_abs_diff": worst, "check_dims": {d: dims[d] for d in graph.dims()}}
 
 
-def export_one(entry: Decoder, form: str, kind: str, out: Path, force: bool) -> dict:
+def sized_name(entry: Decoder, size: str) -> str:
+    """The model's name at `size`: tiny keeps the plain name (its files predate sizes)."""
+    return entry.name if size == "tiny" else f"{entry.name}-{size}"
+
+
+def export_one(entry: Decoder, size: str, form: str, kind: str, out: Path, force: bool) -> dict:
     torch = base._torch()
-    file = out / f"{entry.name}-{kind}-{form}.onnx"
-    record: dict[str, Any] = {"model": entry.name, "form": form, "kind": kind, "file": file.name, "note": entry.note}
+    name = sized_name(entry, size)
+    file = out / f"{name}-{kind}-{form}.onnx"
+    dims = SIZES[size]
+    record: dict[str, Any] = {"model": entry.name, "size": size, "size_config": dims.fields(), "form": form,
+                              "kind": kind, "file": file.name, "note": entry.note.format(**dims.fields())}
     if file.exists() and not force:
         return {**record, "status": "kept"}
     exporter, opset = FORMS[form]
     decode = kind == "decode"
-    seed = zlib.crc32(entry.name.encode())
+    seed = zlib.crc32(name.encode())
     start = time.perf_counter()
     tmp = file.with_name(file.name + ".partial")
     try:
         torch.manual_seed(seed)
-        cls, config = entry.make()
+        cls, config = entry.make(dims)
         attn = "eager" if exporter == "torchscript" else entry.dynamo_attention
         model = cls._from_config(config, attn_implementation=attn).eval()
-        spec = base.Spec(entry.name, "transformers", lambda _a: model, None, {}, "last_hidden_state")
+        spec = base.Spec(name, "transformers", lambda _a: model, None, {}, "last_hidden_state")
         record.update(base.perturb(model, spec, torch.Generator().manual_seed(seed)))
         graph = entry.graph(config, decode)
         step = entry.step(model, graph, decode)
@@ -449,9 +504,9 @@ def export_one(entry: Decoder, form: str, kind: str, out: Path, force: bool) -> 
             warnings.simplefilter("ignore")
             record.update(export(step, args, tmp, graph, opset, entry.dim_max(config)))
         pin_static_dims(tmp, graph)
-        dims = {**CHECK, "sequence": CHECK["sequence"] if decode else CHECK_PREFILL_SEQUENCE}
-        record.update(check(tmp, step, graph, entry.inputs(config, decode, dims, torch.Generator().manual_seed(2)),
-                            dims))
+        at = {**CHECK, "sequence": CHECK["sequence"] if decode else CHECK_PREFILL_SEQUENCE}
+        record.update(check(tmp, step, graph, entry.inputs(config, decode, at, torch.Generator().manual_seed(2)),
+                            at))
         os.replace(tmp, file)
         record.update(describe(file))
         record.update({"attn_implementation": attn, "exporter_kind": exporter, "seed": seed, "family": entry.family,
@@ -484,11 +539,16 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
     parser.add_argument("--only", default="", help="comma-separated: " + ", ".join(m.name for m in MODELS))
+    parser.add_argument("--sizes", default=",".join(SIZES),
+                        help="comma-separated sizes to export: " + ", ".join(SIZES) + " (default: all)")
     parser.add_argument("--force", action="store_true", help="re-export files that exist")
     args = parser.parse_args(argv)
     names = [n for n in args.only.split(",") if n]
     if unknown := sorted(set(names) - {m.name for m in MODELS}):
         parser.error(f"unknown model: {unknown}")
+    sizes = [s for s in args.sizes.split(",") if s]
+    if unknown := sorted(set(sizes) - set(SIZES)) or (not sizes and ["(none)"]):
+        parser.error(f"unknown size: {unknown}")
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
 
@@ -504,12 +564,12 @@ def main(argv=None) -> int:
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {"files": {}}
     manifest["ranges"] = "half-open [low, high)"
     failed, started = 0, time.perf_counter()
-    for entry in MODELS:
+    for size, entry in ((size, entry) for size in SIZES if size in sizes for entry in MODELS):
         if names and entry.name not in names:
             continue
         for form in FORMS:
             for kind in KINDS:
-                record = export_one(entry, form, kind, out, args.force)
+                record = export_one(entry, size, form, kind, out, args.force)
                 if record["status"] == "kept":
                     print(f"  {record['file']}: exists, kept (--force re-exports)", flush=True)
                     continue
