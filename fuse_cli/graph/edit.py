@@ -57,6 +57,15 @@ class TensorShape:
         return dim if isinstance(dim, int) else None
 
 
+def unique_name(base: str, taken: set[str]) -> str:
+    """`base`, or `base_1`, `base_2`, ... : the first not in `taken`, which it joins."""
+    name, i = base, 1
+    while name in taken:
+        name, i = f"{base}_{i}", i + 1
+    taken.add(name)
+    return name
+
+
 class GraphEditor:
     """Owns one gs.Graph for the length of a pipeline run."""
 
@@ -187,11 +196,7 @@ class GraphEditor:
 
     # ---- building and splicing -----------------------------------------------------------
     def unique_name(self, base: str) -> str:
-        name, i = base, 1
-        while name in self._names:
-            name, i = f"{base}_{i}", i + 1
-        self._names.add(name)
-        return name
+        return unique_name(base, self._names)
 
     def constant(self, base: str, values: np.ndarray) -> gs.Constant:
         # np.ascontiguousarray returns at least 1-D: a 0-d scalar would gain a rank (and broadcast

@@ -8,6 +8,7 @@ import onnx
 from onnx import helper
 
 from fuse_cli.analysis.memory import weight_names
+from fuse_cli.graph.edit import unique_name
 from fuse_cli.graph.opset import default_opset
 from fuse_cli.pipeline.base import Estimates, ModelPass
 from fuse_cli.pipeline.records import FusionRecord
@@ -110,9 +111,9 @@ def _insert_view(model: onnx.ModelProto, tensor: str) -> _View | None:
     if source in weight_names(graph):
         return None
     taken = _names(graph)
-    shape, viewed = _unique(f"{source}_shape", taken), _unique(f"{source}_unnamed", taken)
-    shape_node = helper.make_node("Shape", [source], [shape], name=_unique(f"{source}_shape_of", taken))
-    view_node = helper.make_node("Reshape", [source, shape], [viewed], name=_unique(f"{source}_unnamed_view", taken))
+    shape, viewed = unique_name(f"{source}_shape", taken), unique_name(f"{source}_unnamed", taken)
+    shape_node = helper.make_node("Shape", [source], [shape], name=unique_name(f"{source}_shape_of", taken))
+    view_node = helper.make_node("Reshape", [source, shape], [viewed], name=unique_name(f"{source}_unnamed_view", taken))
     for k, name in enumerate(producer.input):
         if name == source:
             producer.input[k] = viewed
@@ -147,13 +148,3 @@ def _names(graph: onnx.GraphProto) -> set[str]:
     names.update(t.name for t in graph.initializer)
     names.update(vi.name for vi in (*graph.input, *graph.output, *graph.value_info))
     return names
-
-
-def _unique(base: str, taken: set[str]) -> str:
-    name, k = base, 1
-    while name in taken:
-        name, k = f"{base}_{k}", k + 1
-    taken.add(name)
-    return name
-
-
