@@ -169,11 +169,11 @@ def memory_audit(estimate: PeakEstimate, optimized: onnx.ModelProto, fusions: li
     removed: dict[tuple[str, str], set[str]] = {}
     estimated: dict[tuple[str, str], int] = {}  # the model passes' own parts (FusionRecord.peak_delta)
     for record in fusions:
+        key = (record.pass_name, record.pattern)
         if record.peak_delta is not None:
-            estimated[(record.pass_name, record.pattern)] = estimated.get((record.pass_name, record.pattern), 0) + \
-                record.peak_delta
+            estimated[key] = estimated.get(key, 0) + record.peak_delta
         else:
-            removed.setdefault((record.pass_name, record.pattern), set()).update(t.name for t in record.removed)
+            removed.setdefault(key, set()).update(t.name for t in record.removed)
     deltas, gone, previous = [], set(), before.peak_bytes
     for (pass_name, pattern), names in removed.items():
         if names <= gone:  # nothing this kind removed is still there: the same absent set, the same peak

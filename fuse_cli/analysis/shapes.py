@@ -482,7 +482,7 @@ def _static_shapes_as_constants(copy: onnx.ModelProto, inferred: onnx.ModelProto
             continue
         dims = known[node.input[0]]
         attrs = {a.name: a.i for a in node.attribute}
-        values = dims[attrs.get("start", 0):attrs["end"]] if "end" in attrs else dims[attrs.get("start", 0):]
+        values = dims[attrs.get("start", 0):attrs.get("end")]
         constant = helper.make_node("Constant", [], list(node.output), name=node.name,
                                     value=numpy_helper.from_array(np.array(values, np.int64)))
         copy.graph.node[k].CopyFrom(constant)
