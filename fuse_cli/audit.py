@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 import onnx
 
 from fuse_cli.analysis.measure import measure_peak
-from fuse_cli.analysis.memory import MemoryProfile, profile_memory, profile_memory_at
+from fuse_cli.analysis.memory import LiveTensor, MemoryProfile, profile_memory, profile_memory_at
 from fuse_cli.analysis.shapes import ShapeTable, infer_shapes
 from fuse_cli.config import FuseConfig
 from fuse_cli.core.domains import has_contrib_nodes
@@ -126,7 +126,7 @@ class PeakEstimate:
             peaks=lambda model, order: tuple(profile.peak_bytes for profile in self.profiles(model, order)),
             sizes=lambda model: self._tables(model, 0)[0], extra_weights=self.defaults, rules=rules,
             floor=lambda model, order: self.profile(model, 0, order).unavoidable_at_peak,
-            held=lambda model: self.profile(model, 0).held_across_peak)
+            held=lambda model: _held_at_any(self.profiles(model)))
 
     def _planner_shapes(self, model: onnx.ModelProto, nodes: frozenset[bytes]) -> ShapeTable:
         """The shapes with no dim bound, as onnxruntime's planner compares them. onnxruntime infers
@@ -220,6 +220,17 @@ def _stored_in(model: onnx.ModelProto, order: Sequence[int]) -> onnx.ModelProto:
     del copy.graph.node[:]
     copy.graph.node.extend(model.graph.node[i] for i in order)
     return copy
+
+
+def _held_at_any(profiles: Sequence[MemoryProfile]) -> tuple[LiveTensor, ...]:
+    """Buffers held across the peak at any setting, the first setting's first, each tensor once:
+    a larger setting can peak elsewhere, over other held buffers (a prefill's MLP buffers held
+    through the next layer's attention at batch 64, not at the bound batch 1)."""
+    seen: dict[str, LiveTensor] = {}
+    for profile in profiles:
+        for tensor in profile.held_across_peak:
+            seen.setdefault(tensor.name, tensor)
+    return tuple(seen.values())
 
 
 def _structure(model: onnx.ModelProto) -> tuple[bytes, frozenset[bytes]]:

@@ -9,6 +9,7 @@ import onnx
 from onnx import TensorProto
 
 from tests.graphs import GraphBuilder
+from tests.norm_graphs import rms_norm
 
 F32_MIN = float(np.finfo(np.float32).min)
 
@@ -18,7 +19,7 @@ def llama_attention_model(*, heads: int = 4, kv_heads: int = 2, head_size: int =
                           repeat: str = "expand", scale: str = "mul", seq: str | int = "sequence",
                           rotate_order: str = "neg-upper", dynamo: bool = False,
                           flat_shape: str = "key", cache: str = "none", partial: bool = False,
-                          softcap: tuple[float, float] | None = None) -> onnx.ModelProto:
+                          softcap: tuple[float, float] | None = None, head_norm: bool = False) -> onnx.ModelProto:
     """freqs: positions times inv_freq by "mul" ([1, S, 1] * [d/2]) or "matmul" ([1, d/2, 1] @ [1, 1, S],
     transposed). tables: "computed" (Cos/Sin of Concat(f, f)), "uneven" (Concat(f, 2f): halves differ),
     "inputs" (cos/sin graph inputs [1, sequence, d]) or "constant" (a static-length table; seq must be
@@ -37,7 +38,8 @@ def llama_attention_model(*, heads: int = 4, kv_heads: int = 2, head_size: int =
     attention_mask [batch, past_sequence + sequence] with the causal offset of the past). partial: as
     transformers' partial-rotary code (Phi-3) writes it with a rotary dim that is the whole head:
     Concat(rotary(x[..., :d]), x[..., d:]), the second piece empty. softcap (a, b): Gemma2's soft cap on
-    the scaled scores before the mask, tanh(s / a) * b (a == b is a soft cap)."""
+    the scaled scores before the mask, tanh(s / a) * b (a == b is a soft cap). head_norm: Qwen3's RMSNorm of
+    each Q and K head over its head_size, between the split's Reshape and its Transpose."""
     b = GraphBuilder(opset=17, seed=5)
     hidden, kv_hidden, half = heads * head_size, kv_heads * head_size, head_size // 2
     x = b.input("hidden", ["batch", seq, hidden])
@@ -71,11 +73,14 @@ def llama_attention_model(*, heads: int = 4, kv_heads: int = 2, head_size: int =
 
     batch_seq = b.op("Slice", b.op("Shape", x), ints(0), ints(2))
 
-    def split(t: str, n: int) -> str:
+    def split(t: str, n: int, normed: bool = False) -> str:
         if dynamo:
-            return b.op("Transpose", b.op("Reshape", t, b.op("Concat", batch_seq, ints(n, head_size), axis=0),
-                                          allowzero=1), perm=[0, 2, 1, 3])
-        return b.op("Transpose", b.op("Reshape", t, ints(0, 0, n, head_size)), perm=[0, 2, 1, 3])
+            heads = b.op("Reshape", t, b.op("Concat", batch_seq, ints(n, head_size), axis=0), allowzero=1)
+        else:
+            heads = b.op("Reshape", t, ints(0, 0, n, head_size))
+        if normed:
+            (heads,) = rms_norm(b, heads, gamma_shape=(head_size,))
+        return b.op("Transpose", heads, perm=[0, 2, 1, 3])
 
     def rotary(t: str) -> str:
         if half_bounds == "shape":
@@ -109,8 +114,8 @@ def llama_attention_model(*, heads: int = 4, kv_heads: int = 2, head_size: int =
         rot = b.op("Slice", t, ints(0), ints(head_size), ints(3), ints(1))
         return b.op("Concat", rotary(rot), b.op("Slice", t, ints(head_size), ints(2**63 - 1), ints(3), ints(1)), axis=-1)
 
-    q = rotated(split(linear(hidden), heads))
-    k, v = rotated(split(linear(kv_hidden), kv_heads)), split(linear(kv_hidden), kv_heads)
+    q = rotated(split(linear(hidden), heads, head_norm))
+    k, v = rotated(split(linear(kv_hidden), kv_heads, head_norm)), split(linear(kv_hidden), kv_heads)
     if cache == "past":
         k, v = (b.op("Concat", b.input(f"past_{role}", ["batch", kv_heads, "past_sequence", head_size]), t, axis=-2)
                 for role, t in (("key", k), ("value", v)))

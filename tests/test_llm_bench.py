@@ -27,3 +27,12 @@ def test_an_anchor_ahead_beyond_the_noise_is_listed():
 def test_within_the_noise_nothing_is_listed():
     text = llm_bench.markdown([row(fuse_all=0.9, anchor_all=0.89, anchor_peak=6 << 20)], quick=True)
     assert text.rstrip().endswith("None.")
+
+
+def test_fuse_onnx23_is_a_row_of_its_own_never_an_anchor():
+    model = row(fuse_all=0.9, anchor_all=0.9, anchor_peak=6 << 20)
+    model.tools.append(llm_bench.ToolRow("fuse-onnx23", nodes=40, attentions=2, max_abs_diff=1e-6,
+                                         latency_ratio={"disabled": 0.5, "all": 0.5}, peak_bytes=2 << 20))
+    text = llm_bench.markdown([model], quick=True)
+    assert "| fuse-onnx23 | 1 | 0.500 | 0.500 |" in text
+    assert text.rstrip().endswith("None.")

@@ -85,6 +85,44 @@ def test_rows_masked_throughout_stay_as_the_graph_computes_them(tmp_path):
         assert check.passed, check.outputs
 
 
+@pytest.mark.parametrize("cache", ["none", "past"])
+def test_a_rotary_behind_a_per_head_norm_moves_onto_the_projection_and_attention_fuses(cache, tmp_path):
+    # Qwen3: each Q/K head is RMS-normalized between split and Transpose; the rotary fused on the
+    # heads moves past the norm, and standard-attention reads Q and K as projections
+    model = llama_attention_model(head_norm=True, cache=cache)
+    passes = ("rms-norm", "standard-rotary-embedding", "standard-rotary-before-head-split", "standard-attention")
+    result = upgraded(model, tmp_path, passes=passes)
+    counts = op_counts(result.model)
+    assert counts["Attention"] == 1 and counts["RotaryEmbedding"] == 2 and counts["RMSNormalization"] == 2, counts
+    assert "Softmax" not in counts
+    rotary = [n for n in result.model.graph.node if n.op_type == "RotaryEmbedding"]
+    assert all({a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}.get("num_heads") in (4, 2)
+               for n in rotary)  # the 3-D form: heads given
+    assert_same_outputs(model, result.model)
+
+
+def test_without_the_move_a_rotary_behind_a_per_head_norm_keeps_the_attention_unfused(tmp_path):
+    model = llama_attention_model(head_norm=True)
+    result = upgraded(model, tmp_path, passes=("rms-norm", "standard-rotary-embedding", "standard-attention"))
+    counts = op_counts(result.model)
+    assert counts["RotaryEmbedding"] == 2 and counts["Attention"] == 0, counts
+    assert_same_outputs(model, result.model)
+
+
+def test_a_runtime_shaped_mask_keeps_the_output_unnamed_to_the_planner(tmp_path):
+    model = llama_attention_model()  # the TorchScript mask: Expand to a shape computed at run time
+    result = upgraded(model, tmp_path)
+    (attention,) = [n for n in result.model.graph.node if n.op_type == "Attention"]
+    shape_of = {n.output[0]: n.input[0] for n in result.model.graph.node if n.op_type == "Shape"}
+    views = [n for n in result.model.graph.node if n.op_type == "Reshape" and shape_of.get(n.input[1]) == n.input[0]]
+    chain = {attention.output[0]}
+    for n in result.model.graph.node:  # the merge's row Reshape, if any, then the view
+        if n.op_type == "Reshape" and n.input[0] in chain:
+            chain.add(n.output[0])
+    assert any(v.input[0] in chain for v in views)
+    assert_same_outputs(model, result.model)
+
+
 def test_old_opset_waits_for_the_upgrade(tmp_path):
     result = optimize_model(llama_attention_model(), tmp_path, passes=PASSES)
     assert "Attention" not in op_counts(result.model) and "RotaryEmbedding" not in op_counts(result.model)

@@ -19,6 +19,14 @@ def _split() -> Op:
     return Op("Reshape", Var("x3"), Var("split_shape"), name="split")
 
 
+def _rotary_on_heads(domain: str, head_norm: str, *rest: Var) -> Op:
+    """RotaryEmbedding(Transpose(split or head_norm(split)), *rest) in `domain`; rest: its other inputs."""
+    return Op("RotaryEmbedding",
+              Op("Transpose", Alt(Op(head_norm, _split(), Var("norm_scale"), name="head_norm"), _split()),
+                 name="heads", perm=HEADS_PERM),
+              *rest, domain=domain, name="rotary")
+
+
 @register
 class RotaryBeforeHeadSplit(PatternPass):
     """x3 [B, S, H*d] ─ Reshape [B, S, H, d] ─ Transpose[0,2,1,3] ─ RotaryEmbedding(pos, cos, sin) ─ y
@@ -44,10 +52,7 @@ class RotaryBeforeHeadSplit(PatternPass):
     description = "Move a RotaryEmbedding on split heads [B, H, S, d] onto the [B, S, H*d] projection"
     label = "RotaryEmbedding on heads -> on the projection"
     emits = ("com.microsoft::RotaryEmbedding",)
-    pattern = Op("RotaryEmbedding",
-                 Op("Transpose", Alt(Op("SimplifiedLayerNormalization", _split(), Var("norm_scale"), name="head_norm"),
-                                     _split()), name="heads", perm=HEADS_PERM),
-                 Var("position_ids"), Var("cos"), Var("sin"), domain=MS, name="rotary")
+    pattern = _rotary_on_heads(MS, "SimplifiedLayerNormalization", Var("position_ids"), Var("cos"), Var("sin"))
 
     def matches(self, m: Match, g: GraphEditor) -> bool:
         """A norm between split and Transpose is this pattern only over each head's own axis."""
@@ -80,9 +85,47 @@ class RotaryBeforeHeadSplit(PatternPass):
         return Replacement(nodes=[
             *kept_nodes,
             gs.Node("RotaryEmbedding", g.unique_name(rotary.name), attrs, [source, *rotary.inputs[1:]], [rotated],
-                    domain=MS),
+                    domain=rotary.domain),
             gs.Node("Reshape", g.unique_name(f"{rotary.name}_split"), dict(split.attrs), [rotated, split.inputs[1]],
                     [split_out]),
             gs.Node("Transpose", g.unique_name(f"{rotary.name}_heads"), dict(transpose.attrs), [split_out],
                     [rotary.outputs[0]]),
         ])
+
+
+@register
+class StandardRotaryBeforeHeadSplit(RotaryBeforeHeadSplit):
+    """The same move for ONNX's standard RotaryEmbedding (opset 23), whose 3-D input [B, S, H*d]
+    with num_heads H rotates each head as its 4-D [B, H, S, d] input does (cos/sin caches [B, S,
+    d/2] either way, no position_ids: standard-rotary-embedding's form), and a standard
+    RMSNormalization over each head as the norm between split and Transpose (Qwen3's; Phi-3's
+    whole-Slice form too). standard-attention then reads Q and K as projections.
+    """
+
+    name = "standard-rotary-before-head-split"
+    description = "Move a standard RotaryEmbedding on split heads [B, H, S, d] onto the [B, S, H*d] projection"
+    label = "RotaryEmbedding (opset 23) on heads -> on the projection"
+    emits = ("RotaryEmbedding",)
+    min_opset = 23
+    pattern = _rotary_on_heads("", "RMSNormalization", Var("cos"), Var("sin"))
+    # standard-rotary-embedding sizes the caches' batch with Shape(heads)[0:1], which the rewrite
+    # points at the projection: the same dim 0 (head_split proves the split keeps it)
+    keeps = ("heads",)
+
+    def check(self, m: Match, g: GraphEditor) -> Decline | None:
+        heads = m.node("heads")
+        for reader in g.outside_readers(heads.outputs[0], m):
+            if not _reads_batch(reader):
+                return Decline(f"{heads.name}'s output {heads.outputs[0].name!r} is also read by {reader.name}")
+        return super().check(m, g)
+
+    def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
+        heads = m.node("heads")
+        for reader in g.outside_readers(heads.outputs[0], m):
+            reader.inputs[0] = m.tensor("x3")
+        return super().rewrite(m, g)
+
+
+def _reads_batch(node: gs.Node) -> bool:
+    """node is Shape(x)[0:1]: x's dim 0 alone."""
+    return node.op == "Shape" and node.attrs.get("start", 0) == 0 and node.attrs.get("end") == 1

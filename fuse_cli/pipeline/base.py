@@ -114,7 +114,8 @@ class Estimates:
     extra_weights: tuple[str, ...]
     rules: tuple[str, ...]
     floor: Callable[[onnx.ModelProto, Sequence[int] | None], int] | None = None
-    # MemoryProfile.held_across_peak of `model` at the first setting, in onnxruntime's order
+    # MemoryProfile.held_across_peak of `model` in onnxruntime's order at each setting, the first
+    # setting's first, each tensor once
     held: Callable[[onnx.ModelProto], tuple] | None = None
 
 

@@ -50,6 +50,7 @@ PORTABLE_PIPELINE: tuple[str, ...] = (
     "layer-norm",
     "rms-norm",
     "standard-rotary-embedding",  # opset 23; before standard-attention, which then finds Q and K as [B, S, H*d]
+    "standard-rotary-before-head-split",  # one fused on split heads (behind a per-head norm) moves onto the projection
     "standard-attention",  # opset 23
     "gelu",
     "hard-sigmoid",

@@ -18,7 +18,8 @@ def render_explanation(chosen: Pass, console: Console) -> None:
 def render_passes(target: str, console: Console) -> None:
     default = pipeline_for(target)
     table = Table(title=f"Passes (target {target}; * = in the default pipeline, in run order)", title_justify="left")
-    for header in ("Pass", "Default", "Min opset", "Targets", "Description"):
+    table.add_column("Pass", no_wrap=True)  # whole, to copy into --passes / --disable
+    for header in ("Default", "Min opset", "Targets", "Description"):
         table.add_column(header)
     for name in list(default) + sorted(set(REGISTRY) - set(default)):
         p = REGISTRY[name]
