@@ -91,6 +91,10 @@ POSITIVE = {
     "allowzero-1-one-unknown": (("batch", 8, 64), lambda b, i, t: concat(b, dim(b, t, 0), dim(b, t, 1), [4, 16]),
                                 {"allowzero": 1}, [-1, 8, 4, 16]),
     "whole-shape-of-another-tensor": (("batch", 64), lambda b, i, t: b.op("Shape", b.op("Neg", t)), {}, [0, 64]),
+    # MobileViT's unfold: [B * C * h, ph, w, pw], the product computed from Shape(t)[0]
+    "product-of-a-dim": (("batch", 8, 4, 4), lambda b, i, t: concat(
+        b, b.op("Unsqueeze", b.op("Mul", b.op("Gather", b.op("Shape", t), b.const(ints(0))), b.const(ints(16))),
+                b.const(ints([0]))), [2, 2, 2]), {}, [-1, 2, 2, 2]),
 }
 
 
@@ -132,8 +136,14 @@ def test_shape_not_provably_static_is_a_near_miss(x_shape, shape_of, options, re
     assert miss.startswith("reshape's shape is known only at run time in ") and reason in miss
 
 
-def test_shape_from_data_is_not_this_pattern(tmp_path):
-    original = model(BSH, lambda b, i, t: b.input("target", [4]), others=())
+@pytest.mark.parametrize("form", ["input", "arithmetic-of-an-input"])
+def test_shape_from_data_is_not_this_pattern(form, tmp_path):
+    def target(b, i, t):
+        if form == "input":
+            return b.input("target", [4], onnx.TensorProto.INT64)
+        rows = b.input("rows", [1], onnx.TensorProto.INT64)
+        return concat(b, b.op("Mul", rows, b.const(ints([4]))), [4, 16])
+    original = model(BSH, target)
     result = optimize_model(original, tmp_path, passes=PASS)
     assert not result.report.fusions and not result.report.near_misses
 

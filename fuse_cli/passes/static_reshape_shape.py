@@ -47,9 +47,10 @@ class StaticReshapeShape(PatternPass):
     pattern = Op("Reshape", Var("x"), Var("shape"), name="reshape")
 
     def matches(self, m: Match, g: GraphEditor) -> bool:
-        """Only shapes that read some tensor's Shape; other run-time shapes depend on data."""
+        """Only shapes that read some tensor's Shape (directly, or through arithmetic: MobileViT's
+        unfold is [B * C * h, ph, w, pw]); other run-time shapes depend on data."""
         shape = m.tensor("shape")
-        if (constant_value(shape) is not None or not any(piece_dims(piece) for piece in shape_pieces(shape))
+        if (constant_value(shape) is not None or not any(_reads_a_shape(piece) for piece in shape_pieces(shape))
                 or is_unnamed_view(m.node("reshape"))):
             return False
         # already as short as it gets (e.g. this pass's own output): nothing to say
@@ -111,6 +112,22 @@ def _dead_with(m: Match, g: GraphEditor, source: gs.Tensor) -> int:
                 dead.add(key)
                 changed = True
     return len(dead) - 1
+
+
+def _reads_a_shape(piece: gs.Tensor, limit: int = 8) -> bool:
+    """The piece is dims read from a Shape, or computed from a Shape within `limit` nodes."""
+    if piece_dims(piece):
+        return True
+    todo, seen = [piece], 0
+    while todo and seen < limit:
+        t = todo.pop()
+        if isinstance(t, gs.Constant) or len(t.inputs) != 1:
+            continue
+        node, seen = t.inputs[0], seen + 1
+        if node.op == "Shape":
+            return True
+        todo += [i for i in node.inputs if isinstance(i, gs.Variable)]
+    return False
 
 
 def _static_shape(m: Match, g: GraphEditor) -> np.ndarray | Decline:
