@@ -126,7 +126,22 @@ class PeakEstimate:
             peaks=lambda model, order: tuple(profile.peak_bytes for profile in self.profiles(model, order)),
             sizes=lambda model: self._tables(model, 0)[0], extra_weights=self.defaults, rules=rules,
             floor=lambda model, order: self.profile(model, 0, order).unavoidable_at_peak,
-            held=lambda model: _held_at_any(self.profiles(model)))
+            held=self._held, limits=lambda: tuple(setting.before.peak_bytes for setting in self.settings))
+
+    def _held(self, model: onnx.ModelProto) -> tuple[LiveTensor, ...]:
+        """Buffers held across the candidate's peak at the bound dims, then at each larger setting
+        where its peak is above the original's (what the guard would refuse: a prefill's MLP
+        buffers held through the next layer's attention at batch 64, not at the bound batch 1);
+        each tensor once. Elsewhere the larger setting is a guard, not a goal: no view is tried
+        for it."""
+        profiles = self.profile(model, 0), *(
+            profile for setting, profile in zip(self.settings[1:], self.profiles(model, indices=range(1, len(self.settings))))
+            if profile.peak_bytes > setting.before.peak_bytes)
+        seen: dict[str, LiveTensor] = {}
+        for profile in profiles:
+            for tensor in profile.held_across_peak:
+                seen.setdefault(tensor.name, tensor)
+        return tuple(seen.values())
 
     def _planner_shapes(self, model: onnx.ModelProto, nodes: frozenset[bytes]) -> ShapeTable:
         """The shapes with no dim bound, as onnxruntime's planner compares them. onnxruntime infers
@@ -220,17 +235,6 @@ def _stored_in(model: onnx.ModelProto, order: Sequence[int]) -> onnx.ModelProto:
     del copy.graph.node[:]
     copy.graph.node.extend(model.graph.node[i] for i in order)
     return copy
-
-
-def _held_at_any(profiles: Sequence[MemoryProfile]) -> tuple[LiveTensor, ...]:
-    """Buffers held across the peak at any setting, the first setting's first, each tensor once:
-    a larger setting can peak elsewhere, over other held buffers (a prefill's MLP buffers held
-    through the next layer's attention at batch 64, not at the bound batch 1)."""
-    seen: dict[str, LiveTensor] = {}
-    for profile in profiles:
-        for tensor in profile.held_across_peak:
-            seen.setdefault(tensor.name, tensor)
-    return tuple(seen.values())
 
 
 def _structure(model: onnx.ModelProto) -> tuple[bytes, frozenset[bytes]]:

@@ -8,8 +8,6 @@ import onnx
 import pytest
 
 from fuse_cli.analysis.measure import measure_peak
-from fuse_cli.analysis.memory import profile_memory
-from fuse_cli.analysis.shapes import infer_shapes
 from tests.conftest import assert_equivalent, optimize_model
 from tests.graphs import GraphBuilder, op_counts
 
@@ -77,19 +75,14 @@ def test_nothing_gained_nothing_added(tmp_path):
     assert not [r for r in result.report.fusions if r.pass_name == PASS]
 
 
-def test_a_buffer_held_only_at_the_larger_setting_is_released(tmp_path):
-    """Bound at batch 1, the peak guard also judges batch 64, where a's buffer is 4 MiB: the view
-    is kept for that setting (never worse at batch 1), so the guard's setting peaks lower."""
+def test_a_buffer_held_at_a_larger_setting_the_guard_does_not_refuse_is_left(tmp_path):
+    """Bound at batch 1, the guard's larger setting (batch 64) holds a's 4 MiB buffer too, but the
+    output is not above the original there (nothing fused raised it): a guard, not a goal, so no
+    view is tried for it."""
     model = u_net(side=32)
-    without = optimize_model(model, tmp_path, name="without", target="ort-cpu", dims={"batch": 1},
-                             disable=(PASS,))
     result = optimize_model(model, tmp_path, target="ort-cpu", dims={"batch": 1})
-    assert op_counts(result.model)["Reshape"] == 1
-    (row,) = [r for r in result.report.fusions if r.pass_name == PASS]
-    assert row.peak_delta <= 0
-    estimate = lambda m: profile_memory(m, infer_shapes(m, {"batch": 64})).peak_bytes  # noqa: E731
-    assert estimate(without.model) - estimate(result.model) >= 2 * MIB
-    assert_equivalent(model, result.model, dims={"batch": 3})
+    assert "Reshape" not in op_counts(result.model)
+    assert not [r for r in result.report.fusions if r.pass_name == PASS]
 
 
 def test_a_view_that_would_not_lower_the_peak_is_taken_back(tmp_path):
@@ -102,3 +95,14 @@ def test_a_view_that_would_not_lower_the_peak_is_taken_back(tmp_path):
     result = optimize_model(model, tmp_path, target="ort-cpu")
     assert "Reshape" not in op_counts(result.model)
     assert not [r for r in result.report.fusions if r.pass_name == PASS]
+
+
+@pytest.mark.parametrize("original_larger, after, taken", [
+    (8 * MIB, (100 << 10, 6 * MIB), True),       # above the original at the larger setting: the gain there counts
+    (12 * MIB, (100 << 10, 6 * MIB), False),     # below it there: a guard, not a goal
+    (8 * MIB, ((100 << 10) + 1, 6 * MIB), False),  # one byte worse at the bound dims
+])
+def test_a_larger_settings_gain_counts_only_where_the_guard_would_refuse(original_larger, after, taken):
+    from fuse_cli.passes.unhold_buffers import _better
+    before = {"onnxruntime": (100 << 10, 10 * MIB)}
+    assert _better(before, {"onnxruntime": after}, (100 << 10, original_larger)) is taken

@@ -41,11 +41,11 @@ class UnholdBuffers(ModelPass):
     names back from), so the producer's output matches no buffer freed before and the dead one is
     released where it dies. Each view is judged by the
     peak guard's own estimate, as the node order is: kept only when never worse at any setting
-    under any execution rule and lower at one of them by a gain the estimate vouches for
-    (scheduling.gain_needed). The held buffers are read at every setting the guard judges: a
-    larger one peaks elsewhere (a prefill at batch 64 holds the MLP's buffers through the next
-    layer's attention, at batch 1 it does not). Then the next held buffer, up to MAX_TRIES. Runs
-    after every fusion, before `schedule`.
+    under any execution rule and lower by a gain the estimate vouches for (scheduling.gain_needed)
+    at the bound dims, or at the guard's larger setting where the output peaks above the original
+    there (a prefill at batch 64 holds the MLP's buffers through the next layer's attention, at
+    batch 1 it does not: the view is what lets the guard keep the fusion). Then the next held
+    buffer, up to MAX_TRIES. Runs after every fusion, before `schedule`.
     """
 
     name = "unhold-buffers"
@@ -61,6 +61,7 @@ class UnholdBuffers(ModelPass):
         except ValueError:  # a stored order that is not topological (the memory model's check): as it is
             return ()
         tried: set[str] = set()
+        limits = estimates.limits() if estimates.limits is not None else ()
         for _ in range(MAX_TRIES):
             target = next((t.name for t in estimates.held(model) if t.name not in tried), None)
             if target is None:
@@ -73,7 +74,7 @@ class UnholdBuffers(ModelPass):
                 after = _peaks(model, estimates)
             except ValueError:
                 after = None
-            if after is None or not _better(current, after):
+            if after is None or not _better(current, after, limits):
                 _remove_view(model, view)
                 continue
             records.append(FusionRecord(self.name, self.label, (), view.created, (),
@@ -96,10 +97,14 @@ def _peaks(model: onnx.ModelProto, estimates: Estimates) -> dict[str, tuple[int,
     return {rule: estimates.peaks(model, orders[rule]) for rule in {"onnxruntime", *estimates.rules}}
 
 
-def _better(before: dict[str, tuple[int, ...]], after: dict[str, tuple[int, ...]]) -> bool:
-    """Never worse at any setting under any rule, and lower somewhere by a gain the estimate vouches for."""
+def _better(before: dict[str, tuple[int, ...]], after: dict[str, tuple[int, ...]], limits: tuple[int, ...]) -> bool:
+    """Never worse at any setting under any rule, and lower by a gain the estimate vouches for at
+    the bound dims, or at a larger setting where onnxruntime's order peaks above the original's
+    (`limits`: what the guard would refuse; elsewhere a larger setting is a guard, not a goal)."""
     never_worse = all(a <= b for rule in before for a, b in zip(after[rule], before[rule]))
-    return never_worse and any(b - a >= gain_needed(b) for rule in before for a, b in zip(after[rule], before[rule]))
+    goals = [(rule, 0) for rule in before] + [("onnxruntime", i) for i, limit in enumerate(limits)
+                                              if i and before["onnxruntime"][i] > limit]
+    return never_worse and any(before[rule][i] - after[rule][i] >= gain_needed(before[rule][i]) for rule, i in goals)
 
 
 def _insert_view(model: onnx.ModelProto, tensor: str) -> _View | None:

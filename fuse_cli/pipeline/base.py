@@ -114,9 +114,12 @@ class Estimates:
     extra_weights: tuple[str, ...]
     rules: tuple[str, ...]
     floor: Callable[[onnx.ModelProto, Sequence[int] | None], int] | None = None
-    # MemoryProfile.held_across_peak of `model` in onnxruntime's order at each setting, the first
-    # setting's first, each tensor once
+    # MemoryProfile.held_across_peak of `model` in onnxruntime's order at the first setting, then at
+    # each other setting where its peak is above the original's, each tensor once
     held: Callable[[onnx.ModelProto], tuple] | None = None
+    # the original's estimated peak at each setting, in onnxruntime's order (what the guard holds
+    # a candidate to)
+    limits: Callable[[], tuple[int, ...]] | None = None
 
 
 class ModelPass(Pass):
