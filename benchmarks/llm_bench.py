@@ -29,7 +29,8 @@ order rotating, median of the calling thread's CPU time; the whole timing is don
 smaller median kept), measured peak activation memory (fuse_cli.analysis.measure, one child per
 model and tool: the allocator's exact high-water mark where memray is installed, else VmHWM) and session creation time at ORT_ENABLE_ALL (smallest of three). A second session
 of the original is timed beside the others: its ratio is the noise floor of that model and level.
-No figure of this script is asserted by a test.
+No figure of this script is asserted by a test. Shards run side by side (`--only`, one per core, each
+with its own `--json`) are rendered as one table with `--from-json A.json B.json`.
 """
 
 from __future__ import annotations
@@ -124,7 +125,15 @@ def main() -> int:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--only", help="a regular expression over model names")
     parser.add_argument("--quick", action="store_true", help="few timing rounds (a smoke run)")
+    parser.add_argument("--from-json", type=Path, nargs="+", metavar="JSON",
+                        help="render --out from the --json files of runs made side by side (shards of one corpus, "
+                             "e.g. --only per CPU core) instead of running")
     args = parser.parse_args()
+    if args.from_json:
+        rows = [row for path in args.from_json for row in rows_from_json(path)]
+        args.out.write_text(markdown(sorted(rows, key=lambda r: r.name), quick=False))
+        print(args.out.read_text())
+        return 0
     manifest = args.models / "manifest.json"
     if not manifest.exists():
         print(f"LLM group: no {manifest} (make bench-corpus builds it); skipped", file=sys.stderr)
@@ -146,6 +155,12 @@ def main() -> int:
         args.json.write_text(json.dumps([asdict(r) for r in rows], indent=1))
     print(args.out.read_text())
     return 0
+
+
+def rows_from_json(path: Path) -> list[ModelRow]:
+    """The rows a run wrote with --json."""
+    return [ModelRow(r["name"], r["dims"], r["noise"], [ToolRow(**t) for t in r["tools"]])
+            for r in json.loads(path.read_text())]
 
 
 def bench_model(path: Path, entry: dict, scratch: Path, anchor_python: Path | None, timing: Timing) -> ModelRow:

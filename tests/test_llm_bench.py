@@ -36,3 +36,15 @@ def test_fuse_onnx23_is_a_row_of_its_own_never_an_anchor():
     text = llm_bench.markdown([model], quick=True)
     assert "| fuse-onnx23 | 1 | 0.500 | 0.500 |" in text
     assert text.rstrip().endswith("None.")
+
+
+def test_runs_side_by_side_render_as_one_table(tmp_path):
+    import dataclasses
+    import json
+    first, second = row(0.9, 0.8, 4 << 20), row(0.9, 0.9, 6 << 20)
+    second.name = "qwen-prefill"
+    for name, r in (("a", first), ("b", second)):
+        (tmp_path / f"{name}.json").write_text(json.dumps([dataclasses.asdict(r)]))
+    rows = llm_bench.rows_from_json(tmp_path / "a.json") + llm_bench.rows_from_json(tmp_path / "b.json")
+    assert rows == [first, second]
+    assert "| fuse | 2 | 0.900 | 0.900 |" in llm_bench.markdown(rows, quick=False)
