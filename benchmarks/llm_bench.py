@@ -131,7 +131,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.from_json:
         rows = [row for path in args.from_json for row in rows_from_json(path)]
-        args.out.write_text(markdown(sorted(rows, key=lambda r: r.name), quick=False))
+        args.out.write_text(markdown(sorted(rows, key=lambda r: r.name), quick=False, shards=len(args.from_json)))
         print(args.out.read_text())
         return 0
     manifest = args.models / "manifest.json"
@@ -280,9 +280,10 @@ def _mib(value: int | None) -> str:
     return "" if value is None else f"{value / 2**20:.2f}"
 
 
-def markdown(rows: list[ModelRow], *, quick: bool) -> str:
+def markdown(rows: list[ModelRow], *, quick: bool, shards: int = 1) -> str:
     lines = ["# LLM group: fuse --target ort-cpu against the anchors on the decoder corpus", "",
-             f"benchmarks/llm_bench.py, one run{' (--quick: not worth comparing)' if quick else ''}; onnxruntime "
+             f"benchmarks/llm_bench.py, one run{' (--quick: not worth comparing)' if quick else ''}"
+             f"{f' in {shards} shards side by side, one per core' if shards > 1 else ''}; onnxruntime "
              f"{ort.__version__} CPU, one thread. Latency: CPU time of the calling thread, median of interleaved rounds, "
              "the smaller of two timings, over the original at the same level (below 1: faster). `noise`: the "
              "original's second session over its first. Peak: measured activation peak (MiB, ORT_DISABLE_ALL, arena "
