@@ -134,9 +134,9 @@ class PeakEstimate:
         buffers held through the next layer's attention at batch 64, not at the bound batch 1);
         each tensor once. Elsewhere the larger setting is a guard, not a goal: no view is tried
         for it."""
-        profiles = self.profile(model, 0), *(
-            profile for setting, profile in zip(self.settings[1:], self.profiles(model, indices=range(1, len(self.settings))))
-            if profile.peak_bytes > setting.before.peak_bytes)
+        larger = self.profiles(model, indices=range(1, len(self.settings)))
+        profiles = self.profile(model, 0), *(profile for setting, profile in zip(self.settings[1:], larger)
+                                             if profile.peak_bytes > setting.before.peak_bytes)
         seen: dict[str, LiveTensor] = {}
         for profile in profiles:
             for tensor in profile.held_across_peak:

@@ -121,7 +121,7 @@ class StandardRotaryBeforeHeadSplit(RotaryBeforeHeadSplit):
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
         heads = m.node("heads")
-        for reader in g.outside_readers(heads.outputs[0], m):
+        for reader in g.outside_readers(heads.outputs[0], m):  # check allowed only Shape[0:1]: same values
             reader.inputs[0] = m.tensor("x3")
         return super().rewrite(m, g)
 
