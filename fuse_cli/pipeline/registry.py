@@ -52,6 +52,7 @@ PORTABLE_PIPELINE: tuple[str, ...] = (
     "standard-rotary-embedding",  # opset 23; before standard-attention, which then finds Q and K as [B, S, H*d]
     "standard-rotary-before-head-split",  # one fused on split heads (behind a per-head norm) moves onto the projection
     "standard-attention",  # opset 23
+    "standard-cached-attention",  # opset 23; after standard-attention: K/V held as heads (cross-attention)
     "gelu",
     "hard-sigmoid",
     "hard-swish",
