@@ -126,7 +126,8 @@ class PeakEstimate:
             peaks=lambda model, order: tuple(profile.peak_bytes for profile in self.profiles(model, order)),
             sizes=lambda model: self._tables(model, 0)[0], extra_weights=self.defaults, rules=rules,
             floor=lambda model, order: self.profile(model, 0, order).unavoidable_at_peak,
-            held=self._held, limits=lambda: tuple(setting.before.peak_bytes for setting in self.settings))
+            held=self._held, limits=lambda: tuple(setting.before.peak_bytes for setting in self.settings),
+            planner=lambda model: self._tables(model, 0)[1])
 
     def _held(self, model: onnx.ModelProto) -> tuple[LiveTensor, ...]:
         """Buffers held across the candidate's peak at the bound dims, then at each larger setting
@@ -245,7 +246,10 @@ def _structure(model: onnx.ModelProto) -> tuple[bytes, frozenset[bytes]]:
     garbage collector walks (a list per node set off full collections of a big process's heap:
     0.3 s in all at 12k nodes)."""
     serialized = [node.SerializeToString() for node in model.graph.node]
-    return hashlib.blake2b(b"".join(serialized), digest_size=16).digest(), frozenset(serialized)
+    # the declared shapes too: onnxruntime's planner keeps a declared dim's name (unhold-buffers)
+    declared = hashlib.blake2b(b"".join(vi.SerializeToString() for vi in model.graph.value_info), digest_size=16)
+    return (hashlib.blake2b(b"".join(serialized) + declared.digest(), digest_size=16).digest(),
+            frozenset([*serialized, b"value_info:" + declared.digest()]))
 
 
 def _infer(model: onnx.ModelProto, dims, input_shapes) -> ShapeTable:

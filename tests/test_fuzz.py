@@ -97,16 +97,13 @@ def test_random_graphs_keep_their_outputs(tmp_path_factory, blocks, seed, channe
 
 def assert_fuse_keeps_outputs(model, tmp_path_factory, target: str, dims: dict[str, int], seed: int) -> None:
     """fuse either refuses with its own clear error, or writes a model no larger that computes the
-    same outputs under the same names. No larger but for the views unhold-buffers adds (a Shape and
-    a Reshape each, no compute, listed in the report) where they lower an estimated peak."""
+    same outputs under the same names."""
     try:
         result = optimize_model(model, tmp_path_factory.mktemp("fuzz"), target=target)
     except FuseError:
         return  # a clear, user-facing refusal is allowed; anything else fails the test
     assert_equivalent(model, result.model, dims=dims, seeds=(seed,))
-    views = [r for r in result.report.fusions if r.pass_name == "unhold-buffers"]
-    assert all(len(r.created) == 2 and not r.replaced and r.peak_delta <= 0 for r in views)
-    assert len(result.model.graph.node) <= len(model.graph.node) + 2 * len(views)
+    assert len(result.model.graph.node) <= len(model.graph.node)
     assert [o.name for o in result.model.graph.output] == [o.name for o in model.graph.output]
 
 

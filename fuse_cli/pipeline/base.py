@@ -120,6 +120,8 @@ class Estimates:
     # the original's estimated peak at each setting, in onnxruntime's order (what the guard holds
     # a candidate to)
     limits: Callable[[], tuple[int, ...]] | None = None
+    # `model`'s shapes as onnxruntime's planner compares them (no dim bound)
+    planner: Callable[[onnx.ModelProto], ShapeTable] | None = None
 
 
 class ModelPass(Pass):
