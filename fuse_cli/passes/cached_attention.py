@@ -12,12 +12,11 @@ from fuse_cli.match import Match
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
 from fuse_cli.toolkit.attention_forms import OVER_HEADS
-from fuse_cli.toolkit.attention_proofs import (key_t_decline, mask_fits, merge_decline, merged_rows, repeat_decline,
+from fuse_cli.toolkit.attention_proofs import (held_heads, key_t_decline, mask_fits, merge_decline, merged_rows,
                                                scale_decline, scale_of, split_of)
 from fuse_cli.toolkit.heads import softmax_key_axis_decline
 from fuse_cli.toolkit.query_groups import grouped_attention
 from fuse_cli.toolkit.runtime_shapes import shaped_at_run_time, unnamed_like_the_original, unnamed_where_it_was
-from fuse_cli.toolkit.shapes import same_dim
 
 
 @register
@@ -70,21 +69,15 @@ class FuseCachedAttention(PatternPass):
         if isinstance(split, Decline):
             return split
         h, d = split
-        q, k, v = (g.shape(m.tensor(r)) for r in ("query", "key", "value"))
-        if k is None or v is None or k.rank != 4 or v.rank != 4:
-            return Decline(f"key {k and list(k.dims)} and value {v and list(v.dims)} are not [batch, heads, length, "
-                           f"head_size] tensors")
-        kv, repeats = k.static(1), [role for role in ("key", "value") if f"{role}_repeat" in m.nodes]
-        if not (kv and kv == v.static(1) and h % kv == 0 and k.static(3) == v.static(3) == d
-                and len(repeats) in ((0,) if kv == h else (2,))):
-            return Decline(f"the heads differ: query {h}x{d}, key {list(k.dims)[1::2]}, value {list(v.dims)[1::2]} "
-                           f"(MultiHeadAttention takes K/V of {h} heads, or both repeated to {h} by repeat_kv)")
-        if not (same_dim(q.dims[0], k.dims[0]) and same_dim(k.dims[0], v.dims[0]) and same_dim(k.dims[2], v.dims[2])):
-            return Decline(f"query {list(q.dims)}, key {list(k.dims)} and value {list(v.dims)} are not provably one "
-                           f"batch, with one key length")
-        if decline := (repeat_decline(m, g, "key", h, kv) or repeat_decline(m, g, "value", h, kv)
-                       or key_t_decline(m, g, d) or merge_decline(m, g, h * d, rows=True) or scale_decline(m)):
+        kv = held_heads(m, g, h, d)
+        if isinstance(kv, Decline):
+            return kv
+        if kv == h and any(f"{role}_repeat" in m.nodes for role in ("key", "value")):
+            return Decline(f"the K/V already have {h} heads and are repeated: MultiHeadAttention takes K/V of {h} heads, "
+                           f"or both repeated to {h} by repeat_kv")
+        if decline := key_t_decline(m, g, d) or merge_decline(m, g, h * d, rows=True) or scale_decline(m):
             return decline
+        k = g.shape(m.tensor("key"))
         mask = m.tensor("mask")
         if mask is not None and not mask_fits(m, g, h, k.dims[2]):
             shape = g.shape(mask)

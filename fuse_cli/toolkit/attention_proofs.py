@@ -66,6 +66,23 @@ def repeat_decline(m: Match, g: GraphEditor, role: str, h: int, kv: int) -> Decl
     return None
 
 
+def held_heads(m: Match, g: GraphEditor, h: int, d: int) -> int | Decline:
+    """The K/V heads an attention over held K/V (attention_forms.OVER_HEADS) reads: [B, KV, T, d]
+    each, KV dividing the query's h heads, of the query's batch and one key length, repeated to h
+    by repeat_kv where KV < h. Returns KV."""
+    q, k, v = (g.shape(m.tensor(role)) for role in ("query", "key", "value"))
+    if k is None or v is None or k.rank != 4 or v.rank != 4:
+        return Decline(f"key {k and list(k.dims)} and value {v and list(v.dims)} are not [batch, heads, length, "
+                       f"head_size] tensors")
+    kv = k.static(1)
+    if not (kv and kv == v.static(1) and h % kv == 0 and k.static(3) == v.static(3) == d):
+        return Decline(f"the heads differ: query {h}x{d}, key {list(k.dims)[1::2]}, value {list(v.dims)[1::2]}")
+    if not (same_dim(q.dims[0], k.dims[0]) and same_dim(k.dims[0], v.dims[0]) and same_dim(k.dims[2], v.dims[2])):
+        return Decline(f"query {list(q.dims)}, key {list(k.dims)} and value {list(v.dims)} are not provably one "
+                       f"batch, with one key length")
+    return repeat_decline(m, g, "key", h, kv) or repeat_decline(m, g, "value", h, kv) or kv
+
+
 def key_t_decline(m: Match, g: GraphEditor, d: int) -> Decline | None:
     """K^T through dynamo's batch-flattened view is K^T only when its shapes read K's own dims."""
     if "key_flatten" not in m.nodes or flattened_key_t(m, g, d):
