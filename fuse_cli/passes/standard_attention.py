@@ -74,24 +74,10 @@ class FuseStandardAttention(PatternPass):
         if decline := (_cache_decline(m, g, kv, d) or merge_decline(m, g, h * d, rows=True) or scale_decline(m)
                        or key_t_decline(m, g, d)):
             return decline
-        if isinstance(cap := softcap_of(m), Decline):
-            return cap
-        # Standard operators are for every runtime; the one fuse measures (and verifies with) is
-        # onnxruntime's CPU provider, where a soft cap costs more than the fusion saves.
-        if cap is not None and (measured := targets.slower("ort-cpu", "Attention:softcap")) is not None:
-            return Decline(measured.reason.format(target=g.target))
-        mask = m.tensor("mask")
-        if mask is not None:
-            total = g.shape(m.node("context").inputs[1])  # V as read: [B, H, T, d]
-            if not mask_fits(m, g, h, None if total is None else total.dims[2]):
-                shape = g.shape(mask)
-                return Decline(f"the mask {mask.name!r} of shape {shape and list(shape.dims)} is not provably "
-                               f"[batch or 1, 1 or {h}, sequence, key length] of the query's dtype (onnxruntime's "
-                               f"Attention does not broadcast attn_mask over the queries: targets.STANDARD)")
-            if g.dtype(mask) != np.float32:
-                return Decline(f"the mask {mask.name!r} is {g.dtype(mask)}: onnxruntime's Attention zeroes rows masked with "
-                               f"the dtype's lowest value, which the graph averages, and only a float32 mask is clamped")
-        return None
+        if decline := softcap_decline(m, g):
+            return decline
+        total = g.shape(m.node("context").inputs[1])  # V as read: [B, H, T, d]
+        return attn_mask_decline(m, g, h, None if total is None else total.dims[2])
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
         (h, d), (kv, _) = split_of(m, g, "query"), split_of(m, g, "key")
@@ -101,12 +87,8 @@ class FuseStandardAttention(PatternPass):
             attrs["scale"] = scale
         if (cap := softcap_of(m)) is not None:
             attrs["softcap"] = cap  # applied to the scaled scores before attn_mask, as the graph does
-        mask, nodes = m.tensor("mask"), []
-        if mask is not None:  # onnxruntime zeroes rows masked with exactly float32's lowest; -1e30 averages them as the graph does
-            clamped = g.variable(f"{mask.name}_clamped", like=mask)
-            nodes.append(gs.Node("Max", g.unique_name(f"{mask.name}_clamp"), {},
-                                 [mask, g.constant("mask_floor", np.array(MASK_FLOOR, np.float32))], [clamped]))
-            mask = clamped
+        nodes: list[gs.Node] = []
+        mask = clamped_mask(m, g, nodes)
         inputs = [m.tensor("query"), m.tensor("key"), m.tensor("value"), mask if mask is not None else gs.Variable.empty()]
         final = m.root.outputs[0]
         unnamed = unnamed_where_it_was([*inputs[:3], m.tensor("mask")], final)
@@ -132,6 +114,46 @@ class FuseStandardAttention(PatternPass):
         if unnamed:
             nodes += unnamed_like_the_original(written, final, g, m.root.name)
         return Replacement(nodes=nodes)
+
+
+def softcap_decline(m: Match, g: GraphEditor) -> Decline | None:
+    """A soft cap that is not one, or one the measured runtime runs slower: standard operators are
+    for every runtime, and the one fuse measures (and verifies with) is onnxruntime's CPU provider,
+    where a soft cap costs more than the fusion saves (targets.SLOWER)."""
+    if isinstance(cap := softcap_of(m), Decline):
+        return cap
+    if cap is not None and (measured := targets.slower("ort-cpu", "Attention:softcap")) is not None:
+        return Decline(measured.reason.format(target=g.target))
+    return None
+
+
+def attn_mask_decline(m: Match, g: GraphEditor, h: int, length) -> Decline | None:
+    """The graph's mask as attn_mask: [B or 1, 1 or h, S, key length] (onnxruntime's Attention does
+    not broadcast it over the queries) and float32 (the only dtype clamped_mask clamps)."""
+    mask = m.tensor("mask")
+    if mask is None:
+        return None
+    if not mask_fits(m, g, h, length):
+        shape = g.shape(mask)
+        return Decline(f"the mask {mask.name!r} of shape {shape and list(shape.dims)} is not provably "
+                       f"[batch or 1, 1 or {h}, sequence, key length] of the query's dtype (onnxruntime's "
+                       f"Attention does not broadcast attn_mask over the queries: targets.STANDARD)")
+    if g.dtype(mask) != np.float32:
+        return Decline(f"the mask {mask.name!r} is {g.dtype(mask)}: onnxruntime's Attention zeroes rows masked with "
+                       f"the dtype's lowest value, which the graph averages, and only a float32 mask is clamped")
+    return None
+
+
+def clamped_mask(m: Match, g: GraphEditor, nodes: list[gs.Node]) -> gs.Tensor | None:
+    """Max(mask, MASK_FLOOR), its node appended to `nodes`: onnxruntime zeroes rows masked with
+    exactly float32's lowest; -1e30 averages them as the graph does. None without a mask."""
+    mask = m.tensor("mask")
+    if mask is None:
+        return None
+    clamped = g.variable(f"{mask.name}_clamped", like=mask)
+    nodes.append(gs.Node("Max", g.unique_name(f"{mask.name}_clamp"), {},
+                         [mask, g.constant("mask_floor", np.array(MASK_FLOOR, np.float32))], [clamped]))
+    return clamped
 
 
 def _cache_decline(m: Match, g: GraphEditor, kv: int, d: int) -> Decline | None:

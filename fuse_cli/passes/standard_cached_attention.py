@@ -8,14 +8,13 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from fuse_cli import targets
 from fuse_cli.graph.edit import GraphEditor, Replacement, kept
 from fuse_cli.match import Match
-from fuse_cli.passes.standard_attention import MASK_FLOOR
+from fuse_cli.passes.standard_attention import attn_mask_decline, clamped_mask, softcap_decline
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
 from fuse_cli.toolkit.attention_forms import OVER_HEADS
-from fuse_cli.toolkit.attention_proofs import (held_heads, key_t_decline, mask_fits, merge_decline, scale_decline,
+from fuse_cli.toolkit.attention_proofs import (held_heads, key_t_decline, merge_decline, scale_decline,
                                                scale_of, softcap_of, split_of)
 from fuse_cli.toolkit.heads import softmax_key_axis_decline
 from fuse_cli.toolkit.runtime_shapes import unnamed_like_the_original, unnamed_where_it_was
@@ -37,7 +36,7 @@ class FuseStandardCachedAttention(PatternPass):
     Q stays split into heads and the graph's merge follows the operator; with 4-D inputs the heads
     are read off the shapes, H query heads over KV K/V heads, each K/V head serving H/KV queries in
     a row, which is repeat_kv's order: repeated K/V are read unrepeated. The mask as in
-    standard-attention: [B or 1, 1 or H, S, T], float32, clamped to MASK_FLOOR. Runs after
+    standard-attention: [B or 1, 1 or H, S, T], float32, clamped to its MASK_FLOOR. Runs after
     standard-attention, which takes the forms whose K/V come from a projection.
     """
 
@@ -54,10 +53,8 @@ class FuseStandardCachedAttention(PatternPass):
     def check(self, m: Match, g: GraphEditor) -> Decline | None:
         if decline := softmax_key_axis_decline(m.node("softmax"), g.opset):
             return decline
-        if isinstance(cap := softcap_of(m), Decline):
-            return cap
-        if cap is not None and (measured := targets.slower("ort-cpu", "Attention:softcap")) is not None:
-            return Decline(measured.reason.format(target=g.target))
+        if decline := softcap_decline(m, g):
+            return decline
         split = split_of(m, g, "query")
         if isinstance(split, Decline):
             return split
@@ -67,17 +64,7 @@ class FuseStandardCachedAttention(PatternPass):
             return kv
         if decline := key_t_decline(m, g, d) or merge_decline(m, g, h * d, rows=False) or scale_decline(m):
             return decline
-        length = g.shape(m.tensor("key")).dims[2]
-        mask = m.tensor("mask")
-        if mask is not None and not mask_fits(m, g, h, length):
-            shape = g.shape(mask)
-            return Decline(f"the mask {mask.name!r} of shape {shape and list(shape.dims)} is not provably "
-                           f"[batch or 1, 1 or {h}, sequence, key length] of the query's dtype (onnxruntime's "
-                           f"Attention does not broadcast attn_mask over the queries: targets.STANDARD)")
-        if mask is not None and g.dtype(mask) != np.float32:
-            return Decline(f"the mask {mask.name!r} is {g.dtype(mask)}: onnxruntime's Attention zeroes rows masked with "
-                           f"the dtype's lowest value, which the graph averages, and only a float32 mask is clamped")
-        return None
+        return attn_mask_decline(m, g, h, g.shape(m.tensor("key")).dims[2])
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
         _, d = split_of(m, g, "query")
@@ -90,12 +77,7 @@ class FuseStandardCachedAttention(PatternPass):
         base = m.node("softmax").name
         split, heads = kept(m.node("query_split")), kept(m.node("query_heads"))
         nodes = [split, heads]
-        mask = m.tensor("mask")
-        if mask is not None:  # onnxruntime zeroes rows masked with exactly float32's lowest: as standard-attention
-            clamped = g.variable(f"{mask.name}_clamped", like=mask)
-            nodes.append(gs.Node("Max", g.unique_name(f"{mask.name}_clamp"), {},
-                                 [mask, g.constant("mask_floor", np.array(MASK_FLOOR, np.float32))], [clamped]))
-            mask = clamped
+        mask = clamped_mask(m, g, nodes)
         inputs = [heads.outputs[0], m.tensor("key"), m.tensor("value"), *([mask] if mask is not None else [])]
         context = g.variable(f"{base}_attention_out", like=m.tensor("query"))
         nodes.append(gs.Node("Attention", g.unique_name(f"{base}_attention"), attrs, inputs, [context]))
