@@ -133,11 +133,11 @@ class PeakEstimate:
         """Buffers held across the candidate's peak at the bound dims, then at each larger setting
         where its peak is above the original's (what the guard would refuse: a prefill's MLP
         buffers held through the next layer's attention at batch 64, not at the bound batch 1);
-        each tensor once. Elsewhere the larger setting is a guard, not a goal: no view is tried
+        each tensor once. Elsewhere the larger setting is a guard, not a goal: nothing is declared
         for it."""
-        larger = self.profiles(model, indices=range(1, len(self.settings)))
-        profiles = self.profile(model, 0), *(profile for setting, profile in zip(self.settings[1:], larger)
-                                             if profile.peak_bytes > setting.before.peak_bytes)
+        first, *larger = self.profiles(model)  # one walk for every setting
+        profiles = first, *(profile for setting, profile in zip(self.settings[1:], larger)
+                            if profile.peak_bytes > setting.before.peak_bytes)
         seen: dict[str, LiveTensor] = {}
         for profile in profiles:
             for tensor in profile.held_across_peak:

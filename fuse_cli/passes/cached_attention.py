@@ -65,13 +65,10 @@ class FuseCachedAttention(PatternPass):
             return Decline(f"the scores are soft-capped ({m.node('softcap_tanh').name}: tanh(s / c) * c, as Gemma2's): "
                            "MultiHeadAttention has no soft cap, and GroupQueryAttention's, over a past, runs on the CPU "
                            "only at batch 1 or sequence 1, which the graph's symbolic dims do not promise")
-        split = split_of(m, g, "query")
-        if isinstance(split, Decline):
-            return split
-        h, d = split
-        kv = held_heads(m, g, h, d)
-        if isinstance(kv, Decline):
-            return kv
+        heads = held_heads(m, g)
+        if isinstance(heads, Decline):
+            return heads
+        h, d, kv = heads
         if kv == h and any(f"{role}_repeat" in m.nodes for role in ("key", "value")):
             return Decline(f"the K/V already have {h} heads and are repeated: MultiHeadAttention takes K/V of {h} heads, "
                            f"or both repeated to {h} by repeat_kv")

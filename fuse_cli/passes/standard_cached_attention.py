@@ -55,13 +55,10 @@ class FuseStandardCachedAttention(PatternPass):
             return decline
         if decline := softcap_decline(m, g):
             return decline
-        split = split_of(m, g, "query")
-        if isinstance(split, Decline):
-            return split
-        h, d = split
-        kv = held_heads(m, g, h, d)
-        if isinstance(kv, Decline):
-            return kv
+        heads = held_heads(m, g)
+        if isinstance(heads, Decline):
+            return heads
+        h, d, _ = heads
         if decline := key_t_decline(m, g, d) or merge_decline(m, g, h * d, rows=False) or scale_decline(m):
             return decline
         return attn_mask_decline(m, g, h, g.shape(m.tensor("key")).dims[2])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import onnx
@@ -115,7 +116,7 @@ def _declare_fresh_dims(model: onnx.ModelProto, tensor: str, planner) -> _Declar
         return None
     taken = {d.dim_param for vi in (*graph.input, *graph.output, *graph.value_info)
              if vi.type.HasField("tensor_type") for d in vi.type.tensor_type.shape.dim if d.dim_param}
-    fresh = (f"unheld_{k}" for k in range(len(taken) + len(info.shape) + 1) if f"unheld_{k}" not in taken)
+    fresh = (name for k in itertools.count() if (name := f"unheld_{k}") not in taken)
     dims = [d if isinstance(d, int) else next(fresh) for d in info.shape]
     replaced = tuple(vi for vi in graph.value_info if vi.name == tensor)
     if replaced:

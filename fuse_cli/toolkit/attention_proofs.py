@@ -66,10 +66,14 @@ def repeat_decline(m: Match, g: GraphEditor, role: str, h: int, kv: int) -> Decl
     return None
 
 
-def held_heads(m: Match, g: GraphEditor, h: int, d: int) -> int | Decline:
-    """The K/V heads an attention over held K/V (attention_forms.OVER_HEADS) reads: [B, KV, T, d]
-    each, KV dividing the query's h heads, of the query's batch and one key length, repeated to h
-    by repeat_kv where KV < h. Returns KV."""
+def held_heads(m: Match, g: GraphEditor) -> tuple[int, int, int] | Decline:
+    """The heads of an attention over held K/V (attention_forms.OVER_HEADS): Q split into h heads of
+    d, and K/V [B, KV, T, d] each, KV dividing h, of the query's batch and one key length, repeated
+    to h by repeat_kv where KV < h. Returns (h, d, KV)."""
+    split = split_of(m, g, "query")
+    if isinstance(split, Decline):
+        return split
+    h, d = split
     q, k, v = (g.shape(m.tensor(role)) for role in ("query", "key", "value"))
     if k is None or v is None or k.rank != 4 or v.rank != 4:
         return Decline(f"key {k and list(k.dims)} and value {v and list(v.dims)} are not [batch, heads, length, "
@@ -80,7 +84,7 @@ def held_heads(m: Match, g: GraphEditor, h: int, d: int) -> int | Decline:
     if not (same_dim(q.dims[0], k.dims[0]) and same_dim(k.dims[0], v.dims[0]) and same_dim(k.dims[2], v.dims[2])):
         return Decline(f"query {list(q.dims)}, key {list(k.dims)} and value {list(v.dims)} are not provably one "
                        f"batch, with one key length")
-    return repeat_decline(m, g, "key", h, kv) or repeat_decline(m, g, "value", h, kv) or kv
+    return repeat_decline(m, g, "key", h, kv) or repeat_decline(m, g, "value", h, kv) or (h, d, kv)
 
 
 def key_t_decline(m: Match, g: GraphEditor, d: int) -> Decline | None:
