@@ -104,7 +104,8 @@ def test_attribute_predicate_sees_none_when_the_attribute_is_absent():
     transposed = _node("Gemm", [_var("a"), _var("b")], "transposed", transA=1)
     pattern = Op("Gemm", Var("a"), Var("b"), transA=unset)
     assert len(_matches(pattern, plain)) == 1 and _matches(pattern, transposed) == []
-    assert seen == [None, 1]
+    # (the matcher's cheap pre-check asks the predicate too, so each value may be seen twice)
+    assert set(seen) == {None, 1}
 
 
 def test_string_attributes_compare_with_bytes():

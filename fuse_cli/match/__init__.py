@@ -145,6 +145,8 @@ def match_root(pattern: Op | Alt, node: gs.Node) -> Iterator[Match]:
         for option in pattern.options:
             yield from match_root(option, node)
         return
+    if not _may_fit(pattern, node):
+        return
     for m in _match_node(pattern, node, Match(root=node)):
         if pattern.name:
             m.tensors.setdefault(pattern.name, node.outputs[pattern.output] if len(node.outputs) > pattern.output else None)
@@ -172,6 +174,46 @@ def _match_node(pattern: Op, node: gs.Node, m: Match) -> Iterator[Match]:
     for ordered in orders:
         padded = ordered + [None] * (len(pattern.inputs) - len(ordered))
         yield from _match_inputs(pattern.inputs, padded, node, m)
+
+
+def _may_fit(pattern: Op, node: gs.Node) -> bool:
+    """A necessary condition for `pattern` to fit at `node`, checked without building matches:
+    every Op's type, domain, attributes and arity, and that a Const meets a constant. Names are
+    not bound and constants not read, so it can pass where matching fails, never the reverse.
+    Most nodes a sweep visits are not the pattern, and the generators that do the real matching
+    cost several times this check to find that out (on a 12k-node stack: most of a sweep)."""
+    if node.op not in pattern.op_types or _domain(node.domain) != _domain(pattern.domain):
+        return False
+    if not _attributes_fit(pattern, node):
+        return False
+    inputs = node.inputs
+    count = len(inputs)
+    while count and _is_missing(inputs[count - 1]):
+        count -= 1
+    patterns = pattern.inputs
+    if count > len(patterns):
+        return False
+    if count < len(patterns) - sum(1 for p in patterns if _is_optional(p)):
+        return False
+    if node.op in COMMUTATIVE_OPS and count == 2:
+        first, second = inputs[0], inputs[1]
+        return ((_tensor_may_fit(patterns[0], first) and _tensor_may_fit(patterns[1], second))
+                or (_tensor_may_fit(patterns[0], second) and _tensor_may_fit(patterns[1], first)))
+    return all(_tensor_may_fit(p, inputs[i] if i < count else None) for i, p in enumerate(patterns))
+
+
+def _tensor_may_fit(pattern: Pattern, tensor: gs.Tensor | None) -> bool:
+    if isinstance(pattern, Var):
+        return pattern.optional or not _is_missing(tensor)
+    if isinstance(pattern, Alt):
+        return any(_tensor_may_fit(option, tensor) for option in pattern.options)
+    if _is_missing(tensor):
+        return False
+    if isinstance(pattern, Const):
+        return isinstance(tensor, gs.Constant) or (len(tensor.inputs) == 1 and tensor.inputs[0].op == "Constant")
+    producer = producer_of(tensor)
+    return (producer is not None and len(producer.outputs) > pattern.output
+            and producer.outputs[pattern.output] is tensor and _may_fit(pattern, producer))
 
 
 def _match_inputs(patterns, tensors, node: gs.Node, m: Match) -> Iterator[Match]:
