@@ -318,3 +318,25 @@ def test_every_command_writes_json_through_one_path_with_one_line_errors(tmp_pat
     args = [str(a).format(m=model_file, copy=copy) for a in command] + [tmp_path / "no" / "r.json"]
     result = invoke(*args)
     assert_one_line_error(result.exit_code, result.stderr, result.stdout, contains="cannot write")
+
+
+def test_relative_output_folder_beside_an_input_elsewhere(tmp_path):
+    """`fuse optimize /elsewhere/m.onnx -o out/m.onnx`: the weights a pass computes (a folded
+    Transpose of a 256 KiB weight) are parked beside the output, and the weights it keeps are read
+    in place from the input; onnxruntime must find both (it resolves relative locations against
+    the input's folder then)."""
+    b = GraphBuilder(opset=17)
+    weight = b.op("Transpose", b.const(b.rand(256, 256)), perm=[1, 0])
+    hidden = b.op("MatMul", b.input("x", ["batch", 256]), weight)
+    model = b.build(b.op("MatMul", hidden, b.const(b.rand(256, 256))), output_names=["y"])
+    source = tmp_path / "models" / "m.onnx"
+    source.parent.mkdir()
+    onnx.save(model, source)
+    work = tmp_path / "work"
+    (work / "out").mkdir(parents=True)
+    done = run_fuse("optimize", source, "-o", "out/m.onnx", "--require-verified", "--json", "-", cwd=work)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout[done.stdout.index("{"):])
+    assert report["verification"]["status"] == "match" and not report["rolled_back"]
+    assert any(f["pass"] == "fold-constants" for f in report["fusions"])
+    assert op_counts(onnx.load(work / "out" / "m.onnx"))["Transpose"] == 0

@@ -259,7 +259,10 @@ class ParkingLot:
             return values
         if self._out is None:
             try:
-                self.folder = Path(tempfile.mkdtemp(prefix=".fuse-weights-", dir=self.near))
+                # absolute: a weight's location is read from other folders than the working one
+                # (onnxruntime resolves a relative one against the model's; `-o out/m.onnx` with the
+                # input elsewhere made every parked weight missing and verification roll back)
+                self.folder = Path(tempfile.mkdtemp(prefix=".fuse-weights-", dir=self.near)).absolute()
             except OSError as exc:
                 raise FuseError(f"{self.near or tempfile.gettempdir()}: cannot write weights there "
                                 f"({exc.strerror or exc})") from exc
