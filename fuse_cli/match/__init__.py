@@ -159,7 +159,7 @@ def _match_node(pattern: Op, node: gs.Node, m: Match) -> Iterator[Match]:
     if any(node is seen for seen in m.covered) or not _attributes_fit(pattern, node):
         return
     inputs = list(node.inputs)
-    while inputs and _is_missing(inputs[-1]):
+    while inputs and is_missing(inputs[-1]):
         inputs.pop()
     required = len(pattern.inputs) - sum(1 for p in reversed(pattern.inputs) if _is_optional(p))
     if not required <= len(inputs) <= len(pattern.inputs):
@@ -188,7 +188,7 @@ def _may_fit(pattern: Op, node: gs.Node) -> bool:
         return False
     inputs = node.inputs
     count = len(inputs)
-    while count and _is_missing(inputs[count - 1]):
+    while count and is_missing(inputs[count - 1]):
         count -= 1
     patterns = pattern.inputs
     if count > len(patterns):
@@ -204,10 +204,10 @@ def _may_fit(pattern: Op, node: gs.Node) -> bool:
 
 def _tensor_may_fit(pattern: Pattern, tensor: gs.Tensor | None) -> bool:
     if isinstance(pattern, Var):
-        return pattern.optional or not _is_missing(tensor)
+        return pattern.optional or not is_missing(tensor)
     if isinstance(pattern, Alt):
         return any(_tensor_may_fit(option, tensor) for option in pattern.options)
-    if _is_missing(tensor):
+    if is_missing(tensor):
         return False
     if isinstance(pattern, Const):
         return isinstance(tensor, gs.Constant) or (len(tensor.inputs) == 1 and tensor.inputs[0].op == "Constant")
@@ -226,7 +226,7 @@ def _match_inputs(patterns, tensors, node: gs.Node, m: Match) -> Iterator[Match]
 
 def _match_tensor(pattern: Pattern, tensor: gs.Tensor | None, consumer: gs.Node, m: Match) -> Iterator[Match]:
     if isinstance(pattern, Var):
-        if tensor is None or _is_missing(tensor):
+        if tensor is None or is_missing(tensor):
             if pattern.optional:
                 m = m.copy()
                 m.tensors[pattern.name] = None
@@ -251,7 +251,7 @@ def _match_tensor(pattern: Pattern, tensor: gs.Tensor | None, consumer: gs.Node,
         for option in pattern.options:
             yield from _match_tensor(option, tensor, consumer, m)
     elif isinstance(pattern, Op):
-        if tensor is None or _is_missing(tensor) or not _may_bind(m, pattern.name, tensor):
+        if tensor is None or is_missing(tensor) or not _may_bind(m, pattern.name, tensor):
             return
         producer = producer_of(tensor)
         if producer is None or len(producer.outputs) <= pattern.output or producer.outputs[pattern.output] is not tensor:
@@ -295,7 +295,8 @@ def _may_bind(m: Match, name: str | None, tensor: gs.Tensor) -> bool:
     return name is None or m.tensors.get(name, tensor) is tensor
 
 
-def _is_missing(tensor: gs.Tensor | None) -> bool:
+def is_missing(tensor: gs.Tensor | None) -> bool:
+    """An omitted optional input: graphsurgeon's nameless, producerless placeholder (or None)."""
     return tensor is None or (isinstance(tensor, gs.Variable) and tensor.name == "" and not tensor.inputs)
 
 

@@ -30,6 +30,7 @@ PORTABLE_PIPELINE: tuple[str, ...] = (
     # 2. layout and type plumbing that exporters leave behind
     "fuse-transposes",
     "fuse-reshapes",
+    "reshape-around-elementwise",
     "static-reshape-shape",
     "static-shape-dims",
     "fold-shape-comparisons",
