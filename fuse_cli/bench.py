@@ -274,19 +274,22 @@ def timed_session(model: str | os.PathLike, provider: str, level: str, repeats: 
     return session, best * 1000
 
 
-def random_inputs_for(session, *, dims: Mapping[str, int], seed: int = 0) -> dict[str, np.ndarray]:
-    """core.feeds.random_inputs with symbolic dims from `dims`, 1 where unbound."""
+def random_inputs_for(session, *, dims: Mapping[str, int], seed: int = 0,
+                      int_ranges: Mapping[str, tuple[int, int] | None] | None = None) -> dict[str, np.ndarray]:
+    """core.feeds.random_inputs with symbolic dims from `dims`, 1 where unbound; integer inputs
+    in `int_ranges` (input_domain.integer_ranges: the rows an embedding has)."""
     from fuse_cli.core.feeds import random_inputs
 
-    return random_inputs(session, dims=dims, seed=seed, default_dim=UNBOUND_DIM)
+    return random_inputs(session, dims=dims, seed=seed, int_ranges=int_ranges, default_dim=UNBOUND_DIM)
 
 
-def feeds_for(session, feeds: Mapping[str, np.ndarray], *, dims: Mapping[str, int], seed: int = 0) -> dict[str, np.ndarray]:
+def feeds_for(session, feeds: Mapping[str, np.ndarray], *, dims: Mapping[str, int], seed: int = 0,
+              int_ranges: Mapping[str, tuple[int, int] | None] | None = None) -> dict[str, np.ndarray]:
     """The original's inputs, by name, for another model of it; an input the original does not
     have (onnxruntime's saved models can keep some) gets random data of its own."""
     wanted = [i.name for i in session.get_inputs()]
     missing = [name for name in wanted if name not in feeds]
-    extra = random_inputs_for(session, dims=dims, seed=seed) if missing else {}
+    extra = random_inputs_for(session, dims=dims, seed=seed, int_ranges=int_ranges) if missing else {}
     return {name: feeds[name] if name in feeds else extra[name] for name in wanted}
 
 

@@ -9,7 +9,9 @@ import re
 import subprocess
 import sys
 
+import onnx
 import pytest
+from onnx import TensorProto
 
 from fuse_cli import api
 from fuse_cli.bench import BENCH_SCHEMA_VERSION, QUICK, BenchRow, Latency, bench, usable_providers
@@ -17,6 +19,7 @@ from fuse_cli.report.bench import bench_to_json_dict, render_bench_markdown, ren
 from fuse_cli.config import FuseConfig
 from fuse_cli.errors import UsageError
 from tests.conftest import REPO, SAMPLES, benchmark_script
+from tests.graphs import GraphBuilder
 
 README = REPO / "benchmarks" / "README.md"
 RUN = REPO / "benchmarks" / "run.py"
@@ -240,3 +243,18 @@ def test_bench_refuses_a_missing_model(tmp_path):
 
     with pytest.raises(ModelLoadError, match="no such file"):
         bench(MLP, tmp_path / "missing.onnx", timing=QUICK)
+
+
+def test_run_feeds_integers_in_the_ranges_the_graph_implies(tmp_path):
+    """A token-type table of two rows read by an int64 input (BERT): the peer bench's inputs stay
+    in range, as verification's do, so the model gets latency and peak figures, not an error."""
+    b = GraphBuilder(opset=17)
+    types = b.input("token_type_ids", ["batch", "sequence"], dtype=TensorProto.INT64)
+    model = b.build(b.op("Relu", b.op("Gather", b.const(b.rand(2, 8)), types)), output_names=["y"])
+    path = tmp_path / "types.onnx"
+    onnx.save(model, path)
+    done = subprocess.run([sys.executable, str(RUN), "--quick", "--out", str(tmp_path), "--tools", "fuse-onnx",
+                           str(path)], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (result,) = json.loads((tmp_path / "latest.json").read_text(encoding="utf-8"))["models"]
+    assert result["error"] is None and result["latency_disabled"]["runs"] >= 1 and result["peak_bytes"] is not None
