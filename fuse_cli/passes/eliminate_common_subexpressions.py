@@ -41,8 +41,9 @@ class EliminateCommonSubexpressions(GraphPass):
     def run(self, g: GraphEditor) -> list[tuple[list[str], list[str], list[str]]]:
         first: dict[tuple, gs.Node] = {}
         changes = []
+        inputs: dict[int, tuple] = {}  # each input's key, once: exporters share scalar constants widely
         for node in list(g.graph.nodes):
-            key = _key(node)
+            key = _key(node, inputs)
             if key is None:
                 continue
             kept = first.setdefault(key, node)
@@ -58,8 +59,9 @@ class EliminateCommonSubexpressions(GraphPass):
         return changes
 
 
-def _key(node: gs.Node) -> tuple | None:
-    """What the node computes, as a hashable key; None for nodes never merged."""
+def _key(node: gs.Node, inputs: dict[int, tuple]) -> tuple | None:
+    """What the node computes, as a hashable key; None for nodes never merged. `inputs`: the
+    keys of the tensors seen so far, by identity."""
     if not is_default_domain(node.domain) or node.op in RANDOM_OPS or not node.outputs:
         return None
     attrs = []
@@ -68,7 +70,13 @@ def _key(node: gs.Node) -> tuple | None:
         if attr is None:
             return None
         attrs.append((name, attr))
-    return node.op, len(node.outputs), tuple(_input_key(t) for t in node.inputs), tuple(attrs)
+    keys = []
+    for tensor in node.inputs:
+        key = inputs.get(id(tensor))
+        if key is None:
+            key = inputs[id(tensor)] = _input_key(tensor)
+        keys.append(key)
+    return node.op, len(node.outputs), tuple(keys), tuple(attrs)
 
 
 def _input_key(tensor: gs.Tensor) -> tuple:
