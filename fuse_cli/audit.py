@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 import onnx
 
 from fuse_cli.analysis.measure import measure_peak
-from fuse_cli.analysis.memory import LiveTensor, MemoryProfile, profile_memory, profile_memory_at
+from fuse_cli.analysis.memory import HeldBuffer, MemoryProfile, profile_memory, profile_memory_at
 from fuse_cli.analysis.shapes import ShapeTable, infer_shapes
 from fuse_cli.config import FuseConfig
 from fuse_cli.core.domains import has_contrib_nodes
@@ -129,16 +129,16 @@ class PeakEstimate:
             held=self._held, limits=lambda: tuple(setting.before.peak_bytes for setting in self.settings),
             planner=lambda model: self._tables(model, 0)[1])
 
-    def _held(self, model: onnx.ModelProto) -> tuple[LiveTensor, ...]:
+    def _held(self, model: onnx.ModelProto) -> tuple[HeldBuffer, ...]:
         """Buffers held across the candidate's peak at the bound dims, then at each larger setting
         where its peak is above the original's (what the guard would refuse: a prefill's MLP
         buffers held through the next layer's attention at batch 64, not at the bound batch 1);
-        each tensor once. Elsewhere the larger setting is a guard, not a goal: nothing is declared
+        each buffer once (by its first later tenant). Elsewhere the larger setting is a guard, not a goal: nothing is declared
         for it."""
         first, *larger = self.profiles(model)  # one walk for every setting
         profiles = first, *(profile for setting, profile in zip(self.settings[1:], larger)
                             if profile.peak_bytes > setting.before.peak_bytes)
-        seen: dict[str, LiveTensor] = {}
+        seen: dict[str, HeldBuffer] = {}
         for profile in profiles:
             for tensor in profile.held_across_peak:
                 seen.setdefault(tensor.name, tensor)

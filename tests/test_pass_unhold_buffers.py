@@ -112,3 +112,35 @@ def test_a_larger_settings_gain_counts_only_where_the_guard_would_refuse(origina
     from fuse_cli.passes.unhold_buffers import _better
     before = {"onnxruntime": (100 << 10, 10 * MIB)}
     assert _better(before, {"onnxruntime": after}, (100 << 10, original_larger)) is taken
+
+
+def test_a_buffer_passed_down_a_chain_is_released_by_naming_every_later_tenant():
+    """A decoder's freed buffer goes to the next layer's tensor of the same planner shape, and when
+    that one is named afresh, to the one after (the held-out Llama at opset 23: one layer's
+    attention buffers held through the next layer's MLP at the guard's batch 64). Naming the first
+    later tenant alone gains nothing there; naming all of them releases the buffer. Stubbed
+    estimate: the peak drops only when both tenants are declared."""
+    from fuse_cli.analysis.memory import HeldBuffer
+    from fuse_cli.analysis.shapes import ShapeTable, TensorInfo
+    from fuse_cli.pipeline.base import Estimates
+    from fuse_cli.passes.unhold_buffers import UnholdBuffers
+
+    b = GraphBuilder(opset=17)
+    x = b.input("x", ["batch", 256])
+    model = b.build(b.op("Sigmoid", b.op("Neg", b.op("Relu", x, name="t1"), name="t2")), output_names=["y"])
+    tenants = ("t1_out", "t2_out")
+    planner = ShapeTable(tensors={name: TensorInfo(name, onnx.TensorProto.FLOAT, ("batch", 256)) for name in tenants},
+                         unknown_dims=())
+
+    def declared(m: onnx.ModelProto) -> set[str]:
+        return set(fresh_dims(m))
+
+    def peaks(m: onnx.ModelProto, order) -> tuple[int, ...]:
+        return (10 * MIB if declared(m) >= set(tenants) else 12 * MIB,)
+
+    estimates = Estimates(peaks=peaks, sizes=lambda m: planner, extra_weights=(), rules=(),
+                          held=lambda m: () if declared(m) >= set(tenants) else (HeldBuffer(tenants, 2 * MIB, "t1"),),
+                          limits=lambda: (12 * MIB,), planner=lambda m: planner)
+    (record,) = UnholdBuffers().run(model, estimates)
+    assert record.peak_delta == -2 * MIB
+    assert fresh_dims(model) == {"t1_out": ["unheld_0", 256], "t2_out": ["unheld_1", 256]}

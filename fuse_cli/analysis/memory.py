@@ -212,6 +212,21 @@ class LiveTensor:
 
 
 @dataclass(frozen=True)
+class HeldBuffer:
+    """A buffer alive at the peak with no tenant alive: the planner keeps it for the tensors that
+    take it after the peak (`tenants`, in birth order)."""
+
+    tenants: tuple[str, ...]
+    nbytes: int
+    producer: str  # the first later tenant's
+
+    @property
+    def name(self) -> str:
+        """The first tensor to take the buffer after the peak."""
+        return self.tenants[0]
+
+
+@dataclass(frozen=True)
 class MemoryProfile:
     """The liveness walk's result. A graph without nodes has peak_step -1 and peak_node "".
 
@@ -233,9 +248,8 @@ class MemoryProfile:
     # scratch, and the graph inputs. The peak less this bounds what any reordering can gain.
     unavoidable_at_peak: int = 0
     # Buffers alive at the peak with no tenant alive: the planner keeps a dead buffer allocated
-    # for a later tensor of the same planner shape. Each such later tensor (its first tenant
-    # after the peak), with the buffer's bytes, biggest first.
-    held_across_peak: tuple[LiveTensor, ...] = ()
+    # for later tensors of the same planner shape. Biggest first.
+    held_across_peak: tuple[HeldBuffer, ...] = ()
 
 
 def profile_memory(model: onnx.ModelProto, shapes: ShapeTable, *, extra_weights: Iterable[str] = (),
@@ -341,24 +355,24 @@ def _profile(setup: _Setup, plan: _Plan, sized: _Sized, absent: frozenset[str]) 
 
 
 def _held_across_peak(setup: _Setup, plan: _Plan, alive: list[int], peak_step: int, known: Mapping[str, int],
-                      producer: Mapping[str, str]) -> tuple[LiveTensor, ...]:
+                      producer: Mapping[str, str]) -> tuple[HeldBuffer, ...]:
     """MemoryProfile.held_across_peak: of the buffers alive at `peak_step` (indices), those whose
     tenants born by then are all dead (read last before it; graph inputs and outputs are held),
-    each with its first tenant born after it."""
+    each with its tenants born after it."""
     kept = setup.graph.graph_outputs.union(setup.graph.graph_inputs)
     last_read, birth = setup.last_read, plan.birth
     candidates = set(alive)
     busy: set[int] = set()
-    later: dict[int, str] = {}
+    later: dict[int, list[str]] = {}
     for name, buffer in zip(plan.tenants, plan.tenant_buffers):
         if buffer not in candidates:
             continue
         if birth[name] <= peak_step:
             if name in kept or last_read.get(name, birth[name]) >= peak_step:
                 busy.add(buffer)
-        elif buffer not in later:
-            later[buffer] = name
-    held = [LiveTensor(later[b], known[plan.first[b]], producer[later[b]]) for b in alive
+        else:
+            later.setdefault(buffer, []).append(name)
+    held = [HeldBuffer(tuple(later[b]), known[plan.first[b]], producer[later[b][0]]) for b in alive
             if b not in busy and b in later]
     return tuple(sorted(held, key=lambda t: -t.nbytes))
 

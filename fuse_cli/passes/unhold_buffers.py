@@ -14,6 +14,7 @@ from fuse_cli.pipeline.registry import register
 from fuse_cli.scheduling import gain_needed
 
 # Declarations tried per model: each is judged by a walk of the memory model at every shape setting.
+# Held tensors with nothing to declare (every dim a value) cost no walk and do not count.
 MAX_TRIES = 8
 
 
@@ -44,8 +45,13 @@ class UnholdBuffers(ModelPass):
     under any execution rule and lower by a gain the estimate vouches for (scheduling.gain_needed)
     at the bound dims, or at the guard's larger setting where the output peaks above the original
     there (a prefill at batch 64 holds the MLP's buffers through the next layer's attention, at
-    batch 1 it does not: the declaration is what lets the guard keep the fusion). Then the next held
-    buffer, up to MAX_TRIES. Runs after every fusion, before `schedule`.
+    batch 1 it does not: the declaration is what lets the guard keep the fusion). Where naming the
+    first later tenant gains nothing, every later tenant of the buffer is named at once: a decoder
+    frees a layer's attention buffer into a chain of same-shaped tensors of the layers after it,
+    and naming one only passes the buffer to the next (the held-out Llama export at opset 23, at
+    the guard's batch 64: 59.8 -> 55.6 MiB against the original's 56.5, so its rotary embeddings
+    and attention fuse). Then the next held buffer, up to MAX_TRIES walks. Runs after every fusion,
+    before `schedule`.
     """
 
     name = "unhold-buffers"
@@ -62,24 +68,32 @@ class UnholdBuffers(ModelPass):
             return ()
         tried: set[str] = set()
         limits = estimates.limits() if estimates.limits is not None else ()
-        for _ in range(MAX_TRIES):
-            target = next((t.name for t in estimates.held(model) if t.name not in tried), None)
-            if target is None:
+        walks = 0
+        while walks < MAX_TRIES:
+            buffer = next((b for b in estimates.held(model) if b.name not in tried), None)
+            if buffer is None:
                 break
-            tried.add(target)
-            declared = _declare_fresh_dims(model, target, estimates.planner(model))
-            if declared is None:
-                continue
-            try:
-                after = _peaks(model, estimates)
-            except ValueError:
-                after = None
-            if after is None or not _better(current, after, limits):
-                _undeclare(model, declared)
-                continue
-            records.append(FusionRecord(self.name, self.label, (), (), (),
-                                        peak_delta=after["onnxruntime"][0] - current["onnxruntime"][0]))
-            current = after
+            tried.add(buffer.name)
+            # the first later tenant, then (where the freed buffer would only pass to the next
+            # tensor of that shape: a layer's twin in the next layer) every later tenant
+            for tenants in dict.fromkeys((buffer.tenants[:1], buffer.tenants)):
+                declared = [d for name in tenants if (d := _declare_fresh_dims(model, name, estimates.planner(model)))]
+                if not declared:
+                    continue  # nothing to name (a shape vector): no walk spent on it
+                walks += 1
+                try:
+                    after = _peaks(model, estimates)
+                except ValueError:
+                    after = None
+                if after is not None and _better(current, after, limits):
+                    records.append(FusionRecord(self.name, self.label, (), (), (),
+                                                peak_delta=after["onnxruntime"][0] - current["onnxruntime"][0]))
+                    current = after
+                    break
+                for d in reversed(declared):
+                    _undeclare(model, d)
+                if walks >= MAX_TRIES:
+                    break
         return tuple(records)
 
 

@@ -115,7 +115,7 @@ class Estimates:
     rules: tuple[str, ...]
     floor: Callable[[onnx.ModelProto, Sequence[int] | None], int] | None = None
     # MemoryProfile.held_across_peak of `model` in onnxruntime's order at the first setting, then at
-    # each other setting where its peak is above the original's, each tensor once
+    # each other setting where its peak is above the original's, each buffer once
     held: Callable[[onnx.ModelProto], tuple] | None = None
     # the original's estimated peak at each setting, in onnxruntime's order (what the guard holds
     # a candidate to)
