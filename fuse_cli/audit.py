@@ -126,22 +126,17 @@ class PeakEstimate:
             peaks=lambda model, order: tuple(profile.peak_bytes for profile in self.profiles(model, order)),
             sizes=lambda model: self._tables(model, 0)[0], extra_weights=self.defaults, rules=rules,
             floor=lambda model, order: self.profile(model, 0, order).unavoidable_at_peak,
-            held=self._held, limits=lambda: tuple(setting.before.peak_bytes for setting in self.settings),
+            held=self._held,
             planner=lambda model: self._tables(model, 0)[1])
 
     def _held(self, model: onnx.ModelProto) -> tuple[HeldBuffer, ...]:
         """Buffers held across the candidate's peak at the bound dims, then at each larger setting
-        where its peak is above the original's (what the guard would refuse: a prefill's MLP
-        buffers held through the next layer's attention at batch 64, not at the bound batch 1);
-        each buffer once (by its first later tenant). Elsewhere the larger setting is a guard, not a goal: nothing is declared
-        for it."""
-        first, *larger = self.profiles(model)  # one walk for every setting
-        profiles = first, *(profile for setting, profile in zip(self.settings[1:], larger)
-                            if profile.peak_bytes > setting.before.peak_bytes)
+        (a prefill's MLP buffers held through the next layer's attention at batch 64, not at the
+        bound batch 1), each buffer once (by its first later tenant)."""
         seen: dict[str, HeldBuffer] = {}
-        for profile in profiles:
-            for tensor in profile.held_across_peak:
-                seen.setdefault(tensor.name, tensor)
+        for profile in self.profiles(model):  # one walk for every setting
+            for buffer in profile.held_across_peak:
+                seen.setdefault(buffer.name, buffer)
         return tuple(seen.values())
 
     def _planner_shapes(self, model: onnx.ModelProto, nodes: frozenset[bytes]) -> ShapeTable:

@@ -43,9 +43,12 @@ class UnholdBuffers(ModelPass):
     there: 1.025 against the original at `all`, this form 0.988). Each declaration is judged by the
     peak guard's own estimate, as the node order is: kept only when never worse at any setting
     under any execution rule and lower by a gain the estimate vouches for (scheduling.gain_needed)
-    at the bound dims, or at the guard's larger setting where the output peaks above the original
-    there (a prefill at batch 64 holds the MLP's buffers through the next layer's attention, at
-    batch 1 it does not: the declaration is what lets the guard keep the fusion). Where naming the
+    at the bound dims or at the guard's larger setting. The larger setting is where the gains are
+    in a default run, whose unbound dims are 1: a prefill at batch 64 holds the MLP's buffers
+    through the next layer's attention, at batch 1 it does not (the declaration is what lets the
+    guard keep a fusion there); the held-out BERT-small dynamo export, declared at batch 64,
+    measured 3.41 -> 2.65 MiB at batch 1 x 128, and ran 0.86 of the original's CPU time at
+    onnxruntime's default level where the undeclared output ran 0.99. Where naming the
     first later tenant gains nothing, every later tenant of the buffer is named at once: a decoder
     frees a layer's attention buffer into a chain of same-shaped tensors of the layers after it,
     and naming one only passes the buffer to the next (the held-out Llama export at opset 23, at
@@ -67,7 +70,6 @@ class UnholdBuffers(ModelPass):
         except ValueError:  # a stored order that is not topological (the memory model's check): as it is
             return ()
         tried: set[str] = set()
-        limits = estimates.limits() if estimates.limits is not None else ()
         walks = 0
         while walks < MAX_TRIES:
             buffer = next((b for b in estimates.held(model) if b.name not in tried), None)
@@ -85,7 +87,7 @@ class UnholdBuffers(ModelPass):
                     after = _peaks(model, estimates)
                 except ValueError:
                     after = None
-                if after is not None and _better(current, after, limits):
+                if after is not None and _better(current, after):
                     records.append(FusionRecord(self.name, self.label, (), (), (),
                                                 peak_delta=after["onnxruntime"][0] - current["onnxruntime"][0]))
                     current = after
@@ -109,13 +111,11 @@ def _peaks(model: onnx.ModelProto, estimates: Estimates) -> dict[str, tuple[int,
     return {rule: estimates.peaks(model, orders[rule]) for rule in {"onnxruntime", *estimates.rules}}
 
 
-def _better(before: dict[str, tuple[int, ...]], after: dict[str, tuple[int, ...]], limits: tuple[int, ...]) -> bool:
+def _better(before: dict[str, tuple[int, ...]], after: dict[str, tuple[int, ...]]) -> bool:
     """Never worse at any setting under any rule, and lower by a gain the estimate vouches for at
-    the bound dims, or at a larger setting where onnxruntime's order peaks above the original's
-    (`limits`: what the guard would refuse; elsewhere a larger setting is a guard, not a goal)."""
+    the bound dims under some rule, or at a larger setting in onnxruntime's order."""
     never_worse = all(a <= b for rule in before for a, b in zip(after[rule], before[rule]))
-    goals = [(rule, 0) for rule in before] + [("onnxruntime", i) for i, limit in enumerate(limits)
-                                              if i and before["onnxruntime"][i] > limit]
+    goals = [(rule, 0) for rule in before] + [("onnxruntime", i) for i in range(1, len(before["onnxruntime"]))]
     return never_worse and any(before[rule][i] - after[rule][i] >= gain_needed(before[rule][i]) for rule, i in goals)
 
 

@@ -115,11 +115,8 @@ class Estimates:
     rules: tuple[str, ...]
     floor: Callable[[onnx.ModelProto, Sequence[int] | None], int] | None = None
     # MemoryProfile.held_across_peak of `model` in onnxruntime's order at the first setting, then at
-    # each other setting where its peak is above the original's, each buffer once
+    # each other setting, each buffer once
     held: Callable[[onnx.ModelProto], tuple] | None = None
-    # the original's estimated peak at each setting, in onnxruntime's order (what the guard holds
-    # a candidate to)
-    limits: Callable[[], tuple[int, ...]] | None = None
     # `model`'s shapes as onnxruntime's planner compares them (no dim bound)
     planner: Callable[[onnx.ModelProto], ShapeTable] | None = None
 
