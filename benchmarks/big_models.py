@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -348,6 +349,12 @@ def peer_seconds(tool: str, source: Path, destination: Path) -> float | str:
     return json.loads(done.stdout.strip().splitlines()[-1])["seconds"]
 
 
+# fuse (with and without verification) and onnx-simplifier, the goal's comparison, run in turn this
+# many times: one run of each moves by 20% on a shared machine; the medians and the median of the
+# per-round ratios are what the table states
+DEEP_ROUNDS = 3
+
+
 def bench_deep(blocks: int, work: Path, profile_top: int) -> dict:
     model = build_deep_stack(blocks)
     path = work / "deep_stack.onnx"
@@ -356,17 +363,29 @@ def bench_deep(blocks: int, work: Path, profile_top: int) -> dict:
     del model
     base = load_save_seconds(path, work)
     out = str(work / "deep_stack.fused.onnx")
-    verified = run_fuse([str(path), "-o", out])
+    rounds = []
+    for _ in range(DEEP_ROUNDS):
+        verified = run_fuse([str(path), "-o", out])
+        unverified = run_fuse([str(path), "-o", out, "--no-verify"], profile_top=0)
+        rounds.append((verified, unverified, peer_seconds("onnxsim", path, work / "deep_stack.peer.onnx")))
     fused = onnx.load(out, load_external_data=False)
-    unverified = run_fuse([str(path), "-o", out, "--no-verify"], profile_top=0)
+    verified = min((r[0] for r in rounds), key=lambda r: r["seconds"])
+    fuse_s = statistics.median(r[0]["seconds"] for r in rounds)
+    no_verify_s = statistics.median(r[1]["seconds"] for r in rounds)
     row = {
-        "nodes": nodes, "nodes_after": len(fused.graph.node), "load_save_s": base,
-        "fuse_s": verified["seconds"], "fuse_no_verify_s": unverified["seconds"],
-        "ratio": verified["seconds"] / base, "ratio_no_verify": unverified["seconds"] / base,
+        "nodes": nodes, "nodes_after": len(fused.graph.node), "load_save_s": base, "rounds": DEEP_ROUNDS,
+        "fuse_s": fuse_s, "fuse_no_verify_s": no_verify_s,
+        "ratio": fuse_s / base, "ratio_no_verify": no_verify_s / base,
         "command_s": verified["wall_seconds"], "exit": verified["exit"],
-        "memory_model_cpu_s": unverified.get("memory_model_cpu_s"),
+        "memory_model_cpu_s": statistics.median(r[1].get("memory_model_cpu_s") or 0.0 for r in rounds),
     }
-    row["peers"] = {tool: peer_seconds(tool, path, work / "deep_stack.peer.onnx") for tool in PEERS}
+    simplified = [r[2] for r in rounds]
+    if all(isinstance(s, float) for s in simplified):
+        row["over_onnxsim"] = {"verified": statistics.median(r[0]["seconds"] / r[2] for r in rounds),
+                               "no_verify": statistics.median(r[1]["seconds"] / r[2] for r in rounds)}
+    row["peers"] = {tool: (statistics.median(simplified) if all(isinstance(s, float) for s in simplified)
+                           else simplified[0]) if tool == "onnxsim"
+                    else peer_seconds(tool, path, work / "deep_stack.peer.onnx") for tool in PEERS}
     if profile_top:
         row["profile"] = run_fuse([str(path), "-o", out], profile_top=profile_top)["profile"]
     return row
@@ -533,12 +552,13 @@ def main(argv: list[str] | None = None) -> int:
                 shown = (f"{seconds:8.3f} s {seconds / deep['load_save_s']:5.1f}x" if isinstance(seconds, float)
                          else f"{seconds}")
                 print(f"  {tool:<30} {shown}")
-            onnxsim = deep["peers"].get("onnxsim")
-            if isinstance(onnxsim, float):
-                unverified, verified = deep["fuse_no_verify_s"] / onnxsim, deep["fuse_s"] / onnxsim
+            over = deep.get("over_onnxsim")
+            if over:
+                unverified, verified = over["no_verify"], over["verified"]
                 ok = unverified < 1.0 and verified <= VERIFIED_OVER_ONNXSIM
                 failed |= not ok
-                print(f"  over onnxsim: --no-verify {unverified:.2f}x (goal < 1), verified {verified:.2f}x "
+                print(f"  over onnxsim (median of {deep['rounds']} rounds, each tool in turn): --no-verify "
+                      f"{unverified:.2f}x (goal < 1), verified {verified:.2f}x "
                       f"(goal <= {VERIFIED_OVER_ONNXSIM:.0f}): {'met' if ok else 'NOT MET'}")
             if deep.get("profile"):
                 print(deep["profile"])
