@@ -380,12 +380,13 @@ def bench_deep(blocks: int, work: Path, profile_top: int) -> dict:
         "memory_model_cpu_s": statistics.median(r[1].get("memory_model_cpu_s") or 0.0 for r in rounds),
     }
     simplified = [r[2] for r in rounds]
-    if all(isinstance(s, float) for s in simplified):
+    timed = all(isinstance(s, float) for s in simplified)  # else why onnx-simplifier has no time
+    if timed:
         row["over_onnxsim"] = {"verified": statistics.median(r[0]["seconds"] / r[2] for r in rounds),
                                "no_verify": statistics.median(r[1]["seconds"] / r[2] for r in rounds)}
-    row["peers"] = {tool: (statistics.median(simplified) if all(isinstance(s, float) for s in simplified)
-                           else simplified[0]) if tool == "onnxsim"
-                    else peer_seconds(tool, path, work / "deep_stack.peer.onnx") for tool in PEERS}
+    onnxsim = statistics.median(simplified) if timed else simplified[0]
+    row["peers"] = {tool: onnxsim if tool == "onnxsim" else peer_seconds(tool, path, work / "deep_stack.peer.onnx")
+                    for tool in PEERS}
     if profile_top:
         row["profile"] = run_fuse([str(path), "-o", out], profile_top=profile_top)["profile"]
     return row

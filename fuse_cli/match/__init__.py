@@ -153,16 +153,26 @@ def match_root(pattern: Op | Alt, node: gs.Node) -> Iterator[Match]:
         yield m
 
 
-def _match_node(pattern: Op, node: gs.Node, m: Match) -> Iterator[Match]:
+def _fitting_inputs(pattern: Op, node: gs.Node) -> list[gs.Tensor] | None:
+    """`node`'s inputs, trailing omitted ones dropped, when its type, domain and attributes are
+    the pattern's and their number fits the pattern's inputs (the optional ones may be absent);
+    else None."""
     if node.op not in pattern.op_types or _domain(node.domain) != _domain(pattern.domain):
-        return
-    if any(node is seen for seen in m.covered) or not _attributes_fit(pattern, node):
-        return
+        return None
+    if not _attributes_fit(pattern, node):
+        return None
     inputs = list(node.inputs)
     while inputs and is_missing(inputs[-1]):
         inputs.pop()
-    required = len(pattern.inputs) - sum(1 for p in reversed(pattern.inputs) if _is_optional(p))
-    if not required <= len(inputs) <= len(pattern.inputs):
+    required = len(pattern.inputs) - sum(1 for p in pattern.inputs if _is_optional(p))
+    return inputs if required <= len(inputs) <= len(pattern.inputs) else None
+
+
+def _match_node(pattern: Op, node: gs.Node, m: Match) -> Iterator[Match]:
+    if any(node is seen for seen in m.covered):
+        return
+    inputs = _fitting_inputs(pattern, node)
+    if inputs is None:
         return
     m = m.copy()
     m.covered.append(node)
@@ -182,24 +192,15 @@ def _may_fit(pattern: Op, node: gs.Node) -> bool:
     not bound and constants not read, so it can pass where matching fails, never the reverse.
     Most nodes a sweep visits are not the pattern, and the generators that do the real matching
     cost several times this check to find that out (on a 12k-node stack: most of a sweep)."""
-    if node.op not in pattern.op_types or _domain(node.domain) != _domain(pattern.domain):
+    inputs = _fitting_inputs(pattern, node)
+    if inputs is None:
         return False
-    if not _attributes_fit(pattern, node):
-        return False
-    inputs = node.inputs
-    count = len(inputs)
-    while count and is_missing(inputs[count - 1]):
-        count -= 1
     patterns = pattern.inputs
-    if count > len(patterns):
-        return False
-    if count < len(patterns) - sum(1 for p in patterns if _is_optional(p)):
-        return False
-    if node.op in COMMUTATIVE_OPS and count == 2:
-        first, second = inputs[0], inputs[1]
+    if node.op in COMMUTATIVE_OPS and len(inputs) == 2:
+        first, second = inputs
         return ((_tensor_may_fit(patterns[0], first) and _tensor_may_fit(patterns[1], second))
                 or (_tensor_may_fit(patterns[0], second) and _tensor_may_fit(patterns[1], first)))
-    return all(_tensor_may_fit(p, inputs[i] if i < count else None) for i, p in enumerate(patterns))
+    return all(_tensor_may_fit(p, inputs[i] if i < len(inputs) else None) for i, p in enumerate(patterns))
 
 
 def _tensor_may_fit(pattern: Pattern, tensor: gs.Tensor | None) -> bool:

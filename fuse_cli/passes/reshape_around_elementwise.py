@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import onnx_graphsurgeon as gs
 
 from fuse_cli.core.domains import is_default_domain
@@ -47,10 +48,12 @@ class ReshapeAroundElementwise(GraphPass):
 
     def run(self, g: GraphEditor) -> list[tuple[list[str], list[str], list[str]]]:
         changes = []
-        for node in reversed(list(g.graph.nodes)):
+        nodes = list(g.graph.nodes)  # as they stand until the commit below
+        order = {id(n): i for i, n in enumerate(nodes)}
+        for node in reversed(nodes):
             if node.op != "Reshape" or not is_default_domain(node.domain) or g.is_removed(node):
                 continue
-            found = _region(node, g)
+            found = _region(node, g, order)
             if found is None:
                 continue
             first, region = found
@@ -72,9 +75,10 @@ class ReshapeAroundElementwise(GraphPass):
         return changes
 
 
-def _region(last: gs.Node, g: GraphEditor) -> tuple[gs.Node, list[gs.Node]] | None:
+def _region(last: gs.Node, g: GraphEditor, order: dict[int, int]) -> tuple[gs.Node, list[gs.Node]] | None:
     """The Reshape that feeds the elementwise subgraph ending in `last`'s data input, and the
-    subgraph's nodes in graph order (its output's producer last); None when it is not one."""
+    subgraph's nodes in graph order (`order`: each node's position; its output's producer last);
+    None when it is not one."""
     if len(last.inputs) != 2:
         return None
     shape = constant_value(last.inputs[1])
@@ -82,6 +86,7 @@ def _region(last: gs.Node, g: GraphEditor) -> tuple[gs.Node, list[gs.Node]] | No
     if shape is None or shape.ndim != 1 or top is None or top.op not in ELEMENTWISE_OPS:
         return None
     region: dict[int, gs.Node] = {}
+    constants: list[np.ndarray] = []
     first: gs.Node | None = None
     stack = [top]
     while stack:
@@ -95,22 +100,25 @@ def _region(last: gs.Node, g: GraphEditor) -> tuple[gs.Node, list[gs.Node]] | No
         for tensor in node.inputs:
             if is_missing(tensor):
                 continue  # an omitted optional input (Clip without a min)
-            producer = producer_of(tensor) if isinstance(tensor, gs.Variable) else None
-            if producer is not None and producer.op == "Reshape" and is_default_domain(producer.domain):
+            value = constant_value(tensor)
+            if value is not None:
+                constants.append(value)
+                continue
+            producer = producer_of(tensor)
+            if producer is None:
+                return None  # a graph input: a second entry
+            if producer.op == "Reshape" and is_default_domain(producer.domain):
                 if first is not None and producer is not first:
                     return None  # two entries: f would read two views
                 first = producer
-            elif producer is not None and constant_value(tensor) is None:
+            else:
                 stack.append(producer)
-            elif constant_value(tensor) is None:
-                return None  # a graph input: a second entry
-    if first is None or not _restores(shape, first.inputs[0], region.values(), g):
+    if first is None or not _restores(shape, first.inputs[0], constants, g):
         return None
-    order = {id(n): i for i, n in enumerate(g.graph.nodes)}
     return first, sorted(region.values(), key=lambda n: order[id(n)])
 
 
-def _restores(shape, x: gs.Tensor, region, g: GraphEditor) -> bool:
+def _restores(shape: np.ndarray, x: gs.Tensor, constants: list[np.ndarray], g: GraphEditor) -> bool:
     """Does Reshape(z, shape) give x's shape (z has x's element count), and may every constant of
     the region broadcast against x without growing it?"""
     dims = g.shape(x)
@@ -119,12 +127,7 @@ def _restores(shape, x: gs.Tensor, region, g: GraphEditor) -> bool:
     free = [i for i, s in enumerate(shape.tolist()) if s != dims.static(i) or not s]
     if len(free) > 1 or (free and shape[free[0]] != -1):
         return False
-    for node in region:
-        for tensor in node.inputs:
-            value = constant_value(tensor)
-            if value is not None and (value.size != 1 or value.ndim > dims.rank):
-                return False
-    return True
+    return all(value.size == 1 and value.ndim <= dims.rank for value in constants)
 
 
 def _on_input(first: gs.Node, region: list[gs.Node], last: gs.Node, g: GraphEditor) -> Replacement:
