@@ -58,8 +58,8 @@ class PeakEstimate:
         # A few recent, by identity, stored order (the `schedule` pass reorders a candidate in place)
         # and execution order (None: onnxruntime's).
         self._profiles: list[tuple[onnx.ModelProto, int, bytes, tuple[int, ...] | None, MemoryProfile]] = []
-        self._table_cache: list[tuple[onnx.ModelProto, int, frozenset[bytes], tuple[ShapeTable, ShapeTable]]] = []
-        self._symbolic: tuple[onnx.ModelProto, ShapeTable, frozenset[bytes]] | None = None
+        self._table_cache: list[tuple[onnx.ModelProto, int, frozenset[bytes], ShapeTable]] = []
+        self._symbolic: list[tuple[onnx.ModelProto, tuple[frozenset[bytes], bytes], ShapeTable]] = []
 
     def _setting(self, dims, shapes: ShapeTable, input_shapes) -> _Setting:
         before = profile_memory(self.original, shapes, extra_weights=self.defaults, symbolic_shapes=self.symbolic)
@@ -86,13 +86,13 @@ class PeakEstimate:
                  indices: Sequence[int] | None = None) -> tuple[MemoryProfile, ...]:
         """The candidate's profiles at the settings `indices` (None: every one), from one walk."""
         indices = range(len(self.settings)) if indices is None else indices
-        stored, nodes = _structure(model)
+        stored, nodes, declared = _structure(model)
         run = None if order is None else tuple(order)
         found = {i: profile for cached, i, cached_stored, cached_run, profile in self._profiles
                  if cached is model and i in indices and cached_stored == stored and cached_run == run}
         missing = [i for i in indices if i not in found]
         if missing:
-            tables = [self._tables(model, i, nodes) for i in missing]
+            tables = [self._tables(model, i, (stored, nodes, declared)) for i in missing]
             # one planner table per candidate, whatever the setting (see _planner_shapes)
             computed = profile_memory_at(model, [bound for bound, _ in tables], extra_weights=self.defaults,
                                          symbolic_shapes=tables[0][1], order=order)
@@ -102,22 +102,25 @@ class PeakEstimate:
                 self._profiles = [*self._profiles[-5:], (model, i, stored, run, profile)]
         return tuple(found[i] for i in indices)
 
-    def _tables(self, model: onnx.ModelProto, index: int, nodes: frozenset[bytes] | None = None
-                ) -> tuple[ShapeTable, ShapeTable]:
-        """The candidate's sizes at setting `index` and its planner shapes. Shapes do not depend
-        on the node order: a reordered model (same nodes, same identity) keeps its tables.
-        nodes: its nodes, serialized (_structure), when the caller has them."""
-        nodes = _structure(model)[1] if nodes is None else nodes
-        for cached, i, fingerprint, tables in self._table_cache:
+    def _tables(self, model: onnx.ModelProto, index: int,
+                structure: tuple[bytes, frozenset[bytes], bytes] | None = None) -> tuple[ShapeTable, ShapeTable]:
+        """The candidate's sizes at setting `index` and its planner shapes. The sizes do not depend
+        on the node order (a reordered model, same nodes, same identity, keeps them) nor on the
+        declared shapes: unhold-buffers names afresh only the dims the planner has no value for, and
+        at a setting every dim that inference can size has its value (onnx's inference lets an
+        inferred value stand over a declared name). So a declaration tried costs one inference, the
+        planner's, not one per setting besides. structure: _structure(model), when the caller has it."""
+        _, nodes, declared = _structure(model) if structure is None else structure
+        for cached, i, fingerprint, bound in self._table_cache:
             if cached is model and i == index and fingerprint == nodes:
-                return tables
-        setting = (self._settings if index == 0 else self.settings)[index]
-        # onnx cannot infer contrib operators (FusedConv, ...), but a fused node writes the tensor
-        # its pattern's root wrote, under the same name: the original's shapes still hold for it.
-        bound = _fill_from(_infer(model, setting.dims, setting.input_shapes), setting.shapes)
-        tables = (bound, self._planner_shapes(model, nodes))
-        self._table_cache = [*self._table_cache[-3:], (model, index, nodes, tables)]
-        return tables
+                break
+        else:
+            setting = (self._settings if index == 0 else self.settings)[index]
+            # onnx cannot infer contrib operators (FusedConv, ...), but a fused node writes the tensor
+            # its pattern's root wrote, under the same name: the original's shapes still hold for it.
+            bound = _fill_from(_infer(model, setting.dims, setting.input_shapes), setting.shapes)
+            self._table_cache = [*self._table_cache[-3:], (model, index, nodes, bound)]
+        return bound, self._planner_shapes(model, nodes, declared)
 
     def estimates(self, rules: tuple[str, ...]) -> Estimates:
         """What the model passes judge orders with: this estimate at every setting the guard uses
@@ -139,17 +142,20 @@ class PeakEstimate:
                 seen.setdefault(buffer.name, buffer)
         return tuple(seen.values())
 
-    def _planner_shapes(self, model: onnx.ModelProto, nodes: frozenset[bytes]) -> ShapeTable:
+    def _planner_shapes(self, model: onnx.ModelProto, nodes: frozenset[bytes], declared: bytes) -> ShapeTable:
         """The shapes with no dim bound, as onnxruntime's planner compares them. onnxruntime infers
         its contrib operators' outputs (MultiHeadAttention, ...) at run time: fill what onnx cannot
         infer from its symbolic inference, only then (on a 12k-node graph it takes longer than the
         whole pipeline)."""
-        if self._symbolic is None or self._symbolic[0] is not model or self._symbolic[2] != nodes:
-            # One table object per candidate, at every setting: the memory model's per-model setup
-            # is cached by the table's identity (a second object would cost a second setup).
-            filled = _fill_from(infer_shapes(model, symbolic=has_contrib_nodes(model)), self.symbolic)
-            self._symbolic = (model, filled, nodes)
-        return self._symbolic[1]
+        for cached, key, filled in self._symbolic:
+            if cached is model and key == (nodes, declared):
+                return filled
+        # One table object per candidate, at every setting: the memory model's per-model setup
+        # is cached by the table's identity (a second object would cost a second setup).
+        filled = _fill_from(infer_shapes(model, symbolic=has_contrib_nodes(model)), self.symbolic)
+        # two kept: a declaration tried and taken back returns to the one before
+        self._symbolic = [*self._symbolic[-1:], (model, (nodes, declared), filled)]
+        return filled
 
     def growth(self, model: onnx.ModelProto) -> tuple[PeakGrowth, ...]:
         """Where the candidate's estimated peak is above the original's (empty: never worse)."""
@@ -233,18 +239,19 @@ def _stored_in(model: onnx.ModelProto, order: Sequence[int]) -> onnx.ModelProto:
     return copy
 
 
-def _structure(model: onnx.ModelProto) -> tuple[bytes, frozenset[bytes]]:
+def _structure(model: onnx.ModelProto) -> tuple[bytes, frozenset[bytes], bytes]:
     """What the caches of a candidate compare to notice an edit in place, cheaply: a digest of the
-    nodes in stored order (a reordering in place changes it), and the set of nodes, which the
-    shapes depend on (a reordering keeps it; a rewrite does not). Each node serialized: 0.3 us,
-    where reading its fields builds a wrapper per field, and bytes are not containers the
-    garbage collector walks (a list per node set off full collections of a big process's heap:
-    0.3 s in all at 12k nodes)."""
+    nodes and declared shapes in stored order (a reordering in place changes it), the set of
+    nodes, which the sizes depend on (a reordering keeps it; a rewrite does not), and a digest of
+    the declared shapes (value_info), which onnxruntime's planner reads: it keeps a declared dim's
+    name (unhold-buffers). Each node serialized: 0.3 us, where reading its fields builds a wrapper
+    per field, and bytes are not containers the garbage collector walks (a list per node set off
+    full collections of a big process's heap: 0.3 s in all at 12k nodes)."""
     serialized = [node.SerializeToString() for node in model.graph.node]
-    # the declared shapes too: onnxruntime's planner keeps a declared dim's name (unhold-buffers)
-    declared = hashlib.blake2b(b"".join(vi.SerializeToString() for vi in model.graph.value_info), digest_size=16)
-    return (hashlib.blake2b(b"".join(serialized) + declared.digest(), digest_size=16).digest(),
-            frozenset([*serialized, b"value_info:" + declared.digest()]))
+    declared = hashlib.blake2b(b"".join(vi.SerializeToString() for vi in model.graph.value_info),
+                               digest_size=16).digest()
+    return (hashlib.blake2b(b"".join(serialized) + declared, digest_size=16).digest(), frozenset(serialized),
+            declared)
 
 
 def _infer(model: onnx.ModelProto, dims, input_shapes) -> ShapeTable:

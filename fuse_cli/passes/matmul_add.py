@@ -36,8 +36,12 @@ class FuseMatMulAddIntoGemm(PatternPass):
 
     def matches(self, m: Match, g: GraphEditor) -> bool:
         """An activation as the weight (attention's q @ k^T) or as the bias (a residual Add) is
-        not a Linear layer: silent, not a near-miss."""
-        return not (computed_at_run_time(m.tensor("weight")) or computed_at_run_time(m.tensor("bias")))
+        not a Linear layer: silent, not a near-miss. Nor is a rank >= 3 result that only a
+        Reshape reads: matmul-add-into-view's pattern, which says why where it declines."""
+        if computed_at_run_time(m.tensor("weight")) or computed_at_run_time(m.tensor("bias")):
+            return False
+        x, readers = g.shape(m.tensor("x")), m.node("add").outputs[0].outputs
+        return not (x is not None and x.rank >= 3 and len(readers) == 1 and readers[0].op == "Reshape")
 
     def check(self, m: Match, g: GraphEditor) -> Decline | None:
         matmul = m.node("matmul")
@@ -56,7 +60,7 @@ class FuseMatMulAddIntoGemm(PatternPass):
         n = w.shape[1]
         if bias.dtype != w.dtype:
             return Decline(f"the bias dtype {bias.dtype} differs from the weight dtype {w.dtype}")
-        if not _broadcasts_over_last_dim(bias.shape, n):
+        if not broadcasts_over_last_dim(bias.shape, n):
             return Decline(f"the bias of shape {list(bias.shape)} does not broadcast over the last dimension [{n}] alone")
         return None
 
@@ -68,7 +72,7 @@ class FuseMatMulAddIntoGemm(PatternPass):
         return Replacement(nodes=[gemm])
 
 
-def _broadcasts_over_last_dim(shape: tuple[int, ...], n: int) -> bool:
+def broadcasts_over_last_dim(shape: tuple[int, ...], n: int) -> bool:
     if len(shape) > 2:
         return False
     if len(shape) == 2 and shape[0] != 1:

@@ -59,6 +59,7 @@ PORTABLE_PIPELINE: tuple[str, ...] = (
     "hard-swish",
     # 5. bias into Gemm, then whatever BatchNormalization is left
     "matmul-add",
+    "matmul-add-into-view",
     "bn-affine",
     # 6. the form onnxruntime's own level-all optimizer meets: no slower CPU BiasGelu made of it
     "pin-gelu-bias",
@@ -96,6 +97,7 @@ RUNTIME_PIPELINE: tuple[str, ...] = (
     "hard-swish",
     "fused-matmul",
     "matmul-add",
+    "matmul-add-into-view",
     "fused-conv",
     "fused-gemm",
     "bn-affine",
