@@ -154,3 +154,59 @@ def test_a_buffer_passed_down_a_chain_is_released_by_naming_every_later_tenant()
     (record,) = UnholdBuffers().run(model, estimates)
     assert record.peak_delta == -2 * MIB
     assert fresh_dims(model) == {"t1_out": ["unheld_0", 256], "t2_out": ["unheld_1", 256]}
+
+
+def viewed_u_net(declared: bool) -> onnx.ModelProto:
+    """The U-Net with its Concat viewed as Reshape(joined, Shape(joined)), whose dims onnxruntime's
+    inference cannot name (the shape is read at run time): c and d match no freed buffer, unless
+    the exporter declared them [batch, 16, 64, 64], as torch's dynamo exporter declares every tensor."""
+    model = u_net()
+    graph = model.graph
+    concat = next(n for n in graph.node if n.op_type == "Concat")
+    joined = concat.output[0]
+    shape = onnx.helper.make_node("Shape", [joined], ["joined_shape"], name="joined_shape")
+    view = onnx.helper.make_node("Reshape", [joined, "joined_shape"], ["joined_view"], name="joined_view")
+    for node in graph.node:
+        node.input[:] = ["joined_view" if i == joined else i for i in node.input]
+    position = list(graph.node).index(concat) + 1
+    graph.node.insert(position, view)
+    graph.node.insert(position, shape)
+    if declared:
+        for name in ("Relu_5_out", "Relu_6_out"):
+            declaring(model, name, ["batch", 16, 64, 64])
+        declaring(model, "joined_view", ["batch", 48, 64, 64])
+    return model
+
+
+def test_declared_shapes_that_hold_a_buffer_are_dropped(tmp_path):
+    """The declarations name c and d as a's planner shape: a's dead buffer is held for d across the
+    Concat. Undeclared, it is released: the declarations go (nothing else changes)."""
+    dims = {"batch": 8}
+    undeclared = optimize_model(viewed_u_net(False), tmp_path, name="undeclared", target="ort-cpu", dims=dims,
+                                passes=())
+    model = viewed_u_net(True)
+    kept = optimize_model(model, tmp_path, name="kept", target="ort-cpu", dims=dims, passes=())
+    result = optimize_model(model, tmp_path, target="ort-cpu", dims=dims, passes=(PASS,))
+    assert not result.model.graph.value_info
+    (row,) = [r for r in result.report.fusions if r.pass_name == PASS]
+    assert row.pattern == "declared shapes -> dropped"
+    before, after = kept.report.memory.after.peak_bytes, result.report.memory.after.peak_bytes
+    assert before - after == 2 * MIB, (before, after)  # a's [8, 16, 64, 64] float buffer
+    assert after == undeclared.report.memory.after.peak_bytes
+    assert row.peak_delta == after - before
+    assert_equivalent(model, result.model, dims={"batch": 3})
+    measured = [measure_peak(tmp_path / f"{name}.out.onnx", dims=dims, repeats=1) for name in ("kept", "model")]
+    if any(m.allocated_bytes is None for m in measured):
+        pytest.skip(f"cannot count allocations here: {measured[0].allocated_reason}")
+    assert measured[0].allocated_bytes - measured[1].allocated_bytes > 1.9 * MIB, measured
+
+
+def test_declarations_that_keep_buffers_apart_stay(tmp_path):
+    """fuse's own output again: its fresh declaration is what releases a's buffer, and dropping it
+    would hold the buffer again: it stays, and nothing more is declared."""
+    first = optimize_model(u_net(), tmp_path, name="first", target="ort-cpu", dims={"batch": 8})
+    assert fresh_dims(first.model)
+    again = optimize_model(first.model, tmp_path, name="again", target="ort-cpu", dims={"batch": 8})
+    assert fresh_dims(again.model) == fresh_dims(first.model)
+    assert not [r for r in again.report.fusions if r.pass_name == PASS]
+    assert again.report.memory.after.peak_bytes == first.report.memory.after.peak_bytes
