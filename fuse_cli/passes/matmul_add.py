@@ -53,16 +53,7 @@ class FuseMatMulAddIntoGemm(PatternPass):
         if x_shape.rank != 2:
             return (Decline(f"{matmul.name}'s activation has rank {x_shape.rank}; Gemm takes rank 2, and Reshape -> Gemm -> "
                     "Reshape measured no faster than MatMul + Add in onnxruntime (benchmarks/matmul_add_rank3.py)"))
-        if w.ndim != 2:
-            return Decline(f"{matmul.name}'s weight has rank {w.ndim}, Gemm needs rank 2")
-        if w.dtype.type not in GEMM_DTYPES:
-            return Decline(f"{matmul.name} computes in {w.dtype}; Gemm is used for float types only")
-        n = w.shape[1]
-        if bias.dtype != w.dtype:
-            return Decline(f"the bias dtype {bias.dtype} differs from the weight dtype {w.dtype}")
-        if not broadcasts_over_last_dim(bias.shape, n):
-            return Decline(f"the bias of shape {list(bias.shape)} does not broadcast over the last dimension [{n}] alone")
-        return None
+        return gemm_operands_reason(matmul, w, bias)
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
         matmul, add = m.node("matmul"), m.node("add")
@@ -72,7 +63,21 @@ class FuseMatMulAddIntoGemm(PatternPass):
         return Replacement(nodes=[gemm])
 
 
-def broadcasts_over_last_dim(shape: tuple[int, ...], n: int) -> bool:
+def gemm_operands_reason(matmul: gs.Node, w: np.ndarray, bias: np.ndarray) -> Decline | None:
+    """Why a Linear layer's weight and bias cannot be Gemm's B and C (None: they can)."""
+    if w.ndim != 2:
+        return Decline(f"{matmul.name}'s weight has rank {w.ndim}, Gemm needs rank 2")
+    if w.dtype.type not in GEMM_DTYPES:
+        return Decline(f"{matmul.name} computes in {w.dtype}; Gemm is used for float types only")
+    n = w.shape[1]
+    if bias.dtype != w.dtype:
+        return Decline(f"the bias dtype {bias.dtype} differs from the weight dtype {w.dtype}")
+    if not _broadcasts_over_last_dim(bias.shape, n):
+        return Decline(f"the bias of shape {list(bias.shape)} does not broadcast over the last dimension [{n}] alone")
+    return None
+
+
+def _broadcasts_over_last_dim(shape: tuple[int, ...], n: int) -> bool:
     if len(shape) > 2:
         return False
     if len(shape) == 2 and shape[0] != 1:

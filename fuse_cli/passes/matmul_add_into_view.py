@@ -7,7 +7,7 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Match, Op, Var, constant_value, producer_of
-from fuse_cli.passes.matmul_add import GEMM_DTYPES, broadcasts_over_last_dim
+from fuse_cli.passes.matmul_add import gemm_operands_reason
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
 from fuse_cli.toolkit.constness import computed_at_run_time
@@ -60,16 +60,9 @@ class FuseMatMulAddIntoView(PatternPass):
 
     def check(self, m: Match, g: GraphEditor) -> Decline | None:
         matmul, reshape = m.node("matmul"), m.node("reshape")
-        w, bias = constant_value(m.tensor("weight")), constant_value(m.tensor("bias"))
-        if w.ndim != 2:
-            return Decline(f"{matmul.name}'s weight has rank {w.ndim}, Gemm needs rank 2")
-        if w.dtype.type not in GEMM_DTYPES:
-            return Decline(f"{matmul.name} computes in {w.dtype}; Gemm is used for float types only")
-        if bias.dtype != w.dtype:
-            return Decline(f"the bias dtype {bias.dtype} differs from the weight dtype {w.dtype}")
-        if not broadcasts_over_last_dim(bias.shape, w.shape[1]):
-            return Decline(f"the bias of shape {list(bias.shape)} does not broadcast over the last dimension "
-                           f"[{w.shape[1]}] alone")
+        operands = gemm_operands_reason(matmul, constant_value(m.tensor("weight")), constant_value(m.tensor("bias")))
+        if operands:
+            return operands
         y = m.node("add").outputs[0]
         inside = {id(m.node("add")), id(reshape)}
         shaping = next((n for t in (matmul.outputs[0], y) for n in t.outputs if id(n) not in inside), None)
