@@ -49,6 +49,17 @@ def assert_equivalent(original: onnx.ModelProto, optimized: onnx.ModelProto, *, 
         assert result.passed, [o for o in result.outputs if not o.passed]
 
 
+def fused_and_settled(model: onnx.ModelProto, tmp_path: Path, passes: tuple[str, ...], settings,
+                      rerun: tuple[str, ...] | None = None) -> api.OptimizeResult:
+    """fuse with `passes`; the output must match the original at each of `settings` (dims) and a
+    second run of `rerun` (default: the same passes) on it must fuse nothing."""
+    result = optimize_model(model, tmp_path, passes=passes)
+    for dims in settings:
+        assert_equivalent(model, result.model, dims=dims)
+    assert not optimize_model(result.model, tmp_path, name="again", passes=rerun or passes).report.fusions
+    return result
+
+
 @pytest.fixture(autouse=True)
 def _quiet_onnxruntime():
     os.environ.setdefault("ORT_LOGGING_LEVEL", "3")

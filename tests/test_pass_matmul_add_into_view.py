@@ -7,7 +7,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from tests.conftest import assert_equivalent, optimize_model
+from tests.conftest import assert_equivalent, fused_and_settled, optimize_model
 from tests.graphs import GraphBuilder, op_counts, signature
 
 PASS = ("matmul-add-into-view",)
@@ -59,11 +59,7 @@ def projections(*, count=3, shape="dims", opset=17, other_reader=False, viewed_i
 
 
 def fused(tmp_path, model, passes=PASS):
-    result = optimize_model(model, tmp_path, passes=passes)
-    for dims in DIMS:
-        assert_equivalent(model, result.model, dims=dims)
-    assert not optimize_model(result.model, tmp_path, name="again", passes=PASS).report.fusions
-    return result
+    return fused_and_settled(model, tmp_path, passes, DIMS, rerun=PASS)
 
 
 def test_projections_share_the_rows(tmp_path):

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from tests.conftest import assert_equivalent, optimize_model
+from tests.conftest import assert_equivalent, fused_and_settled, optimize_model
 from tests.graphs import GraphBuilder, op_counts, signature
 
 PASS = ("reshape-around-elementwise",)
@@ -42,11 +42,7 @@ def gpt2_mlp(*, back=(-1, 4 * HIDDEN), constant=None, reader=False, residual=Fal
 
 
 def fused(tmp_path, model):
-    result = optimize_model(model, tmp_path, passes=PASS)
-    for dims in DIMS:
-        assert_equivalent(model, result.model, dims=dims)
-    assert not optimize_model(result.model, tmp_path, name="again", passes=PASS).report.fusions
-    return result
+    return fused_and_settled(model, tmp_path, PASS, DIMS)
 
 
 def test_both_views_go(tmp_path):
