@@ -85,8 +85,7 @@ class UnholdBuffers(ModelPass):
             del model.graph.value_info[:]
             after = _peaks(model, estimates)
             if _better(current, after):
-                records.append(FusionRecord(self.name, DROPPED_LABEL, (), (), (),
-                                            peak_delta=after["onnxruntime"][0] - current["onnxruntime"][0]))
+                records.append(self._record(DROPPED_LABEL, current, after))
                 current = after
             else:
                 model.graph.value_info.extend(declared)
@@ -109,8 +108,7 @@ class UnholdBuffers(ModelPass):
                 except ValueError:
                     after = None
                 if after is not None and _better(current, after):
-                    records.append(FusionRecord(self.name, self.label, (), (), (),
-                                                peak_delta=after["onnxruntime"][0] - current["onnxruntime"][0]))
+                    records.append(self._record(self.label, current, after))
                     current = after
                     break
                 for d in reversed(declared):
@@ -119,6 +117,10 @@ class UnholdBuffers(ModelPass):
                     break
         return tuple(records)
 
+
+    def _record(self, label: str, before: dict[str, tuple[int, ...]], after: dict[str, tuple[int, ...]]) -> FusionRecord:
+        """A kept change, with its part of the peak change at the bound dims in onnxruntime's order."""
+        return FusionRecord(self.name, label, (), (), (), peak_delta=after["onnxruntime"][0] - before["onnxruntime"][0])
 
 @dataclass(frozen=True)
 class _Declared:
