@@ -127,10 +127,11 @@ def conv_weights(model) -> list[str]:
 def test_equal_folded_weights_become_one_so_cse_merges_the_branches(tmp_path):
     b = GraphBuilder()
     model = b.build(twin_branches(b), output_names=["y"])
-    folded = optimize_model(model, tmp_path, name="folded", passes=("fold-constants",)).model
+    folded = optimize_model(model, tmp_path, name="folded", passes=("fold-constants", "merge-equal-weights")).model
     first, second = conv_weights(folded)
     assert first == second and len(folded.graph.initializer) == 1  # one weight (the Convs have no bias)
-    result = optimize_model(model, tmp_path, passes=("fold-constants", "eliminate-common-subexpressions"))
+    result = optimize_model(model, tmp_path, passes=("fold-constants", "merge-equal-weights",
+                                                     "eliminate-common-subexpressions"))
     assert op_counts(result.model) == {"Conv": 1, "Relu": 1, "Concat": 1}
     assert_equivalent(model, result.model, rtol=0.0, atol=0.0)
 
@@ -138,7 +139,8 @@ def test_equal_folded_weights_become_one_so_cse_merges_the_branches(tmp_path):
 def test_different_folded_weights_stay_apart(tmp_path):
     b = GraphBuilder()
     model = b.build(twin_branches(b, fills=(0.02, 0.03)), output_names=["y"])
-    result = optimize_model(model, tmp_path, passes=("fold-constants", "eliminate-common-subexpressions"))
+    result = optimize_model(model, tmp_path, passes=("fold-constants", "merge-equal-weights",
+                                                     "eliminate-common-subexpressions"))
     first, second = conv_weights(result.model)
     assert first != second
     assert op_counts(result.model) == {"Conv": 2, "Relu": 2, "Concat": 1}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import math
 
 import numpy as np
@@ -15,7 +14,6 @@ from fuse_cli.errors import FuseError
 from fuse_cli.graph.edit import GraphEditor
 from fuse_cli.pipeline.base import Decline, GraphPass
 from fuse_cli.pipeline.registry import register
-from fuse_cli.toolkit.constness import VALUE_KEY_BYTES
 
 # Their value differs from run to run, so computing it once would change the model's meaning
 # (graphsurgeon folds any node whose inputs are all constant, including input-less RandomUniform).
@@ -38,11 +36,10 @@ class FoldConstants(GraphPass):
     drop nodes whose outputs nobody reads. Weights built at run time by ConstantOfShape, Constant
     or shape arithmetic become initializers, which the fusions after this pass need.
 
-    Folded values that come out equal (dtype, shape and bytes) become one tensor: two branches
-    built from identical ConstantOfShape or Constant weights then read the same weight, so
-    eliminate-common-subexpressions merges them (it compares weights over 4 KiB by identity only).
-    Without this, fuse's output hid from onnxruntime's own common-subexpression elimination the
-    duplicates it merges in the original, before it folds those builders itself.
+    Folded values that come out equal (two branches built from identical ConstantOfShape or
+    Constant weights) are made one weight by merge-equal-weights, so that
+    eliminate-common-subexpressions merges the branches: onnxruntime's own common-subexpression
+    elimination merges them in the original, before it folds those builders itself.
 
     Tensors larger than the fold limit (--fold-limit, default 64 MB) stay computed at run time,
     so a ConstantOfShape with a huge shape cannot blow up the file or our memory; nor is a node
@@ -89,9 +86,6 @@ class FoldConstants(GraphPass):
         if all(node_id in remaining for node_id in outputs_before):
             return []  # the scan of every tensor below is for removed nodes only
         now_weights = {name for name, t in graph.tensors().items() if isinstance(t, gs.Constant)}
-        produced = {t for node_id, (_, _, outputs) in outputs_before.items() if node_id not in remaining
-                    for t in outputs}
-        _share_equal_folds(graph, now_weights & produced)
         changes = []
         for node_id, (name, op, outputs) in outputs_before.items():
             if node_id in remaining:
@@ -101,24 +95,6 @@ class FoldConstants(GraphPass):
             removed = [t for t in outputs if t and t not in now_weights]
             changes.append(([name], [], removed))
         return changes
-
-
-def _share_equal_folds(graph: gs.Graph, folded: set[str]) -> None:
-    """Readers of a folded constant equal to an earlier one read that one instead. Only values
-    this pass computed and over VALUE_KEY_BYTES are compared: they are in memory already, no
-    weight is loaded for it, and smaller ones eliminate-common-subexpressions compares by value."""
-    first: dict[tuple, gs.Constant] = {}
-    for node in graph.nodes:
-        for index, tensor in enumerate(node.inputs):
-            if not isinstance(tensor, gs.Constant) or tensor.name not in folded:
-                continue
-            values = np.asarray(tensor.values)
-            if values.dtype == object or values.nbytes <= VALUE_KEY_BYTES:
-                continue  # strings have no fixed-width bytes; small values CSE compares itself
-            raw = np.ascontiguousarray(values).tobytes()
-            kept = first.setdefault((values.dtype.str, values.shape, hashlib.sha256(raw).digest()), tensor)
-            if kept is not tensor and np.ascontiguousarray(kept.values).tobytes() == raw:
-                node.inputs[index] = kept
 
 
 def _has_dead_end(graph: gs.Graph) -> bool:

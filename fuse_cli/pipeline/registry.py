@@ -26,6 +26,7 @@ PORTABLE_PIPELINE: tuple[str, ...] = (
     "fold-scale-chains",
     "eliminate-empty-concat-inputs",  # before eliminate-noop-layout, which removes the one-input Concat left
     "eliminate-noop-layout",
+    "merge-equal-weights",  # before eliminate-common-subexpressions: nodes reading equal copies then merge
     "eliminate-common-subexpressions",  # exporters compute Shape(x)[i] once per use
     # 2. layout and type plumbing that exporters leave behind
     "fuse-transposes",
@@ -46,6 +47,8 @@ PORTABLE_PIPELINE: tuple[str, ...] = (
     "concat-conv-bn",
     "conv-mul",
     "conv-add",
+    "bn-mul",  # after conv-bn: a BatchNormalization its Conv could take is gone by now
+    "bn-add",
     "matmul-bn",
     # 4. decomposed normalizations and activations -> single standard operators
     "layer-norm",

@@ -8,7 +8,7 @@ from fuse_cli.match import constant_value
 
 # eliminate-common-subexpressions compares constants up to this size by value (exporters write the
 # same axes or index tensor once per use); larger ones only by identity, so no weight is read to be
-# compared. fold-constants makes its equal folded values over this size one tensor, for that reason.
+# compared; merge-equal-weights makes equal weights one tensor, by sample first, for that reason.
 VALUE_KEY_BYTES = 4096
 
 
