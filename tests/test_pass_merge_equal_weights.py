@@ -124,3 +124,27 @@ def test_weights_read_inside_a_subgraph_stay(tmp_path):
     result = optimize_model(model, tmp_path, passes=PASSES)
     assert not result.report.fusions
     assert initializer_names(result.model) == {"outer", "inner"}
+
+
+@pytest.mark.parametrize("external", [True, False], ids=["external-data", "embedded"])
+def test_big_weights_held_in_files_are_compared_from_them(tmp_path, external):
+    """Weights of 64 KiB and more stay in their file (graph/weights.py): read from it, not mapped."""
+    from fuse_cli import api
+    from fuse_cli.config import FuseConfig
+
+    weight = GraphBuilder().rand(128, 256)  # 128 KiB
+    other = weight.copy()
+    other[64, 3] += 1.0  # differs past the first sample, inside none of the three
+    b = GraphBuilder()
+    x = b.input("x", ["batch", 128])
+    out = b.op("Add", b.op("MatMul", x, b.const(weight, name="a")), b.op("MatMul", x, b.const(weight.copy(), name="b")))
+    out = b.op("Add", out, b.op("MatMul", x, b.const(other, name="c")))
+    model = b.build(out, output_names=["out"])
+    path = tmp_path / "big.onnx"
+    # a copy: onnx.save turns the weights of the model it writes into references
+    onnx.save(onnx.ModelProto.FromString(model.SerializeToString()), path, save_as_external_data=external,
+              all_tensors_to_one_file=True, location="big.data")
+    result = api.optimize(path, FuseConfig(passes=PASSES, verify=False), tmp_path / "big.out.onnx")
+    assert initializer_names(result.model) == {"a", "c"}
+    for dims in ({"batch": 2}, {"batch": 5}):
+        assert_equivalent(model, result.model, dims=dims)
