@@ -84,3 +84,19 @@ def test_division_by_zero_is_kept(tmp_path):
                     output_names=["y"])
     result = optimize_model(model, tmp_path, passes=PASSES)
     assert_declined(model, result, "bn-mul", "divides by a constant that holds 0")
+
+
+@pytest.mark.parametrize("op_type, value, dtype", [("Mul", 2000.0, np.float16), ("Div", 5e-4, np.float16),
+                                                   ("Mul", np.inf, np.float32)], ids=["fp16-mul", "fp16-div", "inf"])
+def test_a_fold_out_of_range_is_declined(tmp_path, op_type, value, dtype):
+    """gamma 100 over sqrt(var 1e4) keeps BN(x) near x, so BN(x) * 2000 is in float16's range, but
+    gamma * 2000 is not; c = inf must give +-inf, not the NaN of inf * 0 after a fold."""
+    b = GraphBuilder()
+    elem = TensorProto.FLOAT16 if dtype == np.float16 else TensorProto.FLOAT
+    x = b.input("x", ["batch", 2, 3], elem)
+    params = [np.array(v, dtype) for v in ([100.0, 1.0], [0.5, 0.0], [0.0, 0.0], [1e4, 1.0])]
+    y = b.op("BatchNormalization", x, *(b.const(p) for p in params), name="bn")
+    model = b.build(b.op(op_type, y, b.const(np.array([value, 2.0], dtype).reshape(2, 1)), name="op0"),
+                    output_names=["y"])
+    result = optimize_model(model, tmp_path, passes=PASSES)
+    assert_declined(model, result, "bn-mul", "is not finite")

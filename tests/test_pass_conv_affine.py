@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, numpy_helper
 
 from tests.conftest import assert_equivalent, optimize_model
-from tests.graphs import GraphBuilder, op_counts
+from tests.graphs import GraphBuilder, assert_declined, op_counts
 
 CONVS = {  # op, x shape, weight shape, attributes; all give 6 output channels
     "1d": ("Conv", ["batch", 4, 10], (6, 4, 3), {}),
@@ -148,3 +148,17 @@ def test_near_miss(tmp_path, case):
         [(n.op_type, list(n.input)) for n in model.graph.node]
     (miss,) = [m.reason for m in result.report.near_misses if m.pass_name == pass_name]
     assert reason in miss
+
+
+@pytest.mark.parametrize("value, dtype", [(4000.0, np.float16), (np.inf, np.float32)], ids=["fp16-range", "inf"])
+def test_a_fold_out_of_range_is_declined(tmp_path, value, dtype):
+    """A float16 weight of 20 times 4000 leaves float16's range (Conv(x) * 4000 need not: x is
+    small); c = inf would make NaN of the zero weight, where Conv(x) * inf is +-inf."""
+    b = GraphBuilder()
+    elem = TensorProto.FLOAT16 if dtype == np.float16 else TensorProto.FLOAT
+    x = b.input("x", ["batch", 1, 4], elem)
+    weight = np.array([20.0, 0.0, 1.0], dtype).reshape(1, 1, 3)
+    y = b.op("Conv", x, b.const(weight, name="w"), name="conv")
+    model = b.build(b.op("Mul", y, b.const(np.array(value, dtype), name="k"), name="op"), output_names=["y"])
+    result = optimize_model(model, tmp_path, passes=("conv-mul",))
+    assert_declined(model, result, "conv-mul", "is not finite")

@@ -49,21 +49,31 @@ class _FoldIntoBatchNorm(PatternPass):
         if channel_vector(c, shape.rank, channels) is None:
             return Decline(f"{op.name}'s constant of shape {list(c.shape)} does not broadcast over the channel axis "
                            f"alone of {bn.name}'s rank-{shape.rank} output ({channels} channels)")
+        # The fold multiplies gamma, not the normalized value: in range per element, gamma * c may
+        # not be (float16 gamma 100 times 2000), and c = inf would make NaN of inf * 0.
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            folded = [v.astype(dtype) for v in self._folded(m, g) if v is not None]
+        if not np.all(np.isfinite(c)) or not all(np.all(np.isfinite(v)) for v in folded):
+            return Decline(f"{bn.name}'s scale or bias folded with {op.name}'s constant is not finite in {dtype}")
         return None
 
-    def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
-        bn, op = m.node("bn"), m.node("op")
+    def _folded(self, m: Match, g: GraphEditor) -> tuple[np.ndarray | None, np.ndarray]:
         scale = constant_value(m.tensor("scale"))
         beta = constant_value(m.tensor("beta")).astype(np.float64)
         c = channel_vector(constant_value(m.tensor("c")), g.shape(m.tensor("x")).rank, scale.size)
-        new_scale, new_beta = self.fold(scale.astype(np.float64), beta, c, op.op)
+        return self.fold(scale.astype(np.float64), beta, c, m.node("op").op)
+
+    def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
+        bn = m.node("bn")
+        scale = constant_value(m.tensor("scale"))
+        new_scale, new_beta = self._folded(m, g)
         inputs = [m.tensor("x"),
                   m.tensor("scale") if new_scale is None else g.constant(f"{bn.name}_scale_{self.tag}",
                                                                          new_scale.astype(scale.dtype)),
                   g.constant(f"{bn.name}_bias_{self.tag}", new_beta.astype(scale.dtype)),
                   m.tensor("mean"), m.tensor("variance")]
         return Replacement(nodes=[gs.Node(op="BatchNormalization", name=bn.name, domain=bn.domain,
-                                          attrs=dict(bn.attrs), inputs=inputs, outputs=[op.outputs[0]])])
+                                          attrs=dict(bn.attrs), inputs=inputs, outputs=[m.node("op").outputs[0]])])
 
 
 @register

@@ -45,16 +45,28 @@ class _FoldChannelConstant(PatternPass):
         if channel_vector(c, w.ndim, channels) is None:
             return (Decline(f"{op.name}'s constant of shape {list(c.shape)} does not broadcast over the channel axis "
                     f"alone of {conv.name}'s rank-{w.ndim} output ({channels} channels)"))
-        return conv_bias_reason(m, conv, channels)
+        reason = conv_bias_reason(m, conv, channels)
+        if reason:
+            return reason
+        # c = inf makes NaN of a zero weight (inf * 0), and W * c may leave a float16 weight's range
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            folded = [v.astype(w.dtype) for v in self._folded(m) if v is not None]
+        if not np.all(np.isfinite(c)) or not all(np.all(np.isfinite(v)) for v in folded):
+            return Decline(f"{conv.name}'s weight or bias folded with {op.name}'s constant is not finite in {w.dtype}")
+        return None
+
+    def _folded(self, m: Match) -> tuple[np.ndarray | None, np.ndarray | None]:
+        conv, op = m.node("conv"), m.node("op")
+        w = constant_value(m.tensor("weight"))
+        c = channel_vector(constant_value(m.tensor("c")), w.ndim, output_channels(conv, w))
+        c = 1.0 / c if op.op == "Div" else c
+        b = constant_value(m.tensor("bias")).astype(np.float64) if m.tensor("bias") is not None else None
+        return self.fold(conv, w.astype(np.float64), b, c)
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
         conv, op = m.node("conv"), m.node("op")
         w = constant_value(m.tensor("weight"))
-        channels = output_channels(conv, w)
-        c = channel_vector(constant_value(m.tensor("c")), w.ndim, channels)
-        c = 1.0 / c if op.op == "Div" else c
-        b = constant_value(m.tensor("bias")).astype(np.float64) if m.tensor("bias") is not None else None
-        new_w, new_b = self.fold(conv, w.astype(np.float64), b, c)
+        new_w, new_b = self._folded(m)
         weight = (m.tensor("weight") if new_w is None
                   else g.constant(f"{conv.name}_weight_{self.tag}", new_w.astype(w.dtype)))
         inputs = [m.tensor("x"), weight]

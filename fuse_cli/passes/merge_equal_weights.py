@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx_graphsurgeon as gs
-from onnx_graphsurgeon.ir.tensor import LazyValues
+from onnx_graphsurgeon.ir.tensor import LazyValues, SparseValues
 
 from fuse_cli.graph.edit import GraphEditor
 from fuse_cli.graph.weights import MappedValues, reference
@@ -42,7 +42,9 @@ class MergeEqualWeights(GraphPass):
     and weights held in files are read from them, not mapped (WeightBytes).
 
     Left alone: graph inputs with defaults (callers may feed them; --freeze-inputs makes them
-    constants), constants that are graph outputs, and constants read inside If/Loop/Scan bodies.
+    constants), constants that are graph outputs, constants read inside If/Loop/Scan bodies, and
+    sparse initializers. The report counts each merge, with no node or activation removed; the
+    weight bytes saved show in its weights line.
     """
 
     name = "merge-equal-weights"
@@ -57,7 +59,7 @@ class MergeEqualWeights(GraphPass):
                 for copy in copies:
                     for node, index in readers[id(copy)][1]:
                         node.inputs[index] = kept
-                    changes.append(([copy.name], [], []))
+                    changes.append(([], [], []))  # no node replaced, no activation removed: weight bytes only
         return changes
 
 
@@ -117,46 +119,51 @@ def _equal_values(group: list[gs.Constant]) -> list[tuple[gs.Constant, list[gs.C
 class WeightBytes:
     """A weight's bytes, read in pieces. A weight held by reference (graph/weights.py) is read
     from its file, never mapped: a mapping's pages stay resident while graphsurgeon holds it, and
-    one page touched mapped megabytes (BERT-base: 72 samples of mapped weights held 200 MB)."""
+    one page touched mapped megabytes (BERT-base: 72 samples of mapped weights held 200 MB). A
+    weight not loaded yet is loaded for each comparison and not kept, so a group of them is never
+    held at once."""
 
-    def __init__(self, tensor: gs.Constant, where: tuple[Path, int, int] | None, array: np.ndarray | None):
+    def __init__(self, tensor: gs.Constant, where: tuple[Path, int, int] | None, size: int):
         self.tensor = tensor
         self._where = where
-        self._array = array
-        self.size = where[2] if where is not None else array.size
+        self.size = size
 
     @classmethod
     def of(cls, tensor: gs.Constant) -> WeightBytes | None:
-        """None for strings, which have no fixed-width bytes."""
+        """None for what has no fixed-width bytes to compare: strings, and sparse initializers
+        (graphsurgeon's SparseValues reads a raw_data payload as zeros)."""
         values = tensor._values
+        if isinstance(values, SparseValues):
+            return None
         lazy = values if isinstance(values, MappedValues) else getattr(values, "fuse_lazy_source", None)
         if lazy is not None:
-            return cls(tensor, reference(lazy.tensor), None)
-        array = np.asarray(values.load() if isinstance(values, LazyValues) else values)
-        if array.dtype == object:
-            return None
-        # little-endian, as a weight's file holds it
-        array = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
-        return cls(tensor, None, array.reshape(-1).view(np.uint8))
+            where = reference(lazy.tensor)
+            return cls(tensor, where, where[2])
+        data = _flat_bytes(values)
+        return None if data is None else cls(tensor, None, data.size)
 
-    def read(self, start: int, length: int) -> bytes:
-        if self._array is not None:
-            return self._array[start:start + length].tobytes()
+    def _data(self) -> np.ndarray:
+        return _flat_bytes(self.tensor._values)
+
+    def _read(self, start: int, length: int) -> bytes:
         file, offset, _ = self._where
         with open(file, "rb") as f:
             f.seek(offset + start)
             return f.read(min(length, self.size - start))
 
     def chunks(self) -> Iterator[bytes]:
+        data = None if self._where is not None else self._data()
         for start in range(0, self.size, CHUNK_BYTES):
-            yield self.read(start, CHUNK_BYTES)
+            yield self._read(start, CHUNK_BYTES) if data is None else data[start:start + CHUNK_BYTES].tobytes()
 
     def sample(self) -> bytes:
         if self.size <= 3 * SAMPLE_BYTES:
-            return self.read(0, self.size)
-        middle = self.size // 2
-        return b"".join((self.read(0, SAMPLE_BYTES), self.read(middle, SAMPLE_BYTES),
-                         self.read(self.size - SAMPLE_BYTES, SAMPLE_BYTES)))
+            return b"".join(self.chunks())
+        middle, end = self.size // 2, self.size - SAMPLE_BYTES
+        if self._where is not None:
+            return b"".join(self._read(start, SAMPLE_BYTES) for start in (0, middle, end))
+        data = self._data()
+        return b"".join(data[start:start + SAMPLE_BYTES].tobytes() for start in (0, middle, end))
 
     def digest(self) -> bytes:
         digest = hashlib.sha256()
@@ -166,3 +173,12 @@ class WeightBytes:
 
     def equals(self, other: WeightBytes) -> bool:
         return self.size == other.size and all(a == b for a, b in zip(self.chunks(), other.chunks()))
+
+
+def _flat_bytes(values) -> np.ndarray | None:
+    """An in-memory or not yet loaded weight's bytes, little-endian as a file holds them (loaded
+    afresh, not kept, when not loaded yet); None for strings."""
+    array = np.asarray(values.load() if isinstance(values, LazyValues) else values)
+    if array.dtype == object:
+        return None
+    return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).reshape(-1).view(np.uint8)
