@@ -337,3 +337,23 @@ def test_inline_weights_over_the_protobuf_limit_are_refused_not_written(tmp_path
     assert list(tmp_path.iterdir()) == []
     written = save_model(model, tmp_path / "m.onnx")  # left to fuse: external data
     assert [p.name for p in written] == ["m.onnx", "m.onnx.data"]
+
+
+@pytest.mark.parametrize("coordinates", [False, True], ids=["linear-indices", "coordinate-indices"])
+def test_sparse_initializers_become_dense_with_their_values(tmp_path, coordinates):
+    """graphsurgeon exported a sparse initializer as a float64 tensor of zeros: onnxruntime
+    refused the output (Add of float and double). Loaded dense, values and dtype survive."""
+    values = numpy_helper.from_array(np.array([1.5, -2.0], np.float32), "w")
+    indices = np.array([[0, 1], [1, 2]] if coordinates else [1, 5], np.int64)
+    sparse = helper.make_sparse_tensor(values, numpy_helper.from_array(indices, "w_i"), [2, 3])
+    graph = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2, 3])],
+                              sparse_initializer=[sparse])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.save(model, tmp_path / "m.onnx")
+    result = api.optimize(tmp_path / "m.onnx", FuseConfig(), tmp_path / "m.fused.onnx")
+    assert result.report.verification.status == "match"
+    (weight,) = onnx.load(tmp_path / "m.fused.onnx").graph.initializer
+    dense = numpy_helper.to_array(weight)
+    assert dense.dtype == np.float32 and dense[0, 1] == 1.5 and dense[1, 2] == -2.0 and np.count_nonzero(dense) == 2

@@ -23,6 +23,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 from google.protobuf.message import DecodeError
@@ -89,6 +90,7 @@ def load_model(path: str | os.PathLike, *, freeze_inputs: bool = False) -> Loade
         raise ModelLoadError(f"{path}: cannot read external data ({_first_line(exc)})") from exc
     _anchor_references(model, path.parent)
     _check_graph_wiring(model.graph, path)
+    _densify_sparse_initializers(model)
     try:
         execution_order(model.graph)
     except ValueError as exc:
@@ -98,6 +100,22 @@ def load_model(path: str | os.PathLike, *, freeze_inputs: bool = False) -> Loade
     loaded = LoadedModel(path=path, model=model, file_bytes=size, external_files=external_files)
     _separate_initializer_inputs(loaded, freeze_inputs)
     return loaded
+
+
+def _densify_sparse_initializers(model: onnx.ModelProto) -> None:
+    """Sparse initializers of the main graph become dense ones of the same name and dtype.
+    graphsurgeon reads a sparse initializer's raw_data values as zeros and exports it as a dense
+    float64 tensor (onnxruntime then refuses Add(float, double)); dense, every pass can read it."""
+    graph = model.graph
+    for sparse in graph.sparse_initializer:
+        values = onnx.numpy_helper.to_array(sparse.values)
+        indices = onnx.numpy_helper.to_array(sparse.indices).astype(np.int64)
+        dims = tuple(sparse.dims)
+        flat = indices if indices.ndim == 1 else np.ravel_multi_index(tuple(indices.T), dims)
+        dense = np.zeros(math.prod(dims), values.dtype)
+        dense[flat] = values.reshape(-1)
+        graph.initializer.append(onnx.numpy_helper.from_array(dense.reshape(dims), sparse.values.name))
+    del graph.sparse_initializer[:]
 
 
 def load_graph(loaded: LoadedModel) -> gs.Graph:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx_graphsurgeon as gs
-from onnx_graphsurgeon.ir.tensor import LazyValues, SparseValues
+from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from fuse_cli.graph.edit import GraphEditor
 from fuse_cli.graph.weights import MappedValues, reference
@@ -42,8 +42,7 @@ class MergeEqualWeights(GraphPass):
     and weights held in files are read from them, not mapped (WeightBytes).
 
     Left alone: graph inputs with defaults (callers may feed them; --freeze-inputs makes them
-    constants), constants that are graph outputs, constants read inside If/Loop/Scan bodies, and
-    sparse initializers. The report counts each merge, with no node or activation removed; the
+    constants), constants that are graph outputs, and constants read inside If/Loop/Scan bodies. The report counts each merge, with no node or activation removed; the
     weight bytes saved show in its weights line.
     """
 
@@ -130,11 +129,9 @@ class WeightBytes:
 
     @classmethod
     def of(cls, tensor: gs.Constant) -> WeightBytes | None:
-        """None for what has no fixed-width bytes to compare: strings, and sparse initializers
-        (graphsurgeon's SparseValues reads a raw_data payload as zeros)."""
+        """None for strings, which have no fixed-width bytes. (Sparse initializers are dense by
+        now: graph/io.py.)"""
         values = tensor._values
-        if isinstance(values, SparseValues):
-            return None
         lazy = values if isinstance(values, MappedValues) else getattr(values, "fuse_lazy_source", None)
         if lazy is not None:
             where = reference(lazy.tensor)
