@@ -11,7 +11,8 @@ from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Const, Match, Op, Var, constant_value
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
-from fuse_cli.toolkit.conv_weights import FOLDABLE_DTYPES, batchnorm_reason, bn_params_reason, channel_vector
+from fuse_cli.toolkit.conv_weights import (FOLDABLE_DTYPES, batchnorm_reason, bn_params_reason, channel_vector,
+                                           finite_fold)
 
 ANY_VALUE = lambda value: True  # noqa: E731  (a computed operand is a residual, not this pattern)
 
@@ -49,11 +50,7 @@ class _FoldIntoBatchNorm(PatternPass):
         if channel_vector(c, shape.rank, channels) is None:
             return Decline(f"{op.name}'s constant of shape {list(c.shape)} does not broadcast over the channel axis "
                            f"alone of {bn.name}'s rank-{shape.rank} output ({channels} channels)")
-        # The fold multiplies gamma, not the normalized value: in range per element, gamma * c may
-        # not be (float16 gamma 100 times 2000), and c = inf would make NaN of inf * 0.
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            folded = [v.astype(dtype) for v in self._folded(m, g) if v is not None]
-        if not np.all(np.isfinite(c)) or not all(np.all(np.isfinite(v)) for v in folded):
+        if not finite_fold(c, lambda: self._folded(m, g), dtype):  # float16 gamma 100 times 2000; c = inf
             return Decline(f"{bn.name}'s scale or bias folded with {op.name}'s constant is not finite in {dtype}")
         return None
 

@@ -9,8 +9,8 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Const, Match, Op, Var, constant_value
-from fuse_cli.toolkit.conv_weights import (FOLDABLE_DTYPES, channel_vector, conv_bias_reason, output_channels,
-                                           refolded_conv, scale_output_channels)
+from fuse_cli.toolkit.conv_weights import (FOLDABLE_DTYPES, channel_vector, conv_bias_reason, finite_fold,
+                                           output_channels, refolded_conv, scale_output_channels)
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
 
@@ -48,10 +48,7 @@ class _FoldChannelConstant(PatternPass):
         reason = conv_bias_reason(m, conv, channels)
         if reason:
             return reason
-        # c = inf makes NaN of a zero weight (inf * 0), and W * c may leave a float16 weight's range
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            folded = [v.astype(w.dtype) for v in self._folded(m) if v is not None]
-        if not np.all(np.isfinite(c)) or not all(np.all(np.isfinite(v)) for v in folded):
+        if not finite_fold(c, lambda: self._folded(m), w.dtype):
             return Decline(f"{conv.name}'s weight or bias folded with {op.name}'s constant is not finite in {w.dtype}")
         return None
 

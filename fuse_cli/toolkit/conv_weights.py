@@ -47,7 +47,8 @@ def conv_bias_reason(m: Match, conv: gs.Node, channels: int) -> Decline | None:
 
 
 __all__ = ["FOLDABLE_DTYPES", "BN_PARAMS", "output_channels", "scale_output_channels", "refolded_conv",
-           "conv_bias_reason", "batchnorm_reason", "batchnorm_affine", "channel_vector", "fold_input_affine"]
+           "conv_bias_reason", "batchnorm_reason", "batchnorm_affine", "channel_vector", "finite_fold",
+           "fold_input_affine"]
 
 
 def batchnorm_reason(bn: gs.Node, g: GraphEditor) -> Decline | None:
@@ -77,6 +78,17 @@ def batchnorm_affine(m: Match, bn: gs.Node) -> tuple[np.ndarray, np.ndarray]:
     gamma, beta, mean, var = (constant_value(m.tensor(k)).astype(np.float64) for k in BN_PARAMS)
     s = gamma / np.sqrt(var + float(bn.attrs.get("epsilon", 1e-5)))
     return s, beta - mean * s
+
+
+def finite_fold(c: np.ndarray, fold, dtype: np.dtype) -> bool:
+    """Are the constant and the values `fold()` returns (float64; None entries skipped) finite in
+    `dtype`?
+    A fold multiplies a weight, not the activation: in range per element, gamma * c or W * c may
+    not be (float16), and c = inf makes NaN of a zero weight (inf * 0) where the unfused graph
+    gives +-inf."""
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        return bool(np.all(np.isfinite(c))) and all(bool(np.all(np.isfinite(v.astype(dtype))))
+                                                     for v in fold() if v is not None)
 
 
 def channel_vector(value: np.ndarray, rank: int, channels: int) -> np.ndarray | None:
