@@ -42,8 +42,9 @@ class MergeEqualWeights(GraphPass):
     and weights held in files are read from them, not mapped (WeightBytes).
 
     Left alone: graph inputs with defaults (callers may feed them; --freeze-inputs makes them
-    constants), constants that are graph outputs, and constants read inside If/Loop/Scan bodies. The report counts each merge, with no node or activation removed; the
-    weight bytes saved show in its weights line.
+    constants), constants that are graph outputs, and constants read inside If/Loop/Scan bodies.
+    The report counts each merge, with no node or activation removed; the weight bytes saved
+    show in its weights line.
     """
 
     name = "merge-equal-weights"
