@@ -48,6 +48,12 @@ class Const:
     name: str | None = None
 
 
+def any_value(value: np.ndarray) -> bool:
+    """Const(any_value): the slot must hold a constant, of any value (a computed operand there
+    is another pattern: a residual Add, not a bias)."""
+    return True
+
+
 @dataclass(frozen=True)
 class Op:
     """A tensor produced (as output `output`) by a node of `op_type` whose inputs match `inputs`."""

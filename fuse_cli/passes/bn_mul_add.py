@@ -8,13 +8,12 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
-from fuse_cli.match import Const, Match, Op, Var, constant_value
+from fuse_cli.match import Const, Match, Op, Var, any_value, constant_value
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
 from fuse_cli.toolkit.conv_weights import (FOLDABLE_DTYPES, batchnorm_reason, bn_params_reason, channel_vector,
                                            finite_fold)
 
-ANY_VALUE = lambda value: True  # noqa: E731  (a computed operand is a residual, not this pattern)
 
 BN = Op("BatchNormalization", Var("x"), Var("scale", const=True), Var("beta", const=True), Var("mean", const=True),
         Var("variance", const=True), name="bn")
@@ -91,7 +90,7 @@ class FoldMulIntoBatchNorm(_FoldIntoBatchNorm):
     description = "Fold a per-channel constant Mul or Div after BatchNormalization into its scale and bias"
     label = "BatchNormalization + Mul/Div (per-channel constant)"
     tag = "mulfolded"
-    pattern = Op(("Mul", "Div"), BN, Const(ANY_VALUE, name="c"), name="op")
+    pattern = Op(("Mul", "Div"), BN, Const(any_value, name="c"), name="op")
 
     def fold(self, scale, beta, c, op):
         c = 1.0 / c if op == "Div" else c
@@ -110,7 +109,7 @@ class FoldAddIntoBatchNorm(_FoldIntoBatchNorm):
     description = "Fold a per-channel constant Add after BatchNormalization into its bias"
     label = "BatchNormalization + Add (per-channel constant)"
     tag = "addfolded"
-    pattern = Op("Add", BN, Const(ANY_VALUE, name="c"), name="op")
+    pattern = Op("Add", BN, Const(any_value, name="c"), name="op")
 
     def fold(self, scale, beta, c, op):
         return None, beta + c

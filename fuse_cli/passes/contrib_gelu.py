@@ -8,13 +8,13 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement, TensorShape
-from fuse_cli.match import Alt, Const, Match, Op, Var, constant_value
+from fuse_cli.match import Alt, Const, Match, Op, Var, any_value, constant_value
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
 from fuse_cli.toolkit.activations import ERF_GATE, TANH_GATE, X, bias_reason, bias_tensor, decomposed_gelu
 
 # x = input + bias: named "x", the Add's output is the very x the rest of the pattern reads
-BIASED_X = Op("Add", Var("input"), Const(lambda value: True, name="bias"), name="x")
+BIASED_X = Op("Add", Var("input"), Const(any_value, name="bias"), name="x")
 
 
 class _Activation(PatternPass):

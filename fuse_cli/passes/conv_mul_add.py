@@ -8,15 +8,11 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
-from fuse_cli.match import Const, Match, Op, Var, constant_value
+from fuse_cli.match import Const, Match, Op, Var, any_value, constant_value
 from fuse_cli.toolkit.conv_weights import (FOLDABLE_DTYPES, channel_vector, conv_bias_reason, finite_fold,
                                            output_channels, refolded_conv, scale_output_channels)
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
-
-# The operand must be a constant to be this pattern: a Conv + Add of a computed tensor is a
-# residual connection, not a near-miss of a bias fold.
-ANY_VALUE = lambda value: True  # noqa: E731
 
 CONV = Op(("Conv", "ConvTranspose"), Var("x"), Var("weight", const=True), Var("bias", const=True, optional=True),
           name="conv")
@@ -90,7 +86,7 @@ class FoldMulIntoConv(_FoldChannelConstant):
     description = "Fold a per-channel constant Mul or Div after Conv/ConvTranspose into its weights and bias"
     label = "Conv + Mul/Div (per-channel constant)"
     tag = "mulfolded"
-    pattern = Op(("Mul", "Div"), CONV, Const(ANY_VALUE, name="c"), name="op")
+    pattern = Op(("Mul", "Div"), CONV, Const(any_value, name="c"), name="op")
 
     def fold(self, conv, w, b, c):
         return scale_output_channels(conv, w, c), None if b is None else b * c
@@ -110,7 +106,7 @@ class FoldAddIntoConvBias(_FoldChannelConstant):
     description = "Fold a per-channel constant Add after Conv/ConvTranspose into its bias"
     label = "Conv + Add (per-channel constant)"
     tag = "addfolded"
-    pattern = Op("Add", CONV, Const(ANY_VALUE, name="c"), name="op")
+    pattern = Op("Add", CONV, Const(any_value, name="c"), name="op")
 
     def fold(self, conv, w, b, c):
         return None, c if b is None else b + c

@@ -9,7 +9,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
-from fuse_cli.match import Alt, Const, Match, Op, Var
+from fuse_cli.match import Alt, Const, Match, Op, Var, any_value
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
 from fuse_cli.toolkit.activations import bias_reason, bias_tensor
@@ -17,7 +17,7 @@ from fuse_cli.toolkit.norms import param_reason, param_tensor
 from fuse_cli.toolkit.shapes import dims_list
 
 # Exporters write Linear + residual as Add(Add(MatMul, bias), residual): the bias rides along.
-SUM = Alt(Op("Add", Op("Add", Var("input"), Const(lambda value: True, name="bias"), name="add_bias"), Var("skip"),
+SUM = Alt(Op("Add", Op("Add", Var("input"), Const(any_value, name="bias"), name="add_bias"), Var("skip"),
              name="add"),
           Op("Add", Var("input"), Var("skip"), name="add"))
 
