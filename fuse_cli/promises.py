@@ -4,10 +4,12 @@ above the original's (the peak guard). rollback.py finds the pass; this module j
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from fuse_cli.audit import PeakEstimate
 from fuse_cli.config import FuseConfig
+from fuse_cli.core.tensors import weight_bytes
 from fuse_cli.fusing import Fused
 from fuse_cli.graph.io import LoadedModel, read_original
 from fuse_cli.pipeline.base import Pass
@@ -15,7 +17,7 @@ from fuse_cli.pipeline.records import NearMiss
 from fuse_cli.report.model import PeakDecline, RolledBack
 from fuse_cli.report.render import human_bytes
 from fuse_cli.rollback import drop_breaking_passes
-from fuse_cli.verify import MISMATCH, VerifyResult, compare_with_reference, reference_for
+from fuse_cli.verify import MISMATCH, VerifyResult, compare_with_reference, reference_plan
 
 
 def keep_promises(source: Path, loaded: LoadedModel, passes: list[Pass], fuse, estimate: PeakEstimate,
@@ -25,32 +27,58 @@ def keep_promises(source: Path, loaded: LoadedModel, passes: list[Pass], fuse, e
     estimated peak is not above the original's (the peak guard, unless --allow-peak-growth).
     Each broken promise drops passes by bisection (rollback.py); a pass dropped for one promise
     changes the candidate the other judged, so the two alternate until neither drops one."""
-    # the original as its file has it (initializers that are inputs included), weights by reference
-    reference = (reference_for(read_original(source), loaded.model, config.dims, int_ranges=config.int_ranges)
-                 if config.verify else None)
+    concurrent = config.verify and weight_bytes(loaded.model) <= CONCURRENT_WEIGHT_LIMIT
+    with ThreadPoolExecutor(1) as worker:
+        pending = _reference(source, loaded, config, worker if concurrent else None)
 
-    def peak_judge(candidate: Fused):
-        growth = () if config.allow_peak_growth else estimate.growth(candidate.model)
-        return not growth, growth
+        def peak_judge(candidate: Fused):
+            growth = () if config.allow_peak_growth else estimate.growth(candidate.model)
+            return not growth, growth
 
-    def verify_judge(candidate: Fused):
-        # From memory: the candidate's big weights are references to files (the input's, or the
-        # lot's for new ones), which onnxruntime maps; nothing is written until one is kept.
-        result = compare_with_reference(reference, candidate.model, config.rtol, config.atol)
-        return result.status != MISMATCH, result
+        def verify_judge(candidate: Fused):
+            # From memory: the candidate's big weights are references to files (the input's, or the
+            # lot's for new ones), which onnxruntime maps; nothing is written until one is kept.
+            result = compare_with_reference(pending.result(), candidate.model, config.rtol, config.atol,
+                                            concurrent=concurrent)
+            return result.status != MISMATCH, result
 
-    active, fused = list(passes), fuse(passes)
-    verification, rolled_back, declined = None, [], []
-    while True:
-        guarded = drop_breaking_passes(active, fused, fuse, peak_judge)
-        declined += [PeakDecline(p.name, getattr(p, "label", p.name), growth) for p, growth in guarded.dropped]
-        if reference is None or (verification is not None and not guarded.dropped):
-            return guarded.candidate, verification, tuple(rolled_back), tuple(declined)
-        checked = drop_breaking_passes(guarded.active, guarded.candidate, fuse, verify_judge)
-        rolled_back += [_rolled_back(p.name, result) for p, result in checked.dropped]
-        active, fused, verification = checked.active, checked.candidate, checked.evidence
-        if not checked.dropped:
-            return fused, verification, tuple(rolled_back), tuple(declined)
+        active, fused = list(passes), fuse(passes)
+        verification, rolled_back, declined = None, [], []
+        while True:
+            guarded = drop_breaking_passes(active, fused, fuse, peak_judge)
+            declined += [PeakDecline(p.name, getattr(p, "label", p.name), growth) for p, growth in guarded.dropped]
+            if pending is None or (verification is not None and not guarded.dropped):
+                return guarded.candidate, verification, tuple(rolled_back), tuple(declined)
+            checked = drop_breaking_passes(guarded.active, guarded.candidate, fuse, verify_judge)
+            rolled_back += [_rolled_back(p.name, result) for p, result in checked.dropped]
+            active, fused, verification = checked.active, checked.candidate, checked.evidence
+            if not checked.dropped:
+                return fused, verification, tuple(rolled_back), tuple(declined)
+
+
+# Verification's runs of the original (an onnxruntime session per shape setting: on a 12k-node
+# graph most of what verification adds) go on beside the pipeline, on a worker thread, where the
+# model's weights are at most this: onnxruntime releases the GIL while it builds and runs a
+# session, so on two cores they cost no time. A candidate's sessions are built at once too. Above
+# it everything goes one at a time, as issue 18's memory budget needs: the original's session
+# gone before the pipeline starts, never two sessions alive at once.
+CONCURRENT_WEIGHT_LIMIT = 64 * 2**20
+
+
+def _reference(source: Path, loaded: LoadedModel, config: FuseConfig,
+               worker: ThreadPoolExecutor | None) -> Future | None:
+    """The original's reference outputs (None without verification): the original as its file
+    has it (initializers that are inputs included), weights by reference; computed on `worker`
+    when given, else now. What the runs need from the loaded graph is read here, before the
+    pipeline rewrites anything."""
+    if not config.verify:
+        return None
+    plan = reference_plan(loaded.model, config.dims, int_ranges=config.int_ranges)
+    if worker is not None:
+        return worker.submit(lambda: plan.run(read_original(source)))
+    done: Future = Future()
+    done.set_result(plan.run(read_original(source)))
+    return done
 
 
 def _rolled_back(pass_name: str, result: VerifyResult) -> RolledBack:

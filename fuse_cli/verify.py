@@ -6,6 +6,7 @@ Results carry statistics per output (max abs/rel difference, cosine similarity),
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -81,9 +82,10 @@ def make_session(model: onnx.ModelProto | str, *, optimize: bool = False, provid
     buffers of a run go back to the system with the session (with the arena on, BERT-base kept
     280 MB resident per verification run after its session was gone), no prepacking, so the
     weights stay the mapped file (packed, BERT-base's MatMul weights were 340 MB more), and the
-    stored order, so a weight's float32 copy for an fp16 MatMul lives only until that MatMul."""
+    stored order, so a weight's float32 copy for an fp16 MatMul lives only until that MatMul.
+    Its threads do not spin: the original's runs go on beside the pipeline (promises.py)."""
     return sessions.make_session(model, level="all" if optimize else "disabled", providers=providers, dims=dims,
-                                 lean_memory=True, prepack=False, stored_order=True)
+                                 lean_memory=True, prepack=False, stored_order=True, spin=False)
 
 
 def compare_outputs(expected: Mapping[str, np.ndarray], actual: Mapping[str, np.ndarray],
@@ -198,27 +200,42 @@ def reference_outputs(original: onnx.ModelProto | str, settings: Sequence[Mappin
 
 
 def compare_with_reference(reference: Reference, optimized: onnx.ModelProto | str, rtol: float | None = None,
-                           atol: float | None = None) -> VerifyResult:
+                           atol: float | None = None, *, concurrent: bool = False) -> VerifyResult:
     """The candidate on the reference's inputs. A candidate that fails to load or run where the
-    original ran is a mismatch, never a shrug: that is a broken rewrite too."""
+    original ran is a mismatch, never a shrug: that is a broken rewrite too. `concurrent`: the
+    settings' sessions are built and run at once, on threads (onnxruntime releases the GIL while
+    it builds and runs a session): the time of one on two cores, the memory of two sessions."""
     if reference.error is not None:
         return VerifyResult((), UNVERIFIABLE, reference.error)
+    settings = [(dims, feeds) for dims, feeds, _ in reference.runs]
+    if concurrent and len(settings) > 1:
+        with ThreadPoolExecutor(len(settings)) as pool:
+            outcomes = iter(list(pool.map(lambda setting: _candidate_run(optimized, *setting), settings)))
+    else:  # one at a time, and none after a failure
+        outcomes = (_candidate_run(optimized, *setting) for setting in settings)
     worst: dict[str, OutputComparison] = {}
-    for dims, feeds, expected in reference.runs:
-        try:
-            session = make_session(optimized, dims=dims)
-            wanted = {i.name for i in session.get_inputs()}
-            actual = run(session, {k: v for k, v in feeds.items() if k in wanted})
-        except FuseError as exc:
+    for (dims, _, expected), (actual, failure) in zip(reference.runs, outcomes):
+        if failure is not None:
             return VerifyResult((), MISMATCH, f"the optimized model fails at {describe_setting(dims)} "
-                                f"where the original runs: {exc}", reference.settings)
-        finally:
-            session = None
-            heap.trim()
+                                f"where the original runs: {failure}", reference.settings)
         for o in compare_outputs(expected, actual, rtol, atol).outputs:
             if o.name not in worst or _badness(o) > _badness(worst[o.name]):
                 worst[o.name] = o
     return _verdict(list(worst.values()), reference.settings)
+
+
+def _candidate_run(optimized: onnx.ModelProto | str, dims: Mapping[str, int], feeds: Mapping[str, np.ndarray]
+                   ) -> tuple[dict[str, np.ndarray] | None, FuseError | None]:
+    """The candidate's outputs at one setting, or why it failed to load or run."""
+    try:
+        session = make_session(optimized, dims=dims)
+        wanted = {i.name for i in session.get_inputs()}
+        return run(session, {k: v for k, v in feeds.items() if k in wanted}), None
+    except FuseError as exc:
+        return None, exc
+    finally:
+        session = None
+        heap.trim()
 
 
 def _badness(o: OutputComparison) -> tuple:
@@ -230,14 +247,32 @@ def reference_for(original: onnx.ModelProto | str, header: onnx.ModelProto, dims
     """The original's outputs at the first candidate of input_domain.shape_settings it accepts,
     integers in the ranges its graph implies (`int_ranges` winning). `header`: the original as
     loaded (only its graph is read); `original` is what onnxruntime loads."""
+    return reference_plan(header, dims, int_ranges=int_ranges).run(original, seed=seed)
+
+
+@dataclass(frozen=True)
+class ReferencePlan:
+    """What the original's reference runs need from its graph, read up front: the candidate
+    settings in order (input_domain.shape_settings) and the integer inputs' ranges. `run` then
+    reads only the model onnxruntime loads, so it can go on while the graph is rewritten."""
+
+    candidates: tuple[tuple[dict[str, int], ...], ...]
+    int_ranges: Mapping[str, tuple[int, int] | None]
+
+    def run(self, original: onnx.ModelProto | str, *, seed: int = 0) -> Reference:
+        first = None
+        for settings in self.candidates:
+            reference = reference_outputs(original, settings, seed=seed, int_ranges=self.int_ranges)
+            if reference.error is None:
+                return reference
+            first = first or reference
+        return first
+
+
+def reference_plan(header: onnx.ModelProto, dims: Mapping[str, int] | None = None, *,
+                   int_ranges: Mapping[str, tuple[int, int]] | None = None) -> ReferencePlan:
     ranges = {**integer_ranges(header), **(int_ranges or {})}
-    first = None
-    for settings in shape_settings(header, dims):
-        reference = reference_outputs(original, settings, seed=seed, int_ranges=ranges)
-        if reference.error is None:
-            return reference
-        first = first or reference
-    return first
+    return ReferencePlan(tuple(tuple(settings) for settings in shape_settings(header, dims)), ranges)
 
 
 def verify_models(original: onnx.ModelProto | str, optimized: onnx.ModelProto | str, *,

@@ -15,7 +15,8 @@ from fuse_cli.graph.edit import Replacement
 from fuse_cli.passes import REGISTRY
 from fuse_cli.passes.conv_bn import FoldBatchNormIntoConv
 from fuse_cli.input_domain import shape_settings
-from fuse_cli.verify import load_inputs, make_session, random_inputs, verify_models
+from fuse_cli.verify import (compare_with_reference, load_inputs, make_session, random_inputs, reference_for,
+                             verify_models)
 from tests.graphs import GraphBuilder, op_counts
 
 
@@ -194,3 +195,41 @@ def test_sessions_are_built_with_the_pinned_dims(monkeypatch):
     feeds = {"x": np.ones((4, 6), np.float32), "y": np.ones((4, 1), np.float32)}
     assert verify_models(model, model, dims={"batch": 3}, feeds=feeds).passed, "given inputs keep their own shapes"
     assert seen == [[["batch", "width"], ["batch", 1]]] * 2
+
+
+# ---------------------------------------------- the original's runs beside the pipeline (issue 18)
+
+@pytest.mark.parametrize("limit", [0, 2**40], ids=["one-at-a-time", "beside-the-pipeline"])
+def test_the_broken_pass_is_rolled_back_whether_the_runs_go_at_once_or_one_at_a_time(
+        tmp_path, broken_pass, monkeypatch, limit):
+    """The weight limit picks the order (promises.CONCURRENT_WEIGHT_LIMIT); the verdict, the
+    statistics and the rollback are the same either way."""
+    from fuse_cli import promises
+    monkeypatch.setattr(promises, "CONCURRENT_WEIGHT_LIMIT", limit)
+    path, out = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(conv_bn_model(), path)
+    config = FuseConfig(passes=("fold-constants", broken_pass), verify=True)
+    report = api.optimize(path, config, out).report
+    assert [r.pass_name for r in report.rolled_back] == [broken_pass]
+    assert report.verification.passed and len(report.verification.settings) == 2
+    sequential = compare_with_reference(reference_for(str(path), onnx.load(path)), onnx.load(out))
+    assert report.verification.outputs == sequential.outputs
+
+
+def test_a_candidates_settings_run_at_once_give_the_verdicts_of_one_at_a_time(tmp_path):
+    path = tmp_path / "m.onnx"
+    onnx.save(conv_bn_model(), path)
+    reference = reference_for(str(path), onnx.load(path))
+    assert len(reference.runs) == 2
+    changed = conv_bn_model()
+    for init in changed.graph.initializer:
+        if init.dims == [4, 3, 3, 3]:
+            init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * 1.01, init.name))
+    broken = conv_bn_model()
+    broken.graph.node[0].op_type = "NoSuchOp"
+    for candidate, status in ((conv_bn_model(), "match"), (changed, "mismatch"), (broken, "mismatch")):
+        one_at_a_time = compare_with_reference(reference, candidate)
+        at_once = compare_with_reference(reference, candidate, concurrent=True)
+        assert one_at_a_time.status == at_once.status == status
+        assert one_at_a_time == at_once
+    assert "fails at" in compare_with_reference(reference, broken, concurrent=True).reason

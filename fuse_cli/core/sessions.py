@@ -9,6 +9,7 @@ a setting that matters (the quiet log, pinned dims) is never missing from one of
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -27,7 +28,7 @@ QUIET = 4
 def make_session(model: onnx.ModelProto | str | os.PathLike | bytes, *, level: str = "disabled",
                  providers: Sequence[str] = ("CPUExecutionProvider",), dims: Mapping[str, int] | None = None,
                  threads: int | None = None, lean_memory: bool = False, prepack: bool = True,
-                 stored_order: bool = False):
+                 stored_order: bool = False, spin: bool = True):
     """An onnxruntime session. level "disabled" runs the graph as written (a comparison then
     tests fuse's rewrite, not onnxruntime's own fusions). `dims` pins symbolic input dims by
     name: session creation is quadratic in the node count while inputs have free dims (a 12k-node
@@ -38,7 +39,8 @@ def make_session(model: onnx.ModelProto | str | os.PathLike | bytes, *, level: s
     (PRIORITY_BASED), not onnxruntime's default reverse depth-first order, which runs every node
     that reads only weights first: the Casts its CPU provider inserts before fp16 MatMuls then
     hold a float32 copy of every weight at once (a 1.9 GB fp16 decoder: 3.4 GB peak, 2.0 GB in
-    stored order)."""
+    stored order). `spin` False: its pool's threads sleep between tasks instead of spinning, so
+    they leave the cores to work that goes on beside the session."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -48,6 +50,8 @@ def make_session(model: onnx.ModelProto | str | os.PathLike | bytes, *, level: s
     if threads is not None:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = threads
+    if not spin:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if lean_memory:
         options.enable_cpu_mem_arena = False
         options.enable_mem_pattern = False
@@ -69,6 +73,9 @@ def make_session(model: onnx.ModelProto | str | os.PathLike | bytes, *, level: s
 
 # onnxruntime's session option: the folder external data is read from, for a model given as bytes
 _EXTERNAL_DATA_FOLDER = "session.model_external_initializers_file_folder_path"
+# _serialized rewrites a model's weight locations while it serializes it: one model, one thread
+# at a time (verification builds a candidate's sessions for its settings at once)
+_SERIALIZING = threading.Lock()
 
 
 def _serialized(model: onnx.ModelProto, options) -> bytes:
@@ -78,6 +85,11 @@ def _serialized(model: onnx.ModelProto, options) -> bytes:
     weights embedded or handed over as OrtValues, which it copies). It accepts only locations
     inside one folder, symlinks resolved: each location is written relative to the deepest
     folder that holds all the files."""
+    with _SERIALIZING:
+        return _serialized_by_reference(model, options)
+
+
+def _serialized_by_reference(model: onnx.ModelProto, options) -> bytes:
     referenced = [t for t in model.graph.initializer
                   if t.data_location == onnx.TensorProto.EXTERNAL
                   and os.path.isabs(_location(t))]
