@@ -18,7 +18,7 @@ import onnx
 
 from fuse_cli.analysis.measure import measure_peak
 from fuse_cli.analysis.memory import HeldBuffer, MemoryProfile, profile_memory, profile_memory_at
-from fuse_cli.analysis.shapes import ShapeTable, infer_shapes
+from fuse_cli.analysis.shapes import ShapeTable, at_dims, infer_shapes
 from fuse_cli.config import FuseConfig
 from fuse_cli.core.domains import has_contrib_nodes
 from fuse_cli.errors import UsageError
@@ -44,8 +44,9 @@ class _Setting:
 class PeakEstimate:
     """The original's estimated peak at each setting, computed once, and any candidate's."""
 
-    def __init__(self, loaded: LoadedModel, bound: ShapeTable, symbolic: ShapeTable, config: FuseConfig):
-        self.original, self.symbolic = loaded.model, symbolic
+    def __init__(self, loaded: LoadedModel, bound: ShapeTable, symbolic: ShapeTable, config: FuseConfig,
+                 proofs: ShapeTable | None = None):
+        self.original, self.symbolic, self.proofs = loaded.model, symbolic, proofs
         self.defaults = tuple(loaded.input_defaults)
         self._settings = [self._setting(bound.bound_dims, bound, config.input_shapes)]
         # whole input shapes fix the sizes: nothing to grow. The larger setting is built on first
@@ -69,7 +70,13 @@ class PeakEstimate:
     def settings(self) -> list[_Setting]:
         """The bound setting, then the larger one (when the model has symbols)."""
         if self._larger is not None:
-            self._settings.append(self._setting(self._larger, _infer(self.original, self._larger, {}), {}))
+            # the original's tables at the larger dims where they name every dim: its own unbound
+            # one, else the proofs table, whose dims are named by their sizes at two settings
+            # (Reshapes to [0, -1, ...] leave the unbound one a sequence dim it cannot name)
+            shapes = (at_dims(self.symbolic, self._larger)
+                      or (self.proofs is not None and at_dims(self.proofs, self._larger, proofs=True))
+                      or _infer(self.original, self._larger, {}))
+            self._settings.append(self._setting(self._larger, shapes, {}))
             self._larger = None
         return self._settings
 
@@ -116,9 +123,15 @@ class PeakEstimate:
                 break
         else:
             setting = (self._settings if index == 0 else self.settings)[index]
+            # without an inference where the candidate's own unbound shapes allow (one inference of
+            # a 12k-node graph: 0.2 s): the original's sizes of the names it kept, else its
+            # unbound table at the setting's dims, else an inference at them
+            planner = self._planner_shapes(model, nodes, declared)
+            at_setting = (_kept_from(planner, self.symbolic, setting.shapes)
+                          or (None if setting.input_shapes else at_dims(planner, setting.dims)))
             # onnx cannot infer contrib operators (FusedConv, ...), but a fused node writes the tensor
             # its pattern's root wrote, under the same name: the original's shapes still hold for it.
-            bound = _fill_from(_infer(model, setting.dims, setting.input_shapes), setting.shapes)
+            bound = _fill_from(at_setting or _infer(model, setting.dims, setting.input_shapes), setting.shapes)
             self._table_cache = [*self._table_cache[-3:], (model, index, nodes, bound)]
         return bound, self._planner_shapes(model, nodes, declared)
 
@@ -252,6 +265,25 @@ def _structure(model: onnx.ModelProto) -> tuple[bytes, frozenset[bytes], bytes]:
                                digest_size=16).digest()
     return (hashlib.blake2b(b"".join(serialized) + declared, digest_size=16).digest(), frozenset(serialized),
             declared)
+
+
+def _kept_from(candidate: ShapeTable, original: ShapeTable, original_at: ShapeTable) -> ShapeTable | None:
+    """The candidate's sizes at a setting without inferring them: a rewrite keeps what each name
+    it keeps holds, so a tensor whose unbound shape (`candidate`, the planner's table) is the one
+    the original's unbound inference gave under that name (`original`) has the original's size at
+    the setting (`original_at`), and one whose unbound shape is all numbers has that size
+    everywhere (a folded weight). None where any tensor is neither: a shape the rewrite changed
+    under a kept name, or a new tensor whose size depends on the dims (then inference decides)."""
+    tensors = {}
+    for name, info in candidate.tensors.items():
+        if info.elem_type and info.shape is not None and all(isinstance(d, int) for d in info.shape):
+            tensors[name] = info
+        elif original.get(name) == info and (at := original_at.get(name)) is not None:
+            tensors[name] = at
+        else:
+            return None
+    return ShapeTable(tensors=tensors, unknown_dims=tuple(u for u in original_at.unknown_dims if u.tensor in tensors),
+                      bound_dims=original_at.bound_dims)
 
 
 def _infer(model: onnx.ModelProto, dims, input_shapes) -> ShapeTable:

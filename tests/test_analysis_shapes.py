@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from fuse_cli.analysis.shapes import (
     TensorInfo,
     UnknownDim,
+    at_dims,
     element_size_bits,
     infer_shapes,
 )
+from tests.graphs import GraphBuilder
 
 FLOAT = TensorProto.FLOAT
 
@@ -359,3 +362,37 @@ def test_group_query_attention_presents_are_sized():
     table = infer_shapes(m, {"batch": 3, "sequence": 5})
     assert table.get("y").shape == (3, 5, 128)
     assert table.get("pk").shape == table.get("pv").shape == (3, 2, 5, 32)
+
+
+# ------------------------------------------------------------ a table at dims, without inference
+
+def _named_throughout() -> onnx.ModelProto:
+    """Every dim a number or the input's symbols: Conv, a broadcast against a 1, a Concat, a MatMul."""
+    b = GraphBuilder()
+    x = b.input("x", ["batch", 3, 8, 8])
+    c = b.op("Conv", x, b.const(b.rand(4, 3, 3, 3)), pads=[1, 1, 1, 1])
+    scaled = b.op("Mul", c, b.const(b.rand(1, 4, 1, 1)))
+    joined = b.op("Concat", scaled, c, axis=1)
+    rows = b.input("rows", ["batch", "sequence", 8])
+    return b.build(joined, b.op("MatMul", rows, b.const(b.rand(8, 2))), output_names=["y", "z"])
+
+
+def test_a_table_named_throughout_is_its_inference_at_the_dims():
+    model = _named_throughout()
+    table = infer_shapes(model)
+    for dims in ({"batch": 1, "sequence": 1}, {"batch": 3, "sequence": 5}):
+        assert at_dims(table, dims).tensors == infer_shapes(model, dims).tensors
+
+
+def test_no_table_at_dims_where_inference_left_a_dim_or_a_symbol_open():
+    """A Reshape to [0, -1] leaves its second dim unknown without bindings (inference at the dims
+    computes it); a symbol the dims do not bind (a declared intermediate's own name) stays open."""
+    b = GraphBuilder()
+    x = b.input("x", ["batch", "sequence", 8])
+    flat = b.op("Reshape", x, b.const(np.array([0, -1], np.int64)))
+    model = b.build(b.op("Relu", flat), output_names=["y"])
+    dims = {"batch": 2, "sequence": 5}
+    assert at_dims(infer_shapes(model), dims) is None
+    assert infer_shapes(model, dims).get("y").shape == (2, 40)
+    named = _named_throughout()
+    assert at_dims(infer_shapes(named), {"batch": 2}) is None  # sequence unbound

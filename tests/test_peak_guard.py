@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import onnx
+import pytest
 from click.testing import CliRunner
 
 from fuse_cli import api
@@ -123,3 +125,81 @@ def test_memory_audit_gives_a_kind_that_removes_nothing_new_no_part_of_the_peak(
     assert audit.peak_delta_by_pattern == (
         ("p", "a", peak(first) - before), ("p", "again", 0), ("p", "b", peak(first | second) - peak(first)))
     assert audit.peak_delta_by_pattern[0][2] != 0
+
+
+def _estimate_and_candidate(tmp_path, sample: str):
+    from fuse_cli.audit import PeakEstimate
+    from fuse_cli.graph.io import load_model
+    from fuse_cli.shape_tables import build_shape_tables
+
+    config = FuseConfig(dims={"batch": 2})
+    api.optimize(SAMPLES / sample, config, tmp_path / "out.onnx")
+    loaded = load_model(SAMPLES / sample)
+    tables = build_shape_tables(loaded.model, config)
+    return PeakEstimate(loaded, tables.bound, tables.planner, config, tables.proofs), onnx.load(tmp_path / "out.onnx")
+
+
+def _inferred_sizes(estimate, candidate, index: int) -> dict:
+    from fuse_cli.audit import _fill_from, _infer
+
+    setting = estimate.settings[index]
+    table = _fill_from(_infer(candidate, setting.dims, setting.input_shapes), setting.shapes)
+    return {name: table.nbytes(name) for name in table.tensors}
+
+
+def test_a_candidates_sizes_come_without_an_inference_and_are_the_inferred_ones(tmp_path, monkeypatch):
+    """The estimate sizes a candidate at each setting from the original's tables where the names
+    it kept have their unbound shapes (the transformer: its Reshapes to [0, -1, ..] leave sequence
+    dims that only an inference at the dims computes), or from its own unbound table at the dims
+    (the CNN: named throughout). Either way: what inferring the candidate there gives."""
+    from fuse_cli import audit
+
+    for sample in ("transformer_block_opset17.onnx", "cnn_bn_relu.onnx"):
+        estimate, candidate = _estimate_and_candidate(tmp_path, sample)
+        inferred = [_inferred_sizes(estimate, candidate, i) for i in range(2)]
+        calls = []
+        monkeypatch.setattr(audit, "_infer", lambda *a: calls.append(a) or pytest.fail("inferred"))
+        for index in range(2):
+            sized = estimate._tables(candidate, index)[0]
+            assert {name: sized.nbytes(name) for name in sized.tensors} == inferred[index], (sample, index)
+        monkeypatch.undo()
+
+
+def test_a_kept_name_whose_shape_changed_is_inferred_again(tmp_path, monkeypatch):
+    """Must not carry over: a rewrite that left a name holding another shape (here the output of
+    the first Reshape, made [0, 0, -1] of a [0, -1, h, d]) is sized by an inference."""
+    from fuse_cli import audit
+    from fuse_cli.audit import _kept_from
+
+    estimate, candidate = _estimate_and_candidate(tmp_path, "transformer_block_opset17.onnx")
+    planner = estimate._planner_shapes(candidate, *audit._structure(candidate)[1:])
+    assert _kept_from(planner, estimate.symbolic, estimate.settings[0].shapes) is not None
+    changed = onnx.ModelProto()
+    changed.CopyFrom(candidate)
+    candidate = changed
+    reshape = next(n for n in candidate.graph.node if n.op_type == "Reshape")
+    target = next(t for t in candidate.graph.initializer if t.name == reshape.input[1])
+    target.CopyFrom(onnx.numpy_helper.from_array(np.array([0, 0, -1], np.int64), target.name))
+    planner = estimate._planner_shapes(candidate, *audit._structure(candidate)[1:])
+    assert _kept_from(planner, estimate.symbolic, estimate.settings[0].shapes) is None
+    inferred = _inferred_sizes(estimate, candidate, 0)
+    sized = estimate._tables(candidate, 0)[0]
+    assert {name: sized.nbytes(name) for name in sized.tensors} == inferred
+    assert len(sized.get(reshape.output[0]).shape) == 3
+
+
+def test_the_originals_larger_setting_comes_from_its_proofs_table_and_is_the_inferred_one(tmp_path, monkeypatch):
+    """The transformer's Reshapes to [0, -1, ..] leave its unbound table a sequence dim it cannot
+    name; the proofs table names it by its sizes at two settings, and sizes the larger setting
+    as inferring there does. Without the proofs table, an inference."""
+    from fuse_cli import audit
+    from fuse_cli.analysis.shapes import at_dims
+
+    estimate, _ = _estimate_and_candidate(tmp_path, "transformer_block_opset17.onnx")
+    larger = estimate._larger
+    assert at_dims(estimate.symbolic, larger) is None
+    inferred = audit._infer(estimate.original, larger, {})
+    monkeypatch.setattr(audit, "_infer", lambda *a: pytest.fail("inferred"))
+    shapes = estimate.settings[1].shapes
+    assert {n: shapes.nbytes(n) for n in shapes.tensors} == {n: inferred.nbytes(n) for n in inferred.tensors}
+    assert shapes.get("hidden").shape == (larger["batch"], larger["sequence"], 64)

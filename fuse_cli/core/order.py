@@ -116,17 +116,18 @@ def _outer_references(graph: onnx.GraphProto) -> set[str]:
 
 
 def model_fingerprint(model: onnx.ModelProto, nodes: Iterable[onnx.NodeProto] | None = None, extra: Iterable[str] = (),
-                      serialized: Iterable[bytes] | None = None) -> bytes:
+                      serialized: Iterable[bytes] | None = None, *, declared: bool = True) -> bytes:
     """A digest of a model's structure: nodes (serialized, 3 ms at 12k nodes; `serialized`: each
     node's SerializeToString(), when the caller has them), graph inputs, outputs, value_info,
     initializers' names, types and dims (not their payloads) and opsets, plus `extra` names.
-    Caches of per-model work compare it to notice a model edited in place."""
+    Caches of per-model work compare it to notice a model edited in place. `declared` False
+    leaves value_info out (a cache that takes it from the model each time)."""
     graph = model.graph
     digest = hashlib.blake2b(digest_size=16)
     if serialized is None:
         serialized = (node.SerializeToString() for node in (graph.node if nodes is None else nodes))
     digest.update(b"".join(serialized))
-    for part in (graph.input, graph.output, graph.value_info, model.opset_import):
+    for part in (graph.input, graph.output, *((graph.value_info,) if declared else ()), model.opset_import):
         digest.update(b"".join(item.SerializeToString() for item in part))
     # Initializers by name, type and dims: never their payloads (each field read apart: a third
     # cheaper than a tuple per initializer at 4k initializers).
