@@ -73,6 +73,12 @@ class Op:
         object.__setattr__(self, "domain", domain)
         object.__setattr__(self, "output", output)
         object.__setattr__(self, "attrs", tuple(attrs.items()))
+        # What every visit checks first, computed once (not fields: equality stays the pattern's).
+        # A sweep of a 12k-node graph asks them a third of a million times.
+        object.__setattr__(self, "_op_set", frozenset(self.op_types))
+        object.__setattr__(self, "_domain", _domain(domain))
+        optional = sum(1 for p in self.inputs if _is_optional(p))
+        object.__setattr__(self, "_arity", (len(self.inputs) - optional, len(self.inputs)))
 
     @property
     def op_types(self) -> tuple[str, ...]:
@@ -163,15 +169,16 @@ def _fitting_inputs(pattern: Op, node: gs.Node) -> list[gs.Tensor] | None:
     """`node`'s inputs, trailing omitted ones dropped, when its type, domain and attributes are
     the pattern's and their number fits the pattern's inputs (the optional ones may be absent);
     else None."""
-    if node.op not in pattern.op_types or _domain(node.domain) != _domain(pattern.domain):
+    if node.op not in pattern._op_set or _domain(node.domain) != pattern._domain:
         return None
-    if not _attributes_fit(pattern, node):
+    if pattern.attrs and not _attributes_fit(pattern, node):
         return None
-    inputs = list(node.inputs)
-    while inputs and is_missing(inputs[-1]):
-        inputs.pop()
-    required = len(pattern.inputs) - sum(1 for p in pattern.inputs if _is_optional(p))
-    return inputs if required <= len(inputs) <= len(pattern.inputs) else None
+    inputs = node.inputs
+    count = len(inputs)
+    while count and is_missing(inputs[count - 1]):
+        count -= 1
+    required, most = pattern._arity
+    return list(inputs[:count]) if required <= count <= most else None
 
 
 def _match_node(pattern: Op, node: gs.Node, m: Match) -> Iterator[Match]:
@@ -206,7 +213,11 @@ def _may_fit(pattern: Op, node: gs.Node) -> bool:
         first, second = inputs
         return ((_tensor_may_fit(patterns[0], first) and _tensor_may_fit(patterns[1], second))
                 or (_tensor_may_fit(patterns[0], second) and _tensor_may_fit(patterns[1], first)))
-    return all(_tensor_may_fit(p, inputs[i] if i < len(inputs) else None) for i, p in enumerate(patterns))
+    count = len(inputs)
+    for i, p in enumerate(patterns):  # a loop, not all(generator): this runs a third of a million times
+        if not _tensor_may_fit(p, inputs[i] if i < count else None):
+            return False
+    return True
 
 
 def _tensor_may_fit(pattern: Pattern, tensor: gs.Tensor | None) -> bool:
@@ -216,11 +227,13 @@ def _tensor_may_fit(pattern: Pattern, tensor: gs.Tensor | None) -> bool:
         return any(_tensor_may_fit(option, tensor) for option in pattern.options)
     if is_missing(tensor):
         return False
+    producers = tensor.inputs
     if isinstance(pattern, Const):
-        return isinstance(tensor, gs.Constant) or (len(tensor.inputs) == 1 and tensor.inputs[0].op == "Constant")
-    producer = producer_of(tensor)
-    return (producer is not None and len(producer.outputs) > pattern.output
-            and producer.outputs[pattern.output] is tensor and _may_fit(pattern, producer))
+        return isinstance(tensor, gs.Constant) or (len(producers) == 1 and producers[0].op == "Constant")
+    if len(producers) != 1:
+        return False
+    outputs = producers[0].outputs
+    return len(outputs) > pattern.output and outputs[pattern.output] is tensor and _may_fit(pattern, producers[0])
 
 
 def _match_inputs(patterns, tensors, node: gs.Node, m: Match) -> Iterator[Match]:
