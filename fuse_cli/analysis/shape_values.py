@@ -26,12 +26,34 @@ MAX_ELEMENTS = 1024
 
 def initial_values(initializers: list[onnx.TensorProto]) -> dict[str, np.ndarray]:
     """The small initializers' values: where evaluation starts."""
-    values = {}
-    for tensor in initializers:
-        value = _small_array(tensor)
-        if value is not None:
-            values[tensor.name] = value
-    return values
+    return _Values(initializers)
+
+
+class _Values(dict):
+    """Values by name: those computed, and the small initializers', each read on first use (a
+    12k-node graph holds thousands of small weights no shape arithmetic reads: reading them all
+    took longer than the evaluation)."""
+
+    def __init__(self, initializers: list[onnx.TensorProto]):
+        super().__init__()
+        self._unread = {tensor.name: tensor for tensor in initializers}
+
+    def __missing__(self, name: str) -> np.ndarray:
+        value = self.get(name)
+        if value is None:
+            raise KeyError(name)
+        return value
+
+    def get(self, name: str, default=None):
+        value = dict.get(self, name)
+        if value is None and (tensor := self._unread.pop(name, None)) is not None:
+            value = _small_array(tensor)
+            if value is not None:
+                self[name] = value
+        return default if value is None else value
+
+    def __contains__(self, name: object) -> bool:
+        return self.get(name) is not None
 
 
 def evaluate_shape_values(nodes: list[onnx.NodeProto], shape_of: Callable[[str], tuple[int, ...] | None],
@@ -42,10 +64,8 @@ def evaluate_shape_values(nodes: list[onnx.NodeProto], shape_of: Callable[[str],
     tries what it could not compute before."""
     added = 0
     for node in nodes:
-        if node.domain not in ("", "ai.onnx") or not node.output or node.output[0] in values:
-            continue
-        rule = _RULES.get(node.op_type)
-        if rule is None:
+        rule = _RULES.get(node.op_type)  # first: most nodes have none, and each field read costs
+        if rule is None or node.domain not in ("", "ai.onnx") or not node.output or node.output[0] in values:
             continue
         if node.op_type in ("Shape", "Size"):
             shape = shape_of(node.input[0])
@@ -53,8 +73,8 @@ def evaluate_shape_values(nodes: list[onnx.NodeProto], shape_of: Callable[[str],
                 continue
             args: list = [shape]
         else:
-            args = [values.get(name) if name else _ABSENT for name in node.input]
-            if any(a is None for a in args):
+            args = _known_args(node.input, values)
+            if args is None:
                 continue
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         try:
@@ -66,6 +86,17 @@ def evaluate_shape_values(nodes: list[onnx.NodeProto], shape_of: Callable[[str],
                 values[name] = value
                 added += 1
     return added
+
+
+def _known_args(names, values: Mapping[str, np.ndarray]) -> list | None:
+    """Each input's value, or None at the first unknown one (no weight after it is read)."""
+    args = []
+    for name in names:
+        value = values.get(name) if name else _ABSENT
+        if value is None:
+            return None
+        args.append(value)
+    return args
 
 
 def as_constant_nodes(nodes: list[onnx.NodeProto], values: Mapping[str, np.ndarray]) -> tuple[list[onnx.NodeProto], int]:
