@@ -23,7 +23,7 @@ from fuse_cli.config import FuseConfig
 from fuse_cli.core.domains import has_contrib_nodes
 from fuse_cli.errors import UsageError
 from fuse_cli.graph.io import LoadedModel
-from fuse_cli.input_domain import integer_ranges, with_computed_dims
+from fuse_cli.input_domain import integer_ranges, is_arithmetic, with_declared_arithmetic
 from fuse_cli.pipeline.base import Estimates
 from fuse_cli.pipeline.records import FusionRecord, OrderRecord
 from fuse_cli.report.model import MeasuredPeaks, MemoryAudit, PeakGrowth
@@ -53,8 +53,9 @@ class PeakEstimate:
         # use: the audit alone (--allow-peak-growth) never needs it.
         # Dims written as arithmetic of others (`past_sequence + sequence`) are computed from the
         # grown ones, not grown on their own: past 64 and sequence 64 make 128 positions, not 64.
-        self._larger = (with_computed_dims(self.original, {name: max(value * LARGER, LARGER_AT_LEAST)
-                                                           for name, value in bound.bound_dims.items()})
+        self._larger = (with_declared_arithmetic(self.original, {name: max(value * LARGER, LARGER_AT_LEAST)
+                                                                 for name, value in bound.bound_dims.items()
+                                                                 if not is_arithmetic(name)})
                         if bound.bound_dims and not config.input_shapes else None)
         # A few recent, by identity, stored order (the `schedule` pass reorders a candidate in place)
         # and execution order (None: onnxruntime's).

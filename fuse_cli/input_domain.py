@@ -73,6 +73,11 @@ def with_computed_dims(model: onnx.ModelProto, values: Mapping[str, int]) -> dic
     return _evaluate_all({p: _parse(p) for p in _input_dim_params(model)}, values)
 
 
+def is_arithmetic(param: str) -> bool:
+    """A dim written as arithmetic of symbols (`past_sequence + sequence`), not a symbol of its own."""
+    return _parse(param) is not None
+
+
 def with_declared_arithmetic(model: onnx.ModelProto, values: Mapping[str, int]) -> dict[str, int]:
     """`values` plus every dim the graph declares anywhere (inputs, outputs, value_info) as
     arithmetic of them: a decode step's present K/V of `past_sequence + sequence`, which no input

@@ -93,6 +93,29 @@ def test_the_larger_setting_computes_arithmetic_dims_from_the_grown_ones(tmp_pat
     assert (larger["past_sequence"], larger["sequence"], larger["past_sequence + sequence"]) == (64, 64, 128)
 
 
+def test_an_arithmetic_dim_only_the_outputs_declare_is_computed_never_assumed(tmp_path):
+    """Whisper's decode step takes no mask: only its present K/V outputs declare
+    `past_sequence + sequence`. Unbound, past and sequence are assumed 1 and the present is 2
+    wide (it was once assumed 1 as a symbol of its own); at the larger setting 64 + 64."""
+    from onnx import TensorProto, helper
+    f = TensorProto.FLOAT
+    graph = helper.make_graph(
+        [helper.make_node("Concat", ["past", "new"], ["present"], axis=1),
+         helper.make_node("Relu", ["new"], ["y"])], "decode",
+        [helper.make_tensor_value_info("past", f, ["batch", "past_sequence", 4]),
+         helper.make_tensor_value_info("new", f, ["batch", "sequence", 4])],
+        [helper.make_tensor_value_info("y", f, ["batch", "sequence", 4]),
+         helper.make_tensor_value_info("present", f, ["batch", "past_sequence + sequence", 4])])
+    path = tmp_path / "decode.onnx"
+    onnx.save(helper.make_model(graph, ir_version=8, opset_imports=[helper.make_opsetid("", 17)]), path)
+    report = api.optimize(path, FuseConfig(), tmp_path / "o.onnx").report
+    bound, larger = (dict(s) for s in report.peak_settings)
+    assert "past_sequence + sequence" not in report.unbound_dims
+    assert set(report.unbound_dims) == {"batch", "past_sequence", "sequence"}
+    assert bound["past_sequence + sequence"] == 2
+    assert (larger["past_sequence"], larger["sequence"], larger["past_sequence + sequence"]) == (64, 64, 128)
+
+
 def test_memory_audit_gives_a_kind_that_removes_nothing_new_no_part_of_the_peak():
     # The audit takes each fusion kind's removed intermediates away in turn; a kind whose tensors
     # are all gone already changes nothing: its part is 0 and the next kind's is measured from

@@ -238,7 +238,8 @@ def with_runtime_dims(model: onnx.ModelProto, table: ShapeTable,
                                placeholders=MappingProxyType(placeholders))
 
 
-def at_dims(table: ShapeTable, dims: Mapping[str, int], *, proofs: bool = False) -> ShapeTable | None:
+def at_dims(table: ShapeTable, dims: Mapping[str, int], *, proofs: bool = False,
+            model: onnx.ModelProto | None = None) -> ShapeTable | None:
     """`table`, an inference with nothing bound, at `dims`, by substitution: where that inference
     named every dim of every tensor by a symbol `dims` binds or a number, inferring again at
     `dims` gives exactly that (binding only settles what a symbol could not: a Squeeze of a
@@ -249,7 +250,8 @@ def at_dims(table: ShapeTable, dims: Mapping[str, int], *, proofs: bool = False)
 
     proofs: `table` is the proofs table (with_runtime_dims, proofs=True), whose dims onnx left
     unknown are named by the sizes they took at two settings, never by a merge: its placeholders
-    describe the inference it filled in, and do not stand in the way."""
+    describe the inference it filled in, and do not stand in the way. `model`: the names in
+    `dims` that none of its dims carries are listed as unused, as infer_shapes lists them."""
     if (table.placeholders and not proofs) or table.bound_dims:
         return None
     tensors: dict[str, TensorInfo] = {}
@@ -260,7 +262,9 @@ def at_dims(table: ShapeTable, dims: Mapping[str, int], *, proofs: bool = False)
         if None in shape:
             return None
         tensors[name] = TensorInfo(name, info.elem_type, shape)
-    return ShapeTable(tensors=MappingProxyType(tensors), unknown_dims=(), bound_dims=MappingProxyType(dict(dims)))
+    declared = _declared_symbols(model.graph) if model is not None else dims
+    return ShapeTable(tensors=MappingProxyType(tensors), unknown_dims=(), bound_dims=MappingProxyType(dict(dims)),
+                      unused_dims=tuple(name for name in dims if name not in declared), warnings=table.warnings)
 
 
 def _with_evaluated_dims(model: onnx.ModelProto, table: ShapeTable,
