@@ -378,6 +378,9 @@ def bench_deep(blocks: int, work: Path, profile_top: int) -> dict:
         "ratio": fuse_s / base, "ratio_no_verify": no_verify_s / base,
         "command_s": verified["wall_seconds"], "exit": verified["exit"],
         "memory_model_cpu_s": statistics.median(r[1].get("memory_model_cpu_s") or 0.0 for r in rounds),
+        # verification's sessions go on beside the pipeline for small weights: what that holds
+        "peak_rss_mib": statistics.median(r[0]["peak_rss"] for r in rounds) / 2**20,
+        "peak_rss_no_verify_mib": statistics.median(r[1]["peak_rss"] for r in rounds) / 2**20,
     }
     simplified = [r[2] for r in rounds]
     timed = all(isinstance(s, float) for s in simplified)  # else why onnx-simplifier has no time
@@ -546,9 +549,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"deep stack: {deep['nodes']} nodes -> {deep['nodes_after']}")
             print(f"  onnx.load + onnx.save          {deep['load_save_s']:8.3f} s   1.0x")
             print(f"  fuse optimize                  {deep['fuse_s']:8.3f} s {deep['ratio']:5.1f}x"
-                  f"   (as a command, with start-up: {deep['command_s']:.2f} s)")
+                  f"   (as a command, with start-up: {deep['command_s']:.2f} s; peak RSS {deep['peak_rss_mib']:.0f} MiB)")
             print(f"  fuse optimize --no-verify      {deep['fuse_no_verify_s']:8.3f} s {deep['ratio_no_verify']:5.1f}x"
-                  f"   (of which the memory model {deep['memory_model_cpu_s']:.2f} s CPU)")
+                  f"   (of which the memory model {deep['memory_model_cpu_s']:.2f} s CPU; peak RSS "
+                  f"{deep['peak_rss_no_verify_mib']:.0f} MiB)")
             for tool, seconds in deep["peers"].items():
                 shown = (f"{seconds:8.3f} s {seconds / deep['load_save_s']:5.1f}x" if isinstance(seconds, float)
                          else f"{seconds}")

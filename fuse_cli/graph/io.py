@@ -354,7 +354,8 @@ def _all_graphs(*bodies):
             for attr in node.attribute:
                 if attr.type == onnx.AttributeProto.GRAPH:
                     yield from _all_graphs(attr.g)
-                yield from _all_graphs(*attr.graphs)
+                elif attr.type == onnx.AttributeProto.GRAPHS:
+                    yield from _all_graphs(*attr.graphs)
 
 
 def _check_opsets(model: onnx.ModelProto, path: Path) -> None:
