@@ -69,7 +69,7 @@ def optimize(model_path: str | os.PathLike, config: FuseConfig, output_path: str
     tables = build_shape_tables(loaded.model, config)
 
     writer = CandidateWriter(loaded, None if dry_run else target_path, config.external_data)
-    estimate = PeakEstimate(loaded, tables.bound, tables.planner, config, tables.proofs)
+    estimate = PeakEstimate(loaded, tables.bound, tables.planner, config)
 
     def run(selected: list[Pass]) -> Fused:
         return fuse(loaded, selected, tables.proofs, tables.bound, config, writer.lot,

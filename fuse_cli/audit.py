@@ -44,9 +44,8 @@ class _Setting:
 class PeakEstimate:
     """The original's estimated peak at each setting, computed once, and any candidate's."""
 
-    def __init__(self, loaded: LoadedModel, bound: ShapeTable, symbolic: ShapeTable, config: FuseConfig,
-                 proofs: ShapeTable | None = None):
-        self.original, self.symbolic, self.proofs = loaded.model, symbolic, proofs
+    def __init__(self, loaded: LoadedModel, bound: ShapeTable, symbolic: ShapeTable, config: FuseConfig):
+        self.original, self.symbolic = loaded.model, symbolic
         self.defaults = tuple(loaded.input_defaults)
         self._settings = [self._setting(bound.bound_dims, bound, config.input_shapes)]
         # whole input shapes fix the sizes: nothing to grow. The larger setting is built on first
@@ -71,12 +70,10 @@ class PeakEstimate:
     def settings(self) -> list[_Setting]:
         """The bound setting, then the larger one (when the model has symbols)."""
         if self._larger is not None:
-            # the original's tables at the larger dims where they name every dim: its own unbound
-            # one, else the proofs table, whose dims are named by their sizes at two settings
-            # (Reshapes to [0, -1, ...] leave the unbound one a sequence dim it cannot name)
-            shapes = (at_dims(self.symbolic, self._larger)
-                      or (self.proofs is not None and at_dims(self.proofs, self._larger, proofs=True))
-                      or _infer(self.original, self._larger, {}))
+            # the original's unbound table at the larger dims where it names every dim. Never the
+            # proofs table: it names a dim by its sizes at two prime settings, which a Max(N, 3)
+            # or a round-up to a multiple of 8 only matches there, not at 1 or 64
+            shapes = at_dims(self.symbolic, self._larger) or _infer(self.original, self._larger, {})
             self._settings.append(self._setting(self._larger, shapes, {}))
             self._larger = None
         return self._settings

@@ -75,7 +75,10 @@ def _reference(source: Path, loaded: LoadedModel, config: FuseConfig,
         return None
     plan = reference_plan(loaded.model, config.dims, int_ranges=config.int_ranges)
     if worker is not None:
-        return worker.submit(lambda: plan.run(read_original(source)))
+        # resolved here: shape inference on the main thread works in a scratch folder for a
+        # moment (analysis/shapes.py), and a relative path read then would be looked up there
+        resolved = Path(source).resolve()
+        return worker.submit(lambda: plan.run(read_original(resolved)))
     done: Future = Future()
     done.set_result(plan.run(read_original(source)))
     return done

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import onnx
 
-from fuse_cli.analysis.shapes import ShapeTable, at_dims, infer_shapes, with_runtime_dims
+from fuse_cli.analysis.shapes import ShapeTable, infer_shapes, with_runtime_dims
 from fuse_cli.config import UNBOUND_DIM, FuseConfig
 from fuse_cli.errors import UsageError
 from fuse_cli.input_domain import free_symbols, with_declared_arithmetic
@@ -32,23 +32,20 @@ class ShapeTables:
 def build_shape_tables(model: onnx.ModelProto, config: FuseConfig) -> ShapeTables:
     planner = infer_shapes(model)
     proofs = with_runtime_dims(model, planner, proofs=True)
-    bound, assumed = _bound_shapes(model, config, unbound_table=planner, proofs=proofs)
+    bound, assumed = _bound_shapes(model, config, unbound_table=planner)
     return ShapeTables(planner, proofs, bound, assumed)
 
 
 def _bound_shapes(model: onnx.ModelProto, config: FuseConfig, assumed: tuple[str, ...] | None = None, *,
-                  unbound_table: ShapeTable | None = None, proofs: ShapeTable | None = None
-                  ) -> tuple[ShapeTable, tuple[str, ...]]:
+                  unbound_table: ShapeTable | None = None) -> tuple[ShapeTable, tuple[str, ...]]:
     """Shapes at the user's bindings. Symbolic dims nobody bound are taken as 1 (and returned, so
     the report says so); binding happens before inference because data propagation through
     Shape/Reshape arithmetic only yields sizes for values known up front.
 
     unbound_table: the model's inference without bindings, when the caller has it; with no dims
     and no input shapes given it is the first table, and is not computed again. Each inference
-    of a deep model takes longer than loading it. proofs: the proofs table, which gives the sizes
-    at the bindings without an inference where it names every dim (with no warning of onnx's),
-    the dims onnx's inference computes from the bindings (the 46 corpus models where it does:
-    every size equal)."""
+    of a deep model takes longer than loading it. Never sized from the proofs table: it names a
+    dim by its sizes at two prime settings, which a Max(N, 3) only matches there, not at 1."""
     # A dim written as arithmetic of symbols (`past_sequence + sequence`) is computed from them,
     # never bound or assumed on its own: a decode step's mask is as wide as past and new together,
     # and so is its present K/V, where only the outputs declare that dim.
@@ -64,9 +61,7 @@ def _bound_shapes(model: onnx.ModelProto, config: FuseConfig, assumed: tuple[str
             assumed = tuple(sorted(unknown - arithmetic))
         if assumed or arithmetic - set(table.bound_dims):
             values = with_declared_arithmetic(model, {**dict.fromkeys(assumed, UNBOUND_DIM), **table.bound_dims})
-            named = (at_dims(proofs, values, proofs=True, model=model)
-                     if proofs is not None and not proofs.warnings and not config.input_shapes else None)
-            table = named or infer_shapes(model, values, config.input_shapes, symbolic=True)
+            table = infer_shapes(model, values, config.input_shapes, symbolic=True)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     return table, assumed

@@ -396,37 +396,3 @@ def test_no_table_at_dims_where_inference_left_a_dim_or_a_symbol_open():
     assert infer_shapes(model, dims).get("y").shape == (2, 40)
     named = _named_throughout()
     assert at_dims(infer_shapes(named), {"batch": 2}) is None  # sequence unbound
-
-
-def test_the_bound_table_comes_from_the_proofs_table_where_it_names_every_dim(monkeypatch):
-    """The transformer sample: its Reshapes to [0, -1, ..] leave the unbound table a sequence dim
-    it cannot name, the proofs table names it. The bound table (unbound symbols at 1, or --dim)
-    then comes without an inference, and is the inferred one, symbols, unused --dim names and
-    all. A dim the proofs cannot name (4 x batch rows) leaves the bound table to an inference."""
-    from fuse_cli import shape_tables
-    from fuse_cli.config import FuseConfig
-    from fuse_cli.analysis.shapes import with_runtime_dims
-    from tests.conftest import SAMPLES
-
-    model = onnx.load(SAMPLES / "transformer_block_opset17.onnx")
-    planner = infer_shapes(model)
-    proofs = with_runtime_dims(model, planner, proofs=True)
-    for config in (FuseConfig(), FuseConfig(dims={"batch": 3, "typo": 2})):
-        inferred, assumed = shape_tables._bound_shapes(model, config, unbound_table=planner)
-        calls = []
-        monkeypatch.setattr(shape_tables, "infer_shapes", lambda *a, **k: calls.append(a) or infer_shapes(*a, **k))
-        named, named_assumed = shape_tables._bound_shapes(model, config, unbound_table=planner, proofs=proofs)
-        monkeypatch.undo()
-        assert len(calls) == (1 if config.dims else 0)  # a --dim binding is inferred first, as ever
-        assert named_assumed == assumed and named.unused_dims == inferred.unused_dims
-        assert named.tensors == inferred.tensors and dict(named.bound_dims) == dict(inferred.bound_dims)
-    assert named.unused_dims == ("typo",)  # the --dim the model has no dim for, said as ever
-
-    b = GraphBuilder()
-    x = b.input("x", ["batch", "sequence", 8])
-    rows = b.op("Mul", b.op("Shape", x, start=0, end=1), b.const(np.array([4], np.int64)))
-    flat = b.op("Reshape", x, b.op("Concat", rows, b.const(np.array([-1], np.int64)), axis=0))
-    open_dim = b.build(b.op("Relu", flat), output_names=["y"])
-    planner = infer_shapes(open_dim)
-    proofs = with_runtime_dims(open_dim, planner, proofs=True)
-    assert shape_tables.at_dims(proofs, {"batch": 1, "sequence": 1}, proofs=True) is None

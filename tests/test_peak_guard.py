@@ -159,7 +159,7 @@ def _estimate_and_candidate(tmp_path, sample: str):
     api.optimize(SAMPLES / sample, config, tmp_path / "out.onnx")
     loaded = load_model(SAMPLES / sample)
     tables = build_shape_tables(loaded.model, config)
-    return PeakEstimate(loaded, tables.bound, tables.planner, config, tables.proofs), onnx.load(tmp_path / "out.onnx")
+    return PeakEstimate(loaded, tables.bound, tables.planner, config), onnx.load(tmp_path / "out.onnx")
 
 
 def _inferred_sizes(estimate, candidate, index: int) -> dict:
@@ -211,18 +211,49 @@ def test_a_kept_name_whose_shape_changed_is_inferred_again(tmp_path, monkeypatch
     assert len(sized.get(reshape.output[0]).shape) == 3
 
 
-def test_the_originals_larger_setting_comes_from_its_proofs_table_and_is_the_inferred_one(tmp_path, monkeypatch):
-    """The transformer's Reshapes to [0, -1, ..] leave its unbound table a sequence dim it cannot
-    name; the proofs table names it by its sizes at two settings, and sizes the larger setting
-    as inferring there does. Without the proofs table, an inference."""
-    from fuse_cli import audit
-    from fuse_cli.analysis.shapes import at_dims
+def _computed_rows(kind: str) -> onnx.ModelProto:
+    """ConstantOfShape([f(N), 4096]) with f computed from x's batch N: Max(N, 3), or N rounded up
+    to a multiple of 8. At the proof settings' primes (2 and 5, ...) Max(N, 3) is 3 and 5 and the
+    round-up 8 and 8: sizes that name f N and 8 there, and nowhere else."""
+    from onnx import TensorProto, helper, numpy_helper
 
-    estimate, _ = _estimate_and_candidate(tmp_path, "transformer_block_opset17.onnx")
-    larger = estimate._larger
-    assert at_dims(estimate.symbolic, larger) is None
-    inferred = audit._infer(estimate.original, larger, {})
-    monkeypatch.setattr(audit, "_infer", lambda *a: pytest.fail("inferred"))
-    shapes = estimate.settings[1].shapes
-    assert {n: shapes.nbytes(n) for n in shapes.tensors} == {n: inferred.nbytes(n) for n in inferred.tensors}
-    assert shapes.get("hidden").shape == (larger["batch"], larger["sequence"], 64)
+    def ints(values, name):
+        return numpy_helper.from_array(np.array(values, np.int64), name)
+
+    nodes = [helper.make_node("Shape", ["x"], ["shape"]), helper.make_node("Slice", ["shape", "zero", "one"], ["n"])]
+    if kind == "max3":
+        nodes.append(helper.make_node("Max", ["n", "three"], ["rows"]))
+    else:
+        nodes += [helper.make_node("Add", ["n", "seven"], ["n7"]), helper.make_node("Div", ["n7", "eight"], ["q"]),
+                  helper.make_node("Mul", ["q", "eight"], ["rows"])]
+    nodes += [helper.make_node("Concat", ["rows", "width"], ["target"], axis=0),
+              helper.make_node("ConstantOfShape", ["target"], ["filled"],
+                               value=numpy_helper.from_array(np.array([1], np.float32))),
+              helper.make_node("ReduceSum", ["filled", "zero"], ["y"], keepdims=0)]
+    graph = helper.make_graph(
+        nodes, kind, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4096])],
+        [ints([0], "zero"), ints([1], "one"), ints([3], "three"), ints([7], "seven"), ints([8], "eight"),
+         ints([4096], "width")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_shape_arithmetic_is_sized_by_inference_at_each_setting_never_by_the_proofs_names(tmp_path):
+    """Found by an audit of a faster path that sized the bound and the larger setting from the
+    proofs table: Max(N, 3) is 3 rows at N = 1 (the proofs name it N: 1 row), and the round-up
+    64 rows at N = 64 (the proofs name it 8). The estimate's tables are onnx's inference at the
+    dims, and so are the peaks the guard compares."""
+    from fuse_cli.audit import PeakEstimate
+    from fuse_cli.graph.io import load_model
+    from fuse_cli.shape_tables import build_shape_tables
+
+    for kind, rows in (("max3", (3, 64)), ("pad8", (8, 64))):
+        path = tmp_path / f"{kind}.onnx"
+        onnx.save(_computed_rows(kind), path)
+        loaded = load_model(path)
+        tables = build_shape_tables(loaded.model, FuseConfig())
+        estimate = PeakEstimate(loaded, tables.bound, tables.planner, FuseConfig())
+        assert [s.shapes.get("filled").shape for s in estimate.settings] == [(r, 4096) for r in rows], kind
+        assert estimate.settings[1].before.peak_bytes >= rows[1] * 4096 * 4
+        report = api.optimize(path, FuseConfig(verify=False), dry_run=True).report
+        assert report.memory.before.peak_bytes >= rows[0] * 4096 * 4

@@ -1,6 +1,7 @@
 """Self-checking: verification statistics, input sources, and bisect + rollback of a bad pass."""
 
 import json
+import os
 
 import numpy as np
 import onnx
@@ -233,3 +234,21 @@ def test_a_candidates_settings_run_at_once_give_the_verdicts_of_one_at_a_time(tm
         assert one_at_a_time.status == at_once.status == status
         assert one_at_a_time == at_once
     assert "fails at" in compare_with_reference(reference, broken, concurrent=True).reason
+
+
+def test_the_original_is_read_beside_the_pipeline_by_its_absolute_path(tmp_path, monkeypatch):
+    """Found by an audit: the main thread's shape inference works in a scratch folder for a moment
+    (onnxruntime's symbolic inference writes files into the working directory), so a relative
+    path the worker read then was looked up there: FileNotFoundError, or an original whose
+    external data was missing (unverifiable, the output written unverified)."""
+    from fuse_cli import promises
+
+    read = []
+    real = promises.read_original
+    monkeypatch.setattr(promises, "read_original", lambda path: read.append(path) or real(path))
+    onnx.save(conv_bn_model(), tmp_path / "m.onnx")
+    monkeypatch.chdir(tmp_path)
+    report = api.optimize("m.onnx", FuseConfig(verify=True), "o.onnx").report
+    assert report.verification.passed
+    (path,) = read
+    assert os.path.isabs(path) and os.path.samefile(path, tmp_path / "m.onnx")

@@ -238,21 +238,19 @@ def with_runtime_dims(model: onnx.ModelProto, table: ShapeTable,
                                placeholders=MappingProxyType(placeholders))
 
 
-def at_dims(table: ShapeTable, dims: Mapping[str, int], *, proofs: bool = False,
-            model: onnx.ModelProto | None = None) -> ShapeTable | None:
-    """`table`, an inference with nothing bound, at `dims`, by substitution: where that inference
-    named every dim of every tensor by a symbol `dims` binds or a number, inferring again at
-    `dims` gives exactly that (binding only settles what a symbol could not: a Squeeze of a
-    maybe-1 dim, a broadcast of two symbols, which leave a dim or a rank unknown here). None
+def at_dims(table: ShapeTable, dims: Mapping[str, int]) -> ShapeTable | None:
+    """`table`, onnx's inference with nothing bound, at `dims`, by substitution: where that
+    inference named every dim of every tensor by a symbol `dims` binds or a number, inferring
+    again at `dims` gives exactly that (binding only settles what a symbol could not: a Squeeze
+    of a maybe-1 dim, a broadcast of two symbols, which leave a dim or a rank unknown here). None
     where anything is unknown, a placeholder of onnx's or onnxruntime's, or a symbol `dims` does
     not bind (a declared intermediate's own name): then only an inference can say. One
     inference of a 12k-node graph takes 0.2 s; this, a walk over its tensors.
 
-    proofs: `table` is the proofs table (with_runtime_dims, proofs=True), whose dims onnx left
-    unknown are named by the sizes they took at two settings, never by a merge: its placeholders
-    describe the inference it filled in, and do not stand in the way. `model`: the names in
-    `dims` that none of its dims carries are listed as unused, as infer_shapes lists them."""
-    if (table.placeholders and not proofs) or table.bound_dims:
+    Never the proofs table (with_runtime_dims, proofs=True): it names a dim onnx left unknown by
+    its sizes at two prime settings, which Max(N, 3) or a round-up to a multiple of 8 match
+    there and nowhere else (at N = 1, at N = 64)."""
+    if table.placeholders or table.bound_dims:
         return None
     tensors: dict[str, TensorInfo] = {}
     for name, info in table.tensors.items():
@@ -262,9 +260,8 @@ def at_dims(table: ShapeTable, dims: Mapping[str, int], *, proofs: bool = False,
         if None in shape:
             return None
         tensors[name] = TensorInfo(name, info.elem_type, shape)
-    declared = _declared_symbols(model.graph) if model is not None else dims
     return ShapeTable(tensors=MappingProxyType(tensors), unknown_dims=(), bound_dims=MappingProxyType(dict(dims)),
-                      unused_dims=tuple(name for name in dims if name not in declared), warnings=table.warnings)
+                      warnings=table.warnings)
 
 
 def _with_evaluated_dims(model: onnx.ModelProto, table: ShapeTable,
