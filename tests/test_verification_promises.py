@@ -138,6 +138,37 @@ def test_dims_written_as_arithmetic_of_symbols_are_computed():
     assert verify_models(model, model).passed
 
 
+def _rows_rounded_up_to_8() -> onnx.ModelProto:
+    """x [N, 16] padded with zero rows up to a multiple of 8, times its own row count: the count
+    is 8 at the proof settings N = 3 and N = 5, and 16 at N = 9."""
+    b = GraphBuilder()
+    x = b.input("x", ["N", 16])
+    zero, one, eight = (b.const(np.array([v], np.int64)) for v in (0, 1, 8))
+    n = b.op("Slice", b.op("Shape", x), zero, one)
+    rows = b.op("Mul", b.op("Div", b.op("Add", n, b.const(np.array([7], np.int64))), eight), eight)
+    pads = b.op("Concat", zero, zero, b.op("Sub", rows, n), zero, axis=0)
+    padded = b.op("Pad", x, pads)
+    count = b.op("Cast", b.op("Slice", b.op("Shape", padded), zero, one), to=TensorProto.FLOAT)
+    return b.build(b.op("Mul", b.op("Relu", padded), count), output_names=["y"])
+
+
+def test_a_size_two_settings_share_is_no_constant(tmp_path):
+    """Found this session: the proofs table named a dim by its one size at both settings, as a
+    number, and static-shape-dims folded the padded row count to 8: verification at N = 3 and
+    N = 5 agreed, and the output was wrong from N = 9 on (8 where 16). A number now only where a
+    third setting far from both keeps it (the 16 columns); the rows are named, nothing folds them."""
+    model = _rows_rounded_up_to_8()
+    path, out = tmp_path / "pad.onnx", tmp_path / "out.onnx"
+    onnx.save(model, path)
+    table = with_runtime_dims(model, infer_shapes(model), proofs=True)
+    padded = next(n.output[0] for n in model.graph.node if n.op_type == "Pad")
+    assert isinstance(table.get(padded).shape[0], str) and table.get(padded).shape[1] == 16
+    report = api.optimize(path, FuseConfig(verify=True), out).report
+    assert report.verification.passed
+    for rows in (1, 9, 17):
+        assert verify_models(str(path), str(out), feeds={"x": np.ones((rows, 16), np.float32)}).passed, rows
+
+
 # ------------------------------------------- 2/3. an optimized model that fails is a mismatch
 
 class DropsEveryFlatten(PatternPass):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import itertools
 import logging
 import math
 import os
@@ -33,7 +34,7 @@ from onnx import TensorProto, helper, numpy_helper
 from fuse_cli.analysis.shape_values import as_constant_nodes, evaluate_shape_values, initial_values
 from fuse_cli.core.order import execution_order, model_fingerprint
 from fuse_cli.core.tensors import element_size_bits, payload_bytes
-from fuse_cli.input_domain import shape_settings, with_declared_arithmetic  # the distinct primes verification binds
+from fuse_cli.input_domain import free_symbols, shape_settings, with_computed_dims, with_declared_arithmetic  # the distinct primes verification binds
 
 Dim = int | str | None
 _NO_BINDINGS: Mapping = MappingProxyType({})
@@ -205,8 +206,9 @@ def with_runtime_dims(model: onnx.ModelProto, table: ShapeTable,
     N), where a valid model only needs N == M or one of them 1. So for proofs no symbol is
     merged: onnxruntime's inference runs twice with every free input symbol bound to a distinct
     prime (the two settings verification uses), and a dim onnx left unknown is named by the two
-    sizes it takes: an input symbol's name when they are that symbol's sizes, a number when both
-    are the same number, else a name of its own that only a dim of the same two sizes shares.
+    sizes it takes: an input symbol's name when they are that symbol's sizes, else a name of its
+    own that only a dim of the same two sizes shares (never a number, even where both sizes are
+    one: a round-up of N to a multiple of 8 is 8 at both settings, and 16 at N = 9).
     Where a setting is not a valid input (N and M must then be equal, or 1), nothing is filled."""
     if not any(info.shape is None or None in info.shape for info in table.tensors.values()):
         return table
@@ -281,11 +283,23 @@ def _with_evaluated_dims(model: onnx.ModelProto, table: ShapeTable,
         if name not in table.bound_dims and all(name in s for s in named_settings):
             by_sizes.setdefault(tuple(s[name] for s in named_settings), name)
 
-    def named(sizes: tuple) -> Dim:
+    far: list[Mapping[str, TensorInfo] | None] = []  # a third setting's sizes, inferred on first need
+
+    def named(sizes: tuple, tensor: str, index: int) -> Dim:
         if not all(isinstance(size, int) for size in sizes):
             return None
         if len(set(sizes)) == 1:
-            return sizes[0]
+            # One size at both settings: a constant, or a round-up or clamp of a symbol the two
+            # settings happen to share (N rounded up to a multiple of 8 is 8 at N = 3 and N = 5;
+            # taken for a number, static-shape-dims folded it, and verification at those settings
+            # agreed with the wrong output). A number only when a third setting, every free
+            # symbol a prime above 1000, keeps it too; else a name.
+            if not far:
+                far.append(_far_sizes(model, table.bound_dims, input_shapes))
+            at_far = far[0].get(tensor) if far[0] is not None else None
+            if at_far is not None and at_far.shape is not None and len(at_far.shape) > index \
+                    and at_far.shape[index] == sizes[0]:
+                return sizes[0]
         return by_sizes.get(sizes, "dim(" + "|".join(map(str, sizes)) + ")")
 
     tensors = dict(table.tensors)
@@ -293,14 +307,32 @@ def _with_evaluated_dims(model: onnx.ModelProto, table: ShapeTable,
         found = [e.get(name) for e in evaluated]
         if any(f is None or f.shape is None for f in found) or len({len(f.shape) for f in found}) != 1:
             continue
-        dims = tuple(named(sizes) for sizes in zip(*(f.shape for f in found)))
+        # onnx's own dims stand; only the ones it left unknown are named (and only they may cost
+        # the far setting's inference)
+        known = info.shape if info.shape is not None and len(info.shape) == len(found[0].shape) else None
+        dims = tuple(known[k] if known is not None and known[k] is not None else named(sizes, name, k)
+                     for k, sizes in enumerate(zip(*(f.shape for f in found))))
         if info.shape is None:
             tensors[name] = TensorInfo(name, info.elem_type or found[0].elem_type, dims)
-        elif len(info.shape) == len(dims):
-            tensors[name] = TensorInfo(name, info.elem_type, tuple(d if d is not None else e
-                                                                   for d, e in zip(info.shape, dims)))
+        elif known is not None:
+            tensors[name] = TensorInfo(name, info.elem_type, dims)
     return dataclasses.replace(table, tensors=MappingProxyType(tensors), unknown_dims=_all_unknown_dims(tensors))
 
+
+def _far_sizes(model: onnx.ModelProto, bound: Mapping[str, int],
+               input_shapes: Mapping[str, Sequence[int]]) -> Mapping[str, TensorInfo] | None:
+    """The sizes at a setting far from verification's: every free symbol a distinct prime above
+    1000 (None where the model refuses it)."""
+    free = [name for name in free_symbols(model) if name not in bound]
+    primes = (n for n in itertools.count(_FAR) if all(n % p for p in range(2, int(n ** 0.5) + 1)))
+    try:
+        return infer_shapes(model, with_computed_dims(model, {**bound, **dict(zip(free, primes))}), input_shapes,
+                            symbolic=True).tensors
+    except ValueError:
+        return None
+
+
+_FAR = 1009  # a prime: the first size of the far setting
 
 _FUNCTIONS = frozenset({"Min", "Max", "floor", "ceiling", "Mod", "Abs", "sqrt"})
 
