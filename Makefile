@@ -35,6 +35,7 @@ fuzz: $(STAMP)
 
 bench: $(BENCH_STAMP) memory-truth schedule-bench llm-bench near-miss-corpus
 	$(BIN)/python benchmarks/run.py   # also reads the folder in $$MODELS, when set
+	$(BIN)/python benchmarks/deep_floor.py | tee benchmarks/results/deep_floor.txt
 	$(BIN)/python benchmarks/big_models.py --json benchmarks/results/big_models.json > benchmarks/results/big_models.txt; \
 		status=$$?; cat benchmarks/results/big_models.txt; exit $$status
 
