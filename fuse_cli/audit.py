@@ -116,6 +116,7 @@ class PeakEstimate:
         inferred value stand over a declared name). So a declaration tried costs one inference, the
         planner's, not one per setting besides. structure: _structure(model), when the caller has it."""
         _, nodes, declared = _structure(model) if structure is None else structure
+        planner = self._planner_shapes(model, nodes, declared)
         for cached, i, fingerprint, bound in self._table_cache:
             if cached is model and i == index and fingerprint == nodes:
                 break
@@ -124,14 +125,13 @@ class PeakEstimate:
             # without an inference where the candidate's own unbound shapes allow (one inference of
             # a 12k-node graph: 0.2 s): the original's sizes of the names it kept, else its
             # unbound table at the setting's dims, else an inference at them
-            planner = self._planner_shapes(model, nodes, declared)
             at_setting = (_kept_from(planner, self.symbolic, setting.shapes)
                           or (None if setting.input_shapes else at_dims(planner, setting.dims)))
             # onnx cannot infer contrib operators (FusedConv, ...), but a fused node writes the tensor
             # its pattern's root wrote, under the same name: the original's shapes still hold for it.
             bound = _fill_from(at_setting or _infer(model, setting.dims, setting.input_shapes), setting.shapes)
             self._table_cache = [*self._table_cache[-3:], (model, index, nodes, bound)]
-        return bound, self._planner_shapes(model, nodes, declared)
+        return bound, planner
 
     def estimates(self, rules: tuple[str, ...]) -> Estimates:
         """What the model passes judge orders with: this estimate at every setting the guard uses

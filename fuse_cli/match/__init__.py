@@ -146,7 +146,7 @@ def root_op_types(pattern: Op | Alt) -> frozenset[str]:
     if isinstance(pattern, Alt):
         return frozenset().union(*(root_op_types(option) for option in pattern.options))
     if isinstance(pattern, Op):
-        return frozenset(pattern.op_types)
+        return pattern._op_set
     raise TypeError(f"a pattern's root must be an Op or an Alt of Ops, not {pattern!r}")
 
 
