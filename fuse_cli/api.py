@@ -19,16 +19,18 @@ from fuse_cli.audit import PeakEstimate, measure, memory_audit
 from fuse_cli.config import FuseConfig
 from fuse_cli.core.tensors import payload_bytes, weight_bytes
 from fuse_cli.fusing import Fused, fuse, what_runtime_target_adds
-from fuse_cli.graph.io import load_model
+from fuse_cli.graph.io import load_model, node_count
 from fuse_cli.graph.opset import default_opset, upgrade_opset
-from fuse_cli.graph.output import CandidateWriter, check_not_over_weights, check_output_path
+from fuse_cli.graph.output import CandidateWriter, check_not_over_weights, check_output_path, output_lock
 from fuse_cli.graph.weights import read_in
+from fuse_cli.load_check import loadable
 from fuse_cli.passes import resolve
 from fuse_cli.pipeline.base import Pass
 from fuse_cli.promises import declined_near_miss, keep_promises
 from fuse_cli.report.model import Gates, Report
 from fuse_cli.report.notes import opset_note, run_level_note, shape_notes
 from fuse_cli.shape_tables import build_shape_tables
+from fuse_cli.verify import MATCH
 
 
 @dataclass(frozen=True)
@@ -56,8 +58,14 @@ def optimize(model_path: str | os.PathLike, config: FuseConfig, output_path: str
     input unless in_place is set."""
     source = Path(model_path)
     target_path = Path(output_path) if output_path is not None else default_output_path(source)
-    if not dry_run:
-        check_output_path(source, target_path, in_place)
+    if dry_run:
+        return _optimize(source, config, target_path, dry_run=True)
+    check_output_path(source, target_path, in_place)
+    with output_lock(target_path):
+        return _optimize(source, config, target_path, dry_run=False)
+
+
+def _optimize(source: Path, config: FuseConfig, target_path: Path, *, dry_run: bool) -> OptimizeResult:
     loaded = load_model(source, freeze_inputs=config.freeze_inputs)
     if not dry_run:
         check_not_over_weights(loaded, target_path, config.external_data)
@@ -76,6 +84,10 @@ def optimize(model_path: str | os.PathLike, config: FuseConfig, output_path: str
                     estimate.estimates(config.schedule_rules))
     try:
         fused, verification, rolled_back, declined = keep_promises(source, loaded, passes, run, estimate, config)
+        if verification is None or verification.status != MATCH:  # a `match` was loaded and run
+            dropped = {r.pass_name for r in rolled_back} | {d.pass_name for d in declined}
+            fused, unloadable = loadable(source, fused, [p for p in passes if p.name not in dropped], run)
+            rolled_back += unloadable
         # The audit (a dry run) says what portability costs; `optimize` does not run the pipeline twice.
         runtime_extra = (what_runtime_target_adds(loaded, tables.proofs, tables.bound, config)
                          if config.target == "onnx" and dry_run else ())
@@ -90,8 +102,8 @@ def optimize(model_path: str | os.PathLike, config: FuseConfig, output_path: str
         passes=tuple(p.name for p in passes),
         fusions=tuple(fused.fusions),
         near_misses=tuple(fused.near_misses) + tuple(declined_near_miss(d) for d in declined),
-        nodes_before=len(loaded.model.graph.node),
-        nodes_after=len(optimized.graph.node),
+        nodes_before=node_count(loaded.model.graph),
+        nodes_after=node_count(optimized.graph),
         weight_bytes_before=weight_bytes(loaded.model) + sum(payload_bytes(t) or 0 for t in loaded.input_defaults.values()),
         weight_bytes_after=weight_bytes(optimized),
         unbound_dims=tables.assumed,

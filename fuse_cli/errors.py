@@ -18,3 +18,9 @@ class ModelLoadError(FuseError):
 
 class UsageError(FuseError):
     """Options or configuration that do not make sense."""
+
+
+class InternalError(FuseError):
+    """fuse itself got something wrong (not the input, not the options): said in one line."""
+
+    exit_code = EXIT_INTERNAL

@@ -12,10 +12,11 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from fuse_cli import __version__
+from fuse_cli.analysis.body_shapes import body_shapes
 from fuse_cli.analysis.shapes import ShapeTable
 from fuse_cli.config import FuseConfig
 from fuse_cli.core import heap
-from fuse_cli.graph.edit import GraphEditor, toposort
+from fuse_cli.graph.edit import GraphEditor, model_names, subgraphs, toposort
 from fuse_cli.graph.io import LoadedModel, assemble_model, load_graph, unload_unchanged_weights
 from fuse_cli.graph.weights import ParkingLot, mapped_weights_alive
 from fuse_cli.graph.opset import default_opset, ensure_domain_imports
@@ -74,22 +75,54 @@ def fuse(loaded: LoadedModel, passes: list[Pass], proofs: ShapeTable, bound: Sha
 def _run_passes(loaded: LoadedModel, passes: list[Pass], proofs: ShapeTable, bound: ShapeTable,
                 config: FuseConfig, lot: ParkingLot | None = None
                 ) -> tuple[gs.Graph, list[FusionRecord], list[NearMiss]]:
+    """The passes to their fixpoint on the main graph, then inside every If branch and Loop/Scan
+    body (outermost first), then on the main graph again where a body changed: a body that stops
+    reading an outer tensor can free the outer fusion that tensor's reader blocked."""
     graph = load_graph(loaded)
     # Sorted once up front (iteratively): every replacement then stands where its root stood, so
     # the order stays topological without re-sorting per match.
     toposort(graph)
-    editor = GraphEditor(
-        graph,
-        opset=default_opset(loaded.model),
-        shapes={name: info.shape for name, info in proofs.tensors.items()},
-        dtypes={name: info.elem_type for name, info in proofs.tensors.items()},
-        input_defaults=loaded.input_defaults,
-        fold_limit_bytes=config.fold_limit_bytes,
-        target=config.target,
-        lot=lot,
-    )
-    fusions, near_misses = run_pipeline(editor, passes, bound.nbytes)
-    return graph, fusions, near_misses
+    names = model_names(graph)  # one set for every scope: a new name is new in the whole model
+    inside = body_shapes(loaded.model)
+    shapes = {name: shape for name, (_, shape) in inside.items()}
+    shapes.update((name, info.shape) for name, info in proofs.tensors.items())
+    dtypes = {name: elem_type for name, (elem_type, _) in inside.items()}
+    dtypes.update((name, info.elem_type) for name, info in proofs.tensors.items())
+
+    def editor(scope: gs.Graph) -> GraphEditor:
+        enclosed = scope is not graph
+        return GraphEditor(
+            scope,
+            opset=default_opset(loaded.model),
+            shapes=shapes,
+            dtypes=dtypes,
+            input_defaults=loaded.input_defaults,
+            fold_limit_bytes=config.fold_limit_bytes,
+            target=config.target,
+            # a body's new weights stay in memory: the parking lot's references live in the main
+            # graph's initializers, which the writers and onnxruntime's loader read from files
+            lot=None if enclosed else lot,
+            names=names,
+            enclosed=enclosed,
+        )
+    fusions, near_misses = run_pipeline(editor(graph), passes, bound.nbytes)
+    in_bodies, body_misses = _run_in_bodies(graph, editor, passes, bound.nbytes)
+    if in_bodies:
+        more, near_misses = run_pipeline(editor(graph), passes, bound.nbytes)
+        fusions += more
+    return graph, fusions + in_bodies, near_misses + body_misses
+
+
+def _run_in_bodies(graph: gs.Graph, editor, passes: list[Pass], size_of) -> tuple[list[FusionRecord], list[NearMiss]]:
+    fusions: list[FusionRecord] = []
+    near_misses: list[NearMiss] = []
+    for node in list(graph.nodes):
+        for body in subgraphs(node):
+            made, missed = run_pipeline(editor(body), passes, size_of)
+            nested, nested_missed = _run_in_bodies(body, editor, passes, size_of)
+            fusions += made + nested
+            near_misses += missed + nested_missed
+    return fusions, near_misses
 
 
 RUNTIME_TARGET = "ort"

@@ -8,7 +8,7 @@ intermediates. The node list is rebuilt once per sweep by `commit`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -71,7 +71,12 @@ class GraphEditor:
 
     def __init__(self, graph: gs.Graph, *, opset: int, shapes: Mapping[str, tuple | None],
                  dtypes: Mapping[str, int], input_defaults: Iterable[str] = (),
-                 fold_limit_bytes: int = 64 * 2**20, target: str = "onnx", lot: ParkingLot | None = None):
+                 fold_limit_bytes: int = 64 * 2**20, target: str = "onnx", lot: ParkingLot | None = None,
+                 names: set[str] | None = None, enclosed: bool = False):
+        """names: the names already taken, shared by the editors of one model's graphs, so a name
+        made in one body is never one another scope declares (no capture, no shadowing). enclosed:
+        `graph` is an If/Loop/Scan body, whose patterns may reach the enclosing graph's nodes
+        through the outer tensors it reads; those nodes are never part of a match here."""
         self.graph = graph
         self.lot = lot
         self.opset = opset
@@ -80,7 +85,8 @@ class GraphEditor:
         self._shapes = shapes
         self._dtypes = dtypes
         self.input_defaults = frozenset(input_defaults)
-        self._names = {n.name for n in graph.nodes} | set(graph.tensors().keys())
+        self._names = names if names is not None else model_names(graph)
+        self._members: set[int] | None = {id(n) for n in graph.nodes} if enclosed else None
         self._replacements: dict[int, list[gs.Node]] = {}
         self._removed: set[int] = set()
         self.graph_outputs: set[int] = {id(t) for t in graph.outputs}
@@ -138,6 +144,10 @@ class GraphEditor:
         rewrite promises to produce their outputs too (e.g. SkipLayerNormalization's optional sum
         output). Returns None or the reason."""
         exempt = {id(n) for n in kept}
+        if self._members is not None:
+            outer = next((n for n in m.covered if id(n) not in self._members), None)
+            if outer is not None:
+                return f"{label(outer)} belongs to the graph enclosing this subgraph"
         for node in m.covered:
             if node is m.root or id(node) in exempt:
                 continue
@@ -231,6 +241,8 @@ class GraphEditor:
             node.outputs.clear()
             self._removed.add(id(node))
         self._replacements[id(m.root)] = replacement.nodes
+        if self._members is not None:
+            self._members.update(id(n) for n in replacement.nodes)
         return removed
 
     def _reroute(self, old: gs.Tensor, new: gs.Tensor) -> None:
@@ -304,6 +316,41 @@ def _np_dtype(elem_type: int) -> np.dtype | None:
         return None
 
 
+def subgraphs(node: gs.Node) -> list[gs.Graph]:
+    """The If branches and Loop/Scan bodies a node holds."""
+    found = []
+    for value in node.attrs.values():
+        found += [sub for sub in (value if isinstance(value, list) else [value]) if isinstance(sub, gs.Graph)]
+    return found
+
+
+def nested_graphs(graph: gs.Graph) -> Iterator[gs.Graph]:
+    """Every body nested in `graph`'s nodes, outermost first (not `graph` itself)."""
+    for node in graph.nodes:
+        for sub in subgraphs(node):
+            yield sub
+            yield from nested_graphs(sub)
+
+
+def every_tensor(graph: gs.Graph) -> Iterator[gs.Tensor]:
+    """The tensors of `graph` and of every body in it, each once (a body shares the tensor
+    objects of the outer scope it reads: a weight read only inside a branch is found there)."""
+    seen: set[int] = set()
+    for scope in (graph, *nested_graphs(graph)):
+        for tensor in scope.tensors().values():
+            if id(tensor) not in seen:
+                seen.add(id(tensor))
+                yield tensor
+
+
+def model_names(graph: gs.Graph) -> set[str]:
+    """Every node and tensor name in `graph` and its bodies: what a new name must avoid."""
+    names = {t.name for t in every_tensor(graph)}
+    for scope in (graph, *nested_graphs(graph)):
+        names.update(n.name for n in scope.nodes)
+    return names
+
+
 def toposort(graph: gs.Graph) -> None:
     """Sort nodes topologically, keeping the stored order among ready nodes. Iterative (Kahn):
     graphsurgeon's recursive sort overflows the stack on long chains stored out of order."""
@@ -324,12 +371,10 @@ def toposort(graph: gs.Graph) -> None:
 def _reads(node: gs.Node) -> Iterable[gs.Tensor]:
     """A node's inputs plus the outer-scope tensors its subgraphs read."""
     yield from node.inputs
-    for value in node.attrs.values():
-        for sub in value if isinstance(value, list) else [value]:
-            if isinstance(sub, gs.Graph):
-                inner_nodes = {id(n) for n in sub.nodes}
-                for inner in sub.nodes:
-                    for t in _reads(inner):
-                        if t.inputs and id(t.inputs[0]) not in inner_nodes:
-                            yield t
+    for sub in subgraphs(node):
+        inner_nodes = {id(n) for n in sub.nodes}
+        for inner in sub.nodes:
+            for t in _reads(inner):
+                if t.inputs and id(t.inputs[0]) not in inner_nodes:
+                    yield t
 

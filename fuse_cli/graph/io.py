@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from fuse_cli.core.tensors import payload_bytes
 from fuse_cli.core.domains import default_opset_or_none, is_default_domain
 from fuse_cli.errors import FuseError, ModelLoadError
 from fuse_cli.graph import weights
+from fuse_cli.graph.edit import every_tensor
 from fuse_cli.graph.weights import MappedValues, encode_varint, length_delimited
 
 # protobuf refuses to serialize a message of 2 GiB or more; leave headroom for the graph itself.
@@ -103,26 +105,42 @@ def load_model(path: str | os.PathLike, *, freeze_inputs: bool = False) -> Loade
 
 
 def _densify_sparse_initializers(model: onnx.ModelProto) -> None:
-    """Sparse initializers of the main graph become dense ones of the same name and dtype.
-    graphsurgeon reads a sparse initializer's raw_data values as zeros and exports it as a dense
-    float64 tensor (onnxruntime then refuses Add(float, double)); dense, every pass can read it."""
-    graph = model.graph
-    for sparse in graph.sparse_initializer:
-        values = onnx.numpy_helper.to_array(sparse.values)
-        indices = onnx.numpy_helper.to_array(sparse.indices).astype(np.int64)
-        dims = tuple(sparse.dims)
-        flat = indices if indices.ndim == 1 else np.ravel_multi_index(tuple(indices.T), dims)
-        dense = np.zeros(math.prod(dims), values.dtype)
-        dense[flat] = values.reshape(-1)
-        graph.initializer.append(onnx.numpy_helper.from_array(dense.reshape(dims), sparse.values.name))
-    del graph.sparse_initializer[:]
+    """Sparse initializers (of every graph) become dense ones of the same name and dtype, and so
+    does a Constant's sparse_value. graphsurgeon reads a sparse initializer's raw_data values as
+    zeros and exports it as a dense float64 tensor (onnxruntime then refuses Add(float, double)),
+    and drops a sparse attribute, leaving a Constant with no value; dense, every pass can read
+    them. Their values are in memory by now (_load_external_data read any external ones, from
+    the model's folder only)."""
+    for graph in _all_graphs(model.graph):
+        for sparse in graph.sparse_initializer:
+            graph.initializer.append(_dense(sparse))
+        del graph.sparse_initializer[:]
+        for node in graph.node:
+            if node.op_type == "Constant" and is_default_domain(node.domain):
+                for attr in node.attribute:
+                    if attr.type == onnx.AttributeProto.SPARSE_TENSOR:
+                        dense = _dense(attr.sparse_tensor)
+                        attr.ClearField("sparse_tensor")
+                        attr.name, attr.type = "value", onnx.AttributeProto.TENSOR
+                        attr.t.CopyFrom(dense)
+
+
+def _dense(sparse: onnx.SparseTensorProto) -> onnx.TensorProto:
+    values = onnx.numpy_helper.to_array(sparse.values)
+    indices = onnx.numpy_helper.to_array(sparse.indices).astype(np.int64)
+    dims = tuple(sparse.dims)
+    flat = indices if indices.ndim == 1 else np.ravel_multi_index(tuple(indices.T), dims)
+    dense = np.zeros(math.prod(dims), values.dtype)
+    dense[flat] = values.reshape(-1)
+    return onnx.numpy_helper.from_array(dense.reshape(dims), sparse.values.name)
 
 
 def load_graph(loaded: LoadedModel) -> gs.Graph:
     """The model's graph in graphsurgeon; weights left in external data load on first use."""
     graph = gs.import_onnx(loaded.model)
     if has_unread_weights(loaded.model):
-        for tensor in graph.tensors().values():
+        # every scope's: a weight of the main graph read only inside a branch is found there alone
+        for tensor in every_tensor(graph):
             if isinstance(tensor, gs.Constant) and isinstance(tensor._values, gs.ir.tensor.LazyValues) \
                     and _is_external(tensor._values.tensor):
                 tensor._values = MappedValues(tensor._values.tensor)
@@ -163,7 +181,7 @@ def _anchor_references(model: onnx.ModelProto, folder: Path) -> None:
 def unload_unchanged_weights(graph: gs.Graph) -> None:
     """Before export: a weight whose values a pass only looked at (still the file mapping) goes
     back to its external-data reference, so the export does not copy it into memory."""
-    for tensor in graph.tensors().values():
+    for tensor in every_tensor(graph):
         if isinstance(tensor, gs.Constant):
             source = getattr(tensor._values, "fuse_lazy_source", None)
             if source is not None:
@@ -186,6 +204,9 @@ def _load_external_data(model: onnx.ModelProto, folder: Path) -> None:
     for tensor in _all_tensors(model, main_initializers=False):
         if _is_external(tensor):
             load_external_data_for_tensor(tensor, str(folder))
+            # now held in memory: as onnx.load_external_data_for_model leaves a tensor it read
+            tensor.data_location = onnx.TensorProto.DEFAULT
+            del tensor.external_data[:]
 
 
 def _check_external_extent(tensor: onnx.TensorProto, folder: Path) -> None:
@@ -300,9 +321,12 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _check_external_data_locations(model: onnx.ModelProto, path: Path) -> tuple[Path, ...]:
-    """Refuse external-data paths that leave the model's folder: a model file must not make us read
-    arbitrary files (`../../etc/passwd`, absolute paths, symlinks pointing elsewhere). Every tensor
-    onnx would load is checked, Constant nodes' values included, not only initializers."""
+    """The one place that decides where an external byte may come from: the model's own folder,
+    symlinks resolved. Refuses paths that leave it (`../../etc/passwd`, absolute paths, symlinks
+    pointing elsewhere). Every tensor that may name external data is checked (_all_tensors: dense
+    and sparse initializers, attribute tensors, in every subgraph and function), and every read
+    that follows (_load_external_data, weights.MappedValues) resolves against that folder, never
+    the working directory."""
     base = path.parent.resolve()
     files: dict[Path, None] = {}
     for tensor in _all_tensors(model):
@@ -330,20 +354,38 @@ def _all_initializers(model: onnx.ModelProto):
 
 
 def _all_tensors(model: onnx.ModelProto, *, main_initializers: bool = True):
-    """Every tensor that may hold external data: initializers and node attribute tensors, in all
-    graphs and model-local functions (a superset of what onnx.load_external_data_for_model reads)."""
+    """Every tensor that may hold external data, in all graphs and model-local functions: dense
+    and sparse initializers (a sparse one's values and indices are tensors of their own) and node
+    attribute tensors, dense and sparse (a superset of what onnx.load_external_data_for_model
+    reads)."""
     graphs = _all_graphs(model.graph)
     main = next(graphs)
     if main_initializers:
         yield from main.initializer
+    yield from _sparse_parts(main.sparse_initializer)
     for graph in graphs:
         yield from graph.initializer
+        yield from _sparse_parts(graph.sparse_initializer)
     for body in _all_graphs(model.graph, *model.functions):
         for node in body.node:
             for attr in node.attribute:
                 if attr.HasField("t"):
                     yield attr.t
                 yield from attr.tensors
+                if attr.HasField("sparse_tensor"):
+                    yield from _sparse_parts([attr.sparse_tensor])
+                yield from _sparse_parts(attr.sparse_tensors)
+
+
+def _sparse_parts(sparse_tensors):
+    for sparse in sparse_tensors:
+        yield sparse.values
+        yield sparse.indices
+
+
+def node_count(graph: onnx.GraphProto) -> int:
+    """Nodes of `graph` and of every If/Loop/Scan body in it (a model may be one If around all)."""
+    return sum(len(body.node) for body in _all_graphs(graph))
 
 
 def _all_graphs(*bodies):
@@ -428,7 +470,7 @@ def assemble_model(original: LoadedModel, exported: onnx.ModelProto, provenance:
             model.ClearField(descriptor.name)
     _copy_shell(original.model, model)
     graph = model.graph
-    _restore_subgraphs(graph, original.model.graph)
+    _hoist_outer_initializers(graph, _declared_names(original.model.graph) | _declared_names(graph))
     used = _tensor_names_read(graph)
     for name, tensor in original.input_defaults.items():
         if name in used or name in {o.name for o in graph.output}:
@@ -443,21 +485,36 @@ def assemble_model(original: LoadedModel, exported: onnx.ModelProto, provenance:
     return model
 
 
-def _restore_subgraphs(graph: onnx.GraphProto, original: onnx.GraphProto) -> None:
-    """fuse leaves If/Loop/Scan bodies untouched, but graphsurgeon's export rewrites them (it adds
-    value_info for the outer tensors they read): put each body back exactly as it was."""
-    bodies = {n.name: n for n in original.node if n.name and _has_subgraph(n)}
-    for node in graph.node:
-        source = bodies.get(node.name)
-        if source is not None and _has_subgraph(node) and source.op_type == node.op_type:
-            originals = {a.name: a for a in source.attribute}
-            for attr in node.attribute:
-                if attr.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) and attr.name in originals:
-                    attr.CopyFrom(originals[attr.name])
+def _hoist_outer_initializers(graph: onnx.GraphProto, outer: set[str]) -> None:
+    """graphsurgeon exports a weight of the main graph that a body reads as an initializer of that
+    body (of each body that reads it), and not of the main graph when no main node reads it: it
+    would be copied into every branch, or lost where the body is written over. Each such weight
+    goes back to the main graph, once; a body's own weights (an LSTM's in each branch) stay."""
+    hoisted: dict[str, onnx.TensorProto] = {}
+    for body in _all_graphs(graph):
+        if body is graph or not any(t.name in outer for t in body.initializer):
+            continue
+        for tensor in body.initializer:
+            if tensor.name in outer and tensor.name not in hoisted:
+                hoisted[tensor.name] = _copied(tensor)
+        own = [_copied(t) for t in body.initializer if t.name not in outer]
+        del body.initializer[:]
+        body.initializer.extend(own)
+    present = {t.name for t in graph.initializer}
+    graph.initializer.extend(t for name, t in hoisted.items() if name not in present)
 
 
-def _has_subgraph(node: onnx.NodeProto) -> bool:
-    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
+def _copied(tensor: onnx.TensorProto) -> onnx.TensorProto:
+    copy = onnx.TensorProto()
+    copy.CopyFrom(tensor)
+    return copy
+
+
+def _declared_names(graph: onnx.GraphProto) -> set[str]:
+    """The names a graph itself declares: its inputs, initializers and node outputs."""
+    names = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    names |= {t.values.name for t in graph.sparse_initializer}
+    return names | {out for node in graph.node for out in node.output}
 
 
 def _copy_shell(model: onnx.ModelProto, into: onnx.ModelProto) -> None:
@@ -526,15 +583,19 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, external_data
     tmp_dir = _make_temp_dir(folder, path)
     try:
         tmp_model = Path(tmp_dir) / path.name
+        stale = _data_files_of(path)
         if external_data:
-            data_name = path.name + ".data"
+            data_name = _fresh_data_name(folder, path.name)
             placed = _save_with_external_data(model, tmp_model, data_name, relink)
             os.replace(Path(tmp_dir) / data_name, folder / data_name)
             written.append(folder / data_name)
         else:
             placed = _write_streamed(model, tmp_model)
+        # the model last: until this rename the old model and its data stand, after it the new pair
         os.replace(tmp_model, path)
         written.insert(0, path)
+        for old in stale - set(written):
+            old.unlink(missing_ok=True)
     except OSError as exc:
         raise FuseError(f"{path}: cannot write output ({_first_line(exc)})") from exc
     except ValueError as exc:
@@ -545,6 +606,39 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, external_data
         for tensor, name, offset, length in placed:
             weights.refer(tensor, (folder / name).resolve(), offset, length)
     return written
+
+
+def _fresh_data_name(folder: Path, model_name: str) -> str:
+    """`<model>.data`, or `<model>.1.data`, ... : the first name no file has, claimed (created
+    empty) at once. The data of a model already at the output path is never written over: a
+    kill before the model's rename leaves that model with its own data."""
+    for n in range(10_000):
+        name = f"{model_name}.data" if n == 0 else f"{model_name}.{n}.data"
+        try:
+            os.close(os.open(folder / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        except FileExistsError:
+            continue
+        return name
+    raise OSError(f"no free name for the weights of {model_name} in {folder}")
+
+
+def _data_files_of(path: Path) -> set[Path]:
+    """The data files fuse wrote for the model now at `path` (names `_fresh_data_name` makes that
+    the model references): what replacing it leaves unread, to remove once the new pair stands.
+    Files of other names, the user's, are never removed."""
+    if not path.is_file():
+        return set()
+    try:
+        old = weights.read_model(path)
+    except (ValueError, OSError, DecodeError):
+        return set()
+    ours = re.compile(re.escape(path.name) + r"(\.\d+)?\.data")
+    return {path.parent / location for location in {_location(t) for t in _all_tensors(old) if _is_external(t)}
+            if ours.fullmatch(location)}
+
+
+def _location(tensor: onnx.TensorProto) -> str:
+    return next((e.value for e in tensor.external_data if e.key == "location"), "")
 
 
 def has_unread_weights(model: onnx.ModelProto) -> bool:

@@ -3,7 +3,10 @@ weights), the scratch folder candidates' new weights are parked in, and the one 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import onnx
@@ -62,3 +65,36 @@ def same_file(a: Path, b: Path) -> bool:
         return os.path.samefile(a, b)
     return a.resolve() == b.resolve()
 
+
+
+@contextlib.contextmanager
+def output_lock(target: Path) -> Iterator[None]:
+    """One run at a time per output path: two runs writing one output could leave a model beside
+    the other run's data. An exclusive lock on a hidden file beside the output, for the run;
+    a second run stops at once (exit 2) rather than wait. The file goes when the run ends: it is
+    checked to still be the file locked, so a run that opened it as the holder removed it tries
+    again on the new one."""
+    lock_path = target.with_name(f".{target.name}.fuse-lock")
+    while True:
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise UsageError(f"{target}: cannot write to {lock_path.parent} ({exc.strerror or exc})") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise UsageError(f"{target}: another fuse run is writing this output; try again when it ends") from None
+        try:
+            current = os.stat(lock_path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            current = False
+        if current:
+            break
+        os.close(fd)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(lock_path)
+        os.close(fd)
