@@ -37,7 +37,7 @@ from fuse_cli.core.domains import default_opset_or_none, is_default_domain
 from fuse_cli.errors import FuseError, ModelLoadError
 from fuse_cli.graph import weights
 from fuse_cli.graph.edit import every_tensor
-from fuse_cli.graph.weights import MappedValues, encode_varint, length_delimited
+from fuse_cli.graph.weights import LoadedValues, MappedValues, encode_varint, length_delimited
 
 # protobuf refuses to serialize a message of 2 GiB or more; leave headroom for the graph itself.
 INLINE_SAVE_LIMIT_BYTES = 1_800_000_000
@@ -138,14 +138,16 @@ def _dense(sparse: onnx.SparseTensorProto) -> onnx.TensorProto:
 def load_graph(loaded: LoadedModel) -> gs.Graph:
     """The model's graph in graphsurgeon; weights left in external data load on first use."""
     graph = gs.import_onnx(loaded.model)
-    if has_unread_weights(loaded.model):
-        # every scope's: a weight of the main graph read only inside a branch is found there alone
-        for tensor in every_tensor(graph):
-            if isinstance(tensor, gs.Constant) and isinstance(tensor._values, gs.ir.tensor.LazyValues) \
-                    and _is_external(tensor._values.tensor):
-                tensor._values = MappedValues(tensor._values.tensor)
+    # every scope's: a weight of the main graph read only inside a branch is found there alone
+    for tensor in every_tensor(graph):
+        if isinstance(tensor, gs.Constant) and type(tensor._values) is gs.ir.tensor.LazyValues:
+            proto = tensor._values.tensor
+            if _is_external(proto):
+                tensor._values = MappedValues(_copied(proto))  # a reference: no payload to copy
                 # graphsurgeon would stamp EXTERNAL on the inline tensor it exports for loaded values
                 tensor.data_location = None
+            else:
+                tensor._values = LoadedValues(proto)
     return graph
 
 
@@ -580,12 +582,14 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, external_data
     elif not external_data and too_big_inline:
         raise FuseError(f"{path}: the weights exceed protobuf's 2 GB limit for one file: write external data")
     written: list[Path] = []
+    claimed: Path | None = None  # the new data file, until the model that reads it stands
     tmp_dir = _make_temp_dir(folder, path)
     try:
         tmp_model = Path(tmp_dir) / path.name
         stale = _data_files_of(path)
         if external_data:
             data_name = _fresh_data_name(folder, path.name)
+            claimed = folder / data_name
             placed = _save_with_external_data(model, tmp_model, data_name, relink)
             os.replace(Path(tmp_dir) / data_name, folder / data_name)
             written.append(folder / data_name)
@@ -593,6 +597,7 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, external_data
             placed = _write_streamed(model, tmp_model)
         # the model last: until this rename the old model and its data stand, after it the new pair
         os.replace(tmp_model, path)
+        claimed = None
         written.insert(0, path)
         for old in stale - set(written):
             old.unlink(missing_ok=True)
@@ -602,6 +607,8 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, external_data
         raise FuseError(f"{path}: cannot serialize model ({_first_line(exc)}); try --external-data") from exc
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
+        if claimed is not None:
+            claimed.unlink(missing_ok=True)
     if relink:
         for tensor, name, offset, length in placed:
             weights.refer(tensor, (folder / name).resolve(), offset, length)

@@ -197,6 +197,24 @@ _MAPPABLE_TYPES = frozenset({
 })
 
 
+class LoadedValues(gs.ir.tensor.LazyValues):
+    """graphsurgeon's lazy values of a weight of the loaded model, handing out copies of its
+    TensorProto: graphsurgeon's exporter renames the proto it is handed in place, so a weight a
+    pass renamed (fold-constants suffixes the tensors of an If branch it inlines) would be renamed
+    in the loaded model itself, and every later candidate built from it would miss the weight.
+    A copy costs little: a big weight's proto is a reference (its payload stays in its file)."""
+
+    @property
+    def tensor(self) -> onnx.TensorProto:
+        copy = onnx.TensorProto()
+        copy.CopyFrom(self._tensor)
+        return copy
+
+    @tensor.setter
+    def tensor(self, value: onnx.TensorProto) -> None:
+        self._tensor = value
+
+
 class MappedValues(gs.ir.tensor.LazyValues):
     """graphsurgeon's lazy values for a weight held by reference. The values are a read-only
     mapping of the file: a check that reads a weight's shape or dtype costs no memory, and

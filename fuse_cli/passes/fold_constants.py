@@ -74,8 +74,9 @@ class FoldConstants(GraphPass):
                 # graphsurgeon evaluates with onnxruntime sessions at its default log level, whose
                 # optimizer warnings ("UnsqueezeElimination cannot remove node") are noise here
                 onnxruntime.set_default_logger_severity(3)
+                # an If with a constant condition is inline-constant-if's (see there)
                 graph.fold_constants(size_threshold=g.fold_limit_bytes, recurse_subgraphs=False, error_ok=True,
-                                     should_exclude_node=excluded)
+                                     should_exclude_node=excluded, flatten_subgraphs=False)
             # graphsurgeon's cleanup walks every node and tensor: only when something may be dead
             # (a confirming round on a deep model has nothing to fold: 0.1 s at 12k nodes)
             if folding or transposed or _has_dead_end(graph):

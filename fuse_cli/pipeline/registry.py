@@ -20,6 +20,7 @@ REGISTRY: dict[str, Pass] = {}
 PORTABLE_PIPELINE: tuple[str, ...] = (
     # 1. make weights constant and drop what computes nothing
     "fold-constants",
+    "inline-constant-if",  # after fold-constants, which may have made a condition a constant
     "eliminate-identity",
     "eliminate-dropout",
     "eliminate-noop-arith",
