@@ -144,10 +144,9 @@ class GraphEditor:
         rewrite promises to produce their outputs too (e.g. SkipLayerNormalization's optional sum
         output). Returns None or the reason."""
         exempt = {id(n) for n in kept}
-        if self._members is not None:
-            outer = next((n for n in m.covered if id(n) not in self._members), None)
-            if outer is not None:
-                return f"{label(outer)} belongs to the graph enclosing this subgraph"
+        outer = next((n for n in m.covered if not self._in_scope(n)), None)
+        if outer is not None:
+            return f"{label(outer)} belongs to the graph enclosing this subgraph"
         for node in m.covered:
             if node is m.root or id(node) in exempt:
                 continue
@@ -162,6 +161,15 @@ class GraphEditor:
             if reason:
                 return reason
         return None
+
+    def _in_scope(self, node: gs.Node) -> bool:
+        """Is `node` one of this editor's graph (always, for the main graph)? The set is renewed
+        when a node is not in it: a whole-graph pass may have changed the node list."""
+        if self._members is None or id(node) in self._members:
+            return True
+        self._members = {id(n) for n in self.graph.nodes}
+        self._members.update(id(n) for nodes in self._replacements.values() for n in nodes)
+        return id(node) in self._members
 
     def outside_readers(self, t: gs.Tensor, m: Match) -> list[gs.Node]:
         """The nodes that read `t` outside the match, less those whose results flow only into the
@@ -200,7 +208,7 @@ class GraphEditor:
             return None
         if not isinstance(new, gs.Variable) or not new.inputs:
             return f"{old.name!r} is a graph output fed directly by {new.name!r}, which is a graph input or constant"
-        if self._members is not None and id(new.inputs[0]) not in self._members:
+        if not self._in_scope(new.inputs[0]):
             return f"{old.name!r} is a body output and {new.name!r} comes from the enclosing graph (a body returns its own values)"
         if self.is_graph_output(new):
             return f"both {old.name!r} and {new.name!r} are graph outputs"
