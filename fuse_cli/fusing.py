@@ -118,6 +118,10 @@ def _run_in_bodies(graph: gs.Graph, editor, passes: list[Pass], size_of) -> tupl
     near_misses: list[NearMiss] = []
     for node in list(graph.nodes):
         for body in subgraphs(node):
+            # graphsurgeon's folder exports a body as a model of its own: at the model's IR version
+            # and opsets, not onnx's newest defaults, which onnxruntime refuses (IR 14)
+            body.ir_version, body.opset = graph.ir_version, graph.opset
+            body.import_domains = body.import_domains or graph.import_domains
             made, missed = run_pipeline(editor(body), passes, size_of)
             nested, nested_missed = _run_in_bodies(body, editor, passes, size_of)
             fusions += made + nested

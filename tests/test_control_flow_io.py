@@ -226,3 +226,25 @@ def test_every_output_of_an_inlined_if_is_made(tmp_path):
     x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
     for want, got in zip(make_session(model).run(None, {"x": x}), make_session(result.model).run(None, {"x": x})):
         np.testing.assert_array_equal(got, want)
+
+
+def test_constants_fold_inside_a_branch(tmp_path):
+    """A branch slicing a main-graph weight (an LSTM's gates, as torch writes them in a VAD's
+    decoder): the slice is a constant, computed once. graphsurgeon's folder runs a body as a
+    model of its own, at the model's IR version (its own default, IR 14, onnxruntime 1.31 refuses)."""
+    bounds = [numpy_helper.from_array(np.array([v], np.int64), n) for v, n in ((0, "starts"), (BIG // 2, "ends"),
+                                                                               (1, "axes"))]
+    then = _branch("then", [helper.make_node("Slice", ["W", "starts", "ends", "axes"], ["w_half"], name="then_slice"),
+                            helper.make_node("MatMul", ["x", "w_half"], ["t"], name="then_mm")], "t")
+    other = _branch("else", [helper.make_node("Slice", ["x", "starts", "ends", "axes"], ["e"], name="else_slice")],
+                    "e")
+    model = _model([helper.make_node("If", ["c"], ["y"], name="if", then_branch=then, else_branch=other)],
+                   [_value("x", ["n", BIG]), _value("c", [], TensorProto.BOOL)], [_value("y", ["n", BIG // 2])],
+                   [_weight("W"), *bounds], opset=17)
+    result = optimize_model(model, tmp_path)
+    branches = {a.name: a.g for a in result.model.graph.node[0].attribute}
+    assert [n.op_type for n in branches["then_branch"].node] == ["MatMul"]
+    assert [n.op_type for n in branches["else_branch"].node] == ["Slice"]
+    for cond in (True, False):
+        for want, got in zip(_outputs(model, cond), _outputs(result.model, cond)):
+            np.testing.assert_array_equal(got, want)
