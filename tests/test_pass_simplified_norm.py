@@ -37,6 +37,9 @@ POSITIVE = {
     "two-axes": {"x_shape": ("batch", 4, 6), "axes": (1, 2), "gamma_shape": (1, 6)},
     "gamma-leading-ones": {"gamma_shape": (1, 1, HIDDEN)},
     "rank-4": {"x_shape": ("batch", 2, 5, HIDDEN)},
+    # gamma all ones, removed by eliminate-noop-arith (random-init Llama), or no affine scale at all
+    "no-gamma": {"gamma_shape": None},
+    "no-gamma-rsqrt-commuted": {"gamma_shape": None, "divide": "rsqrt", "commuted": True},
 }
 
 
@@ -91,3 +94,20 @@ def test_not_for_the_onnx_target(tmp_path):
     assert PASS not in pipeline_for("onnx")
     with pytest.raises(UsageError, match="cannot run"):
         optimize_model(decomposed(), tmp_path, target="onnx", passes=(PASS,))
+
+
+def test_unit_gamma_removed_first_still_fuses(tmp_path):
+    """Random-init exports carry gamma = ones: eliminate-noop-arith removes Mul(x, 1) first, and
+    the default ort-cpu pipeline still ends with one SimplifiedLayerNormalization (it kept the
+    whole RMSNorm decomposed, and told the user to upgrade to opset 23)."""
+    from onnx import numpy_helper
+    import numpy as np
+    model = decomposed()
+    for i, tensor in enumerate(model.graph.initializer):
+        if list(tensor.dims) == [HIDDEN]:
+            model.graph.initializer[i].CopyFrom(numpy_helper.from_array(np.ones(HIDDEN, np.float32), tensor.name))
+    result = optimize_model(model, tmp_path, target="ort-cpu")
+    assert op_counts(result.model) == {"SimplifiedLayerNormalization": 1}
+    assert not [m for m in result.report.near_misses if "upgrade-opset" in m.reason]
+    for batch in (1, 3):
+        assert_equivalent(model, result.model, dims={"batch": batch})

@@ -8,7 +8,7 @@ import onnx_graphsurgeon as gs
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Alt, Match, Op, Var, constant_value, producer_of
 from fuse_cli.pipeline.base import Decline, PatternPass
-from fuse_cli.toolkit.norms import RMS_NORMALIZED, normalized_axis, param_reason, param_tensor
+from fuse_cli.toolkit.norms import RMS_NORMALIZED, normalized_axis, param_reason, param_tensor, read_only_by_constant_op
 from fuse_cli.pipeline.registry import register
 
 
@@ -21,8 +21,9 @@ class FuseSimplifiedLayerNormalization(PatternPass):
           =>  x ── SimplifiedLayerNormalization(gamma, axis, epsilon) ── y
 
     The decomposed forms are rms-norm's (Mul(x, x) for Pow; Mul(x, Reciprocal(rms)) or
-    Mul(x, Div(1, rms)) for Div; operands in either order), and a standard RMSNormalization
-    (what rms-norm writes at opset >= 23) is taken as it is. Exact under rms-norm's conditions:
+    Mul(x, Div(1, rms)) for Div; operands in either order; without Mul(gamma), where gamma is all
+    ones and eliminate-noop-arith removed it or the model has no affine scale: gamma = ones), and
+    a standard RMSNormalization (what rms-norm writes at opset >= 23) is taken as it is. Exact under rms-norm's conditions:
     one ReduceMean (keepdims=1) over trailing axes, eps a constant scalar, gamma broadcasting over
     those axes only (it is given to onnxruntime with exactly the normalized shape).
     onnxruntime registers SimplifiedLayerNormalization in the default domain although it is not
@@ -33,8 +34,13 @@ class FuseSimplifiedLayerNormalization(PatternPass):
     description = "Fuse RMSNorm into onnxruntime's SimplifiedLayerNormalization"
     label = "RMSNorm -> SimplifiedLayerNormalization"
     emits = ("SimplifiedLayerNormalization",)
-    pattern = Alt(Op("Mul", RMS_NORMALIZED, Var("gamma"), name="scale"),
-                  Op("RMSNormalization", Var("x"), Var("gamma"), name="rmsnorm"))
+    pattern = Alt(Op("Mul", RMS_NORMALIZED, Var("gamma"), name="scale"),  # largest first
+                  Op("RMSNormalization", Var("x"), Var("gamma"), name="rmsnorm"),
+                  RMS_NORMALIZED)
+
+    def matches(self, m: Match, g: GraphEditor) -> bool:
+        """Without gamma, silent where a constant Mul reads the result: the gamma form reports there."""
+        return bool({"scale", "rmsnorm"} & set(m.nodes)) or not read_only_by_constant_op(m.root.outputs[0], ("Mul",), g)
 
     def emitted_at(self, m: Match, g: GraphEditor) -> tuple[np.dtype | None, None]:
         return g.dtype(m.tensor("x")), None
@@ -53,7 +59,7 @@ class FuseSimplifiedLayerNormalization(PatternPass):
             return axis
         if "rmsnorm" not in m.nodes and constant_value(m.tensor("eps")).size != 1:
             return Decline(f"{m.node('add_eps').name} adds an eps that is not a scalar")
-        owner = m.node("rmsnorm") if "rmsnorm" in m.nodes else m.node("scale")
+        owner = m.nodes.get("rmsnorm") or m.nodes.get("scale")
         return param_reason(g, m.tensor("gamma"), "gamma", owner, shape, axis, dtype)
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
