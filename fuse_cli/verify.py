@@ -6,13 +6,13 @@ Results carry statistics per output (max abs/rel difference, cosine similarity),
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
 
-from fuse_cli.core import heap, sessions
+from fuse_cli.core import isolation, model_runs, sessions
+from fuse_cli.core.isolation import RuntimeCrash
 from fuse_cli.core.sessions import run
 from fuse_cli.errors import FuseError
 from fuse_cli.core.feeds import random_inputs
@@ -74,18 +74,8 @@ class VerifyResult:
 
 
 
-def make_session(model: onnx.ModelProto | str, *, optimize: bool = False, providers=("CPUExecutionProvider",),
-                 dims: Mapping[str, int] | None = None):
-    """A session that runs the graph as written (or at onnxruntime's level all with `optimize`),
-    symbolic input dims pinned by `dims` (see core.sessions). Verification runs a model a few
-    times and never times it, so memory wins over speed: arena and memory pattern off, so the
-    buffers of a run go back to the system with the session (with the arena on, BERT-base kept
-    280 MB resident per verification run after its session was gone), no prepacking, so the
-    weights stay the mapped file (packed, BERT-base's MatMul weights were 340 MB more), and the
-    stored order, so a weight's float32 copy for an fp16 MatMul lives only until that MatMul.
-    Its threads do not spin: the original's runs go on beside the pipeline (promises.py)."""
-    return sessions.make_session(model, level="all" if optimize else "disabled", providers=providers, dims=dims,
-                                 lean_memory=True, prepack=False, stored_order=True, spin=False)
+# verification's session, in this process (tests and tools that run a model themselves)
+make_session = model_runs.session_for_verification
 
 
 def compare_outputs(expected: Mapping[str, np.ndarray], actual: Mapping[str, np.ndarray],
@@ -183,36 +173,34 @@ class Reference:
 def reference_outputs(original: onnx.ModelProto | str, settings: Sequence[Mapping[str, int]], *, seed: int = 0,
                       int_ranges: Mapping[str, tuple[int, int] | None] | None = None,
                       feeds: Mapping[str, np.ndarray] | None = None) -> Reference:
-    """Run the original at each setting (given `feeds` take their own shapes: one run)."""
+    """Run the original at each setting (given `feeds` take their own shapes: one run), in the
+    worker process (core/isolation.py): a crash there makes the model unverifiable, not fuse dead."""
+    source = sessions.source_of(original)
     runs = []
     for dims in ([{}] if feeds else settings):
         try:
-            session = make_session(original, dims=dims)
-            inputs = dict(feeds) if feeds else random_inputs(session, dims=dims, seed=seed, int_ranges=int_ranges)
-            runs.append((dict(dims), inputs, run(session, inputs)))
+            inputs, outputs = isolation.call(model_runs.reference_run, source, dict(dims), seed=seed,
+                                             int_ranges=int_ranges, feeds=feeds)
+            runs.append((dict(dims), inputs, outputs))
         except FuseError as exc:
             where = "on the given inputs" if feeds else f"at {describe_setting(dims)}"
             return Reference((), f"the original model cannot run {where}: {exc}")
-        finally:
-            session = None
-            heap.trim()
     return Reference(tuple(runs))
 
 
 def compare_with_reference(reference: Reference, optimized: onnx.ModelProto | str, rtol: float | None = None,
                            atol: float | None = None, *, concurrent: bool = False) -> VerifyResult:
-    """The candidate on the reference's inputs. A candidate that fails to load or run where the
-    original ran is a mismatch, never a shrug: that is a broken rewrite too. `concurrent`: the
-    settings' sessions are built and run at once, on threads (onnxruntime releases the GIL while
-    it builds and runs a session): the time of one on two cores, the memory of two sessions."""
+    """The candidate on the reference's inputs, run in the worker process (`concurrent`: its
+    settings at once, see model_runs.candidate_runs). A candidate that fails to load or run
+    where the original ran is a mismatch, never a shrug: that is a broken rewrite too; so is
+    one that crashes onnxruntime."""
     if reference.error is not None:
         return VerifyResult((), UNVERIFIABLE, reference.error)
     settings = [(dims, feeds) for dims, feeds, _ in reference.runs]
-    if concurrent and len(settings) > 1:
-        with ThreadPoolExecutor(len(settings)) as pool:
-            outcomes = iter(list(pool.map(lambda setting: _candidate_run(optimized, *setting), settings)))
-    else:  # one at a time, and none after a failure
-        outcomes = (_candidate_run(optimized, *setting) for setting in settings)
+    try:
+        outcomes = isolation.call(model_runs.candidate_runs, sessions.source_of(optimized), settings, concurrent)
+    except RuntimeCrash as crash:
+        return VerifyResult((), MISMATCH, f"{crash} running the candidate", reference.settings)
     worst: dict[str, OutputComparison] = {}
     for (dims, _, expected), (actual, failure) in zip(reference.runs, outcomes):
         if failure is not None:
@@ -222,20 +210,6 @@ def compare_with_reference(reference: Reference, optimized: onnx.ModelProto | st
             if o.name not in worst or _badness(o) > _badness(worst[o.name]):
                 worst[o.name] = o
     return _verdict(list(worst.values()), reference.settings)
-
-
-def _candidate_run(optimized: onnx.ModelProto | str, dims: Mapping[str, int], feeds: Mapping[str, np.ndarray]
-                   ) -> tuple[dict[str, np.ndarray] | None, FuseError | None]:
-    """The candidate's outputs at one setting, or why it failed to load or run."""
-    try:
-        session = make_session(optimized, dims=dims)
-        wanted = {i.name for i in session.get_inputs()}
-        return run(session, {k: v for k, v in feeds.items() if k in wanted}), None
-    except FuseError as exc:
-        return None, exc
-    finally:
-        session = None
-        heap.trim()
 
 
 def _badness(o: OutputComparison) -> tuple:
