@@ -121,3 +121,17 @@ def test_fuse_verify_reports_a_crashing_candidate_and_exits_1(tmp_path, bias_fre
                            str(tmp_path / "b.onnx")], capture_output=True, text=True, check=False)
     assert done.returncode == 1, done.stderr
     assert "onnxruntime crashed (SIGSEGV) running the candidate" in " ".join((done.stdout + done.stderr).split())
+
+
+def test_fuse_bench_and_the_measurement_say_onnxruntime_crashed(tmp_path, bias_free_attention_crashes):
+    from fuse_cli.analysis.measure import measure_peak
+    from fuse_cli.bench import QUICK, bench
+    from fuse_cli.errors import FuseError
+
+    onnx.save(packed_attention(bias=True), tmp_path / "a.onnx")
+    onnx.save(packed_attention(bias=False), tmp_path / "b.onnx")
+    with pytest.raises(FuseError, match=r"^onnxruntime crashed \(SIGSEGV\) timing the models on CPU"):
+        bench(tmp_path / "a.onnx", tmp_path / "b.onnx", dims={"batch": 1, "sequence": 4}, levels=("disabled",),
+              timing=QUICK, measure_memory=False)
+    measured = measure_peak(tmp_path / "b.onnx", dims={"batch": 1, "sequence": 4})
+    assert measured.peak_bytes is None and measured.reason == "onnxruntime crashed (SIGSEGV) running it"
