@@ -6,7 +6,7 @@ Results carry statistics per output (max abs/rel difference, cosine similarity),
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -79,9 +79,14 @@ make_session = model_runs.session_for_verification
 
 
 def compare_outputs(expected: Mapping[str, np.ndarray], actual: Mapping[str, np.ndarray],
-                    rtol: float | None = None, atol: float | None = None) -> VerifyResult:
+                    rtol: float | None = None, atol: float | None = None,
+                    computed_in: Mapping[str, np.dtype] | None = None) -> VerifyResult:
     """Per output: |got - want| <= atol + rtol * |want| elementwise over the finite elements, and
     NaN/inf exactly where the original has the same NaN/inf.
+
+    The default tolerances are those of the dtype an output is computed in (`computed_in`, see
+    computed_dtypes), else of its own: an fp16 model with float32 inputs and outputs carries
+    fp16 rounding in its float32 outputs.
 
     A given `atol` is absolute. The default one scales with the output's typical magnitude (when
     that exceeds 1): a float32 sum of many terms carries rounding error in proportion to the
@@ -95,7 +100,8 @@ def compare_outputs(expected: Mapping[str, np.ndarray], actual: Mapping[str, np.
         if name not in actual:
             raise FuseError(f"the optimized model has no output named {name!r}")
         want = np.asarray(want)
-        default_rtol, default_atol = DEFAULT_TOLERANCES.get(want.dtype, (0.0, 0.0))
+        dtype = np.dtype((computed_in or {}).get(name, want.dtype))
+        default_rtol, default_atol = DEFAULT_TOLERANCES.get(dtype, DEFAULT_TOLERANCES.get(want.dtype, (0.0, 0.0)))
         r = rtol if rtol is not None else default_rtol
         a = atol if atol is not None else default_atol * _magnitude(want)
         results.append(_compare_one(name, want, np.asarray(actual[name]), r, a))
@@ -145,8 +151,10 @@ def _compare_one(name: str, want: np.ndarray, got: np.ndarray, rtol: float, atol
     w, g = w[both], g[both]
     diff = np.abs(w - g)
     max_abs = float(diff.max()) if diff.size else 0.0
-    rel = diff / np.maximum(np.abs(w), np.finfo(np.float64).tiny)
-    max_rel = float(np.where(diff == 0, 0.0, rel).max()) if diff.size else 0.0
+    # relative to elements the absolute tolerance does not cover: next to a reference of 0 (a
+    # sigmoid's saturated zeros) any difference is "infinitely" relative and says nothing
+    away_from_zero = np.abs(w) > atol
+    max_rel = float((diff[away_from_zero] / np.abs(w[away_from_zero])).max()) if away_from_zero.any() else 0.0
     norms = np.linalg.norm(w) * np.linalg.norm(g)
     cosine = float(np.dot(w, g) / norms) if norms > 0 else 1.0
     passed = special_mismatches == 0 and bool(np.all(diff <= atol + rtol * np.abs(w)))
@@ -164,6 +172,7 @@ class Reference:
 
     runs: tuple[tuple[dict[str, int], dict[str, np.ndarray], dict[str, np.ndarray]], ...]  # (dims, feeds, outputs)
     error: str | None = None
+    computed_in: Mapping[str, np.dtype] = field(default_factory=dict)  # computed_dtypes of the original
 
     @property
     def settings(self) -> tuple[tuple[tuple[str, int], ...], ...]:
@@ -176,6 +185,7 @@ def reference_outputs(original: onnx.ModelProto | str, settings: Sequence[Mappin
     """Run the original at each setting (given `feeds` take their own shapes: one run), in the
     worker process (core/isolation.py): a crash there makes the model unverifiable, not fuse dead."""
     source = sessions.source_of(original)
+    header = original if isinstance(original, onnx.ModelProto) else onnx.load(original, load_external_data=False)
     runs = []
     for dims in ([{}] if feeds else settings):
         try:
@@ -185,7 +195,7 @@ def reference_outputs(original: onnx.ModelProto | str, settings: Sequence[Mappin
         except FuseError as exc:
             where = "on the given inputs" if feeds else f"at {describe_setting(dims)}"
             return Reference((), f"the original model cannot run {where}: {exc}")
-    return Reference(tuple(runs))
+    return Reference(tuple(runs), computed_in=computed_dtypes(header.graph))
 
 
 def compare_with_reference(reference: Reference, optimized: onnx.ModelProto | str, rtol: float | None = None,
@@ -206,10 +216,68 @@ def compare_with_reference(reference: Reference, optimized: onnx.ModelProto | st
         if failure is not None:
             return VerifyResult((), MISMATCH, f"the optimized model fails at {describe_setting(dims)} "
                                 f"where the original runs: {failure}", reference.settings)
-        for o in compare_outputs(expected, actual, rtol, atol).outputs:
+        for o in compare_outputs(expected, actual, rtol, atol, reference.computed_in).outputs:
             if o.name not in worst or _badness(o) > _badness(worst[o.name]):
                 worst[o.name] = o
     return _verdict(list(worst.values()), reference.settings)
+
+
+# Operators whose output dtype is not their float inputs': the walk to an output's compute dtype stops there
+_DTYPE_CHANGING = {"Cast", "CastLike", "Shape", "Size", "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"}
+
+
+def computed_dtypes(graph: onnx.GraphProto) -> dict[str, np.dtype]:
+    """The dtype each float output is computed in where that differs from its own: an output a
+    Cast widens (onnxconverter_common's keep_io_types: Cast to fp16 at the inputs, Cast back at
+    the outputs) is computed in the dtype of what feeds the Cast, found by walking up through
+    the producers to the first tensor whose float type is known (a declared type, an
+    initializer, a Cast's target)."""
+    known: dict[str, int] = {}
+    for value in (*graph.input, *graph.value_info, *graph.output):
+        if value.type.HasField("tensor_type") and value.type.tensor_type.elem_type:
+            known[value.name] = value.type.tensor_type.elem_type
+    known.update({t.name: t.data_type for t in graph.initializer})
+    producer = {o: n for n in graph.node for o in n.output if o}
+    for node in graph.node:
+        if node.op_type == "Cast" and node.output:
+            known.setdefault(node.output[0], next(a.i for a in node.attribute if a.name == "to"))
+    result = {}
+    for output in graph.output:
+        cast = producer.get(output.name)
+        if cast is None or cast.op_type != "Cast" or output.name not in known:
+            continue
+        inner = _float_dtype_upstream(cast.input[0], known, producer)
+        own = onnx.helper.tensor_dtype_to_np_dtype(known[output.name])
+        if inner is not None and own.kind == "f" and inner.kind == "f" and inner.itemsize < own.itemsize:
+            result[output.name] = inner
+    return result
+
+
+def _float_dtype_upstream(name: str, known: Mapping[str, int], producer: Mapping[str, onnx.NodeProto],
+                          limit: int = 64) -> np.dtype | None:
+    queue, seen = [name], {name}
+    while queue and limit > 0:
+        tensor, limit = queue.pop(0), limit - 1
+        if tensor in known:
+            dtype = _np_dtype(known[tensor])
+            if dtype is not None and dtype.kind == "f":
+                return dtype
+            continue
+        node = producer.get(tensor)
+        if node is None or node.op_type in _DTYPE_CHANGING:
+            continue
+        for source in node.input:
+            if source and source not in seen:
+                seen.add(source)
+                queue.append(source)
+    return None
+
+
+def _np_dtype(elem_type: int) -> np.dtype | None:
+    try:
+        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+    except (KeyError, ValueError, TypeError):
+        return None
 
 
 def _badness(o: OutputComparison) -> tuple:

@@ -82,7 +82,7 @@ class _Worker:
         with self.lock:
             process = self.ensure()
             try:
-                pickle.dump((function, args, kwargs), process.stdin, protocol=pickle.HIGHEST_PROTOCOL)
+                pickle.dump((os.getcwd(), function, args, kwargs), process.stdin, protocol=pickle.HIGHEST_PROTOCOL)
                 process.stdin.flush()
                 ok, value = pickle.load(process.stdout)
             except (BrokenPipeError, EOFError, pickle.UnpicklingError, ConnectionResetError):
@@ -112,18 +112,20 @@ atexit.register(_WORKER.close)
 
 
 def _serve() -> None:
-    """The child: read (function, args, kwargs), answer (True, result) or (False, exception),
-    until the parent closes the pipe. The answers go to a copy of stdout's descriptor; stdout
-    itself becomes stderr, so nothing printed can corrupt the stream."""
+    """The child: read (the caller's working folder, function, args, kwargs), answer (True,
+    result) or (False, exception), until the parent closes the pipe. It works in the caller's
+    folder, so a relative path means what it means there. The answers go to a copy of stdout's
+    descriptor; stdout itself becomes stderr, so nothing printed can corrupt the stream."""
     answers = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     requests = sys.stdin.buffer
     while True:
         try:
-            function, args, kwargs = pickle.load(requests)
+            folder, function, args, kwargs = pickle.load(requests)
         except EOFError:
             return
         try:
+            os.chdir(folder)
             answer = (True, function(*args, **kwargs))
         except Exception as exc:  # the caller decides what it means
             answer = (False, exc)
