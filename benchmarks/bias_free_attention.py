@@ -1,7 +1,15 @@
-"""Bias-free self-attention on the CPU: 3 MatMuls + MultiHeadAttention vs packed Attention with a zero bias."""
-import time, sys
-import numpy as np, onnx, onnxruntime as ort
-from onnx import helper, numpy_helper, TensorProto as T
+"""Bias-free self-attention on the CPU: 3 MatMuls + MultiHeadAttention vs packed Attention with a zero bias
+(what packed-attention emits where the graph has no Q/K/V biases; results/crash_isolation.md).
+
+    python benchmarks/bias_free_attention.py HIDDEN HEADS BATCH SEQUENCE     (e.g. 768 12 1 128)
+"""
+import sys
+import time
+
+import numpy as np
+import onnxruntime as ort
+from onnx import TensorProto as T
+from onnx import helper, numpy_helper
 H, heads = int(sys.argv[1]), int(sys.argv[2])
 B, S = int(sys.argv[3]), int(sys.argv[4])
 rng = np.random.default_rng(0)

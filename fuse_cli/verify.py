@@ -16,6 +16,7 @@ from fuse_cli.core.isolation import RuntimeCrash
 from fuse_cli.core.sessions import run
 from fuse_cli.errors import FuseError
 from fuse_cli.core.feeds import random_inputs
+from fuse_cli.graph.io import read_original
 from fuse_cli.input_domain import describe_setting, integer_ranges, shape_settings
 
 # (rtol, atol) by output dtype: fp32 per the project standard; fp16/bf16 keep ~3 significant digits.
@@ -185,7 +186,7 @@ def reference_outputs(original: onnx.ModelProto | str, settings: Sequence[Mappin
     """Run the original at each setting (given `feeds` take their own shapes: one run), in the
     worker process (core/isolation.py): a crash there makes the model unverifiable, not fuse dead."""
     source = sessions.source_of(original)
-    header = original if isinstance(original, onnx.ModelProto) else onnx.load(original, load_external_data=False)
+    header = original if isinstance(original, onnx.ModelProto) else read_original(original)  # weights by reference
     runs = []
     for dims in ([{}] if feeds else settings):
         try:
@@ -329,7 +330,7 @@ def verify_models(original: onnx.ModelProto | str, optimized: onnx.ModelProto | 
         reference = reference_outputs(original, [], feeds=feeds)
     else:
         if header is None:
-            header = original if isinstance(original, onnx.ModelProto) else onnx.load(original, load_external_data=False)
+            header = original if isinstance(original, onnx.ModelProto) else read_original(original)  # weights by reference
         reference = reference_for(original, header, dims, seed=seed, int_ranges=int_ranges)
     return compare_with_reference(reference, optimized, rtol, atol)
 
