@@ -135,3 +135,14 @@ def test_fuse_bench_and_the_measurement_say_onnxruntime_crashed(tmp_path, bias_f
               timing=QUICK, measure_memory=False)
     measured = measure_peak(tmp_path / "b.onnx", dims={"batch": 1, "sequence": 4})
     assert measured.peak_bytes is None and measured.reason == "onnxruntime crashed (SIGSEGV) running it"
+
+
+def test_weights_held_by_reference_reach_the_worker_as_references(tmp_path):
+    from fuse_cli.graph.io import read_original
+
+    b = GraphBuilder()
+    model = b.build(b.op("MatMul", b.input("x", [1, 512]), b.const(b.rand(512, 512))), output_names=["y"])
+    onnx.save(model, tmp_path / "m.onnx")
+    source = sessions.source_of(read_original(tmp_path / "m.onnx"))
+    assert len(source.model) < 1024 and source.external_folder == str(tmp_path.resolve())
+    assert verify_models(str(tmp_path / "m.onnx"), read_original(tmp_path / "m.onnx")).passed
