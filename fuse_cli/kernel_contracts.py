@@ -25,7 +25,8 @@ class Input:
     name: str
     shape: tuple[int, ...]
     optional: bool = False
-    integers: tuple[int, int] | None = None  # int64 values in [low, high); None: the float dtype
+    integers: tuple[int, int] | None = None  # integer values in [low, high); None: the float dtype
+    integer_dtype: str = "int64"
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,14 @@ SPECS: dict[tuple[str, str], Spec] = {(s.op, s.domain): s for s in (
                            Input("bias", (3 * _H * _D,), True), Input("mask_index", (), True),
                            Input("past", (), True), Input("attention_bias", (_B, _H, _S, _S), True)),
          {"num_heads": _H}),
+    # the CPU kernel takes head sizes that are multiples of 8: 2 query heads of 8 over 1 K/V head
+    Spec("GroupQueryAttention", MS, (Input("query", (_B, _S, 16)), Input("key", (_B, _S, 8)), Input("value", (_B, _S, 8)),
+                                     Input("past_key", (), True), Input("past_value", (), True),
+                                     Input("seqlens_k", (_B,), integers=(_S - 1, _S), integer_dtype="int32"),
+                                     Input("total_sequence_length", (), integers=(_S, _S + 1), integer_dtype="int32"),
+                                     Input("cos_cache", (), True), Input("sin_cache", (), True),
+                                     Input("position_ids", (), True), Input("attention_bias", (_B, 2, _S, _S), True)),
+         {"num_heads": 2, "kv_num_heads": 1, "causal": 0}),
     Spec("RotaryEmbedding", MS, (Input("input", _X3), Input("position_ids", (_B, _S), integers=(0, _S)),
                                  Input("cos_cache", (_S, _D // 2)), Input("sin_cache", (_S, _D // 2))),
          {"num_heads": _H}),
@@ -115,6 +124,9 @@ CONTRACTS: tuple[Contract, ...] = (
     Contract("Attention", MS, "float32", ("mask_index", "past", "attention_bias"), ("packed-attention",)),
     Contract("Attention", MS, "float32", ("bias", "mask_index", "past"), refused=_BIAS_CRASH),
     Contract("Attention", MS, "float32", ("bias", "mask_index", "past", "attention_bias"), refused=_BIAS_CRASH),
+    *(Contract("GroupQueryAttention", MS, dtype, ("past_key", "past_value", "cos_cache", "sin_cache", "position_ids",
+                                                  *absent), ("group-query-attention",))
+      for dtype in ("float32", "float16") for absent in ((), ("attention_bias",))),
     *(Contract("RotaryEmbedding", MS, dtype, (), ("rotary-embedding", "rotary-before-head-split"))
       for dtype in ("float32", "float16")),
     *(Contract("SimplifiedLayerNormalization", "", dtype, (), ("simplified-layer-norm",))
