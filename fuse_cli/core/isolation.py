@@ -87,11 +87,12 @@ class _Worker:
                 ok, value = pickle.load(process.stdout)
             except (BrokenPipeError, EOFError, pickle.UnpicklingError, ConnectionResetError):
                 self.process = None
-                process.stdin.close()
-                raise RuntimeCrash(crash_description(process.wait())) from None
+                _discard(process)
+                raise RuntimeCrash(crash_description(process.returncode)) from None
             except BaseException:  # interrupted mid-exchange: its answer would come to the next call
                 self.process = None
                 process.kill()
+                _discard(process)
                 raise
         if not ok:
             raise value
@@ -107,6 +108,16 @@ class _Worker:
                 process.kill()
 
 
+def _discard(process: subprocess.Popen) -> None:
+    """Close a dead (or killed) worker's pipes and reap it."""
+    for stream in (process.stdin, process.stdout):
+        try:
+            stream.close()
+        except OSError:  # unflushed bytes to a process that is gone
+            pass
+    process.wait()
+
+
 _WORKER = _Worker()
 atexit.register(_WORKER.close)
 
@@ -116,6 +127,8 @@ def _serve() -> None:
     result) or (False, exception), until the parent closes the pipe. It works in the caller's
     folder, so a relative path means what it means there. The answers go to a copy of stdout's
     descriptor; stdout itself becomes stderr, so nothing printed can corrupt the stream."""
+    # Ctrl-C reaches the whole process group: the parent handles it and ends this process
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     answers = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     requests = sys.stdin.buffer
