@@ -49,7 +49,7 @@ import onnx
 from fuse_cli import api
 from fuse_cli.analysis.measure import measure_peak
 from fuse_cli.config import UNBOUND_DIM, FuseConfig
-from fuse_cli.core import sessions
+from fuse_cli.core import isolation, sessions
 from fuse_cli.errors import FuseError, ModelLoadError, UsageError
 from fuse_cli.graph.io import save_model
 
@@ -177,7 +177,7 @@ def bench(model_path: str | os.PathLike, optimized_path: str | os.PathLike | Non
             fused_by = str(optimized_path)
         paths = {"original": source, "fused": fused_path}
         nodes = {name: len(onnx.load(str(p), load_external_data=False).graph.node) for name, p in paths.items()}
-        feeds = random_inputs_for(make_session(source), dims=dims, seed=seed)
+        feeds = _in_worker(original_inputs, "making the original's inputs", str(source), dims, seed)
         shapes = {name: tuple(int(d) for d in value.shape) for name, value in feeds.items()}
         if measure_memory:
             peaks, peak_method, peak_not_measured = _measure_peaks(paths, dims, shapes, seed, timing.peak_repeats)
@@ -187,12 +187,9 @@ def bench(model_path: str | os.PathLike, optimized_path: str | os.PathLike | Non
         rows: list[BenchRow] = []
         for provider in chosen:
             for level in levels:
-                sessions, session_ms = {}, {}
-                for name, path in paths.items():
-                    sessions[name], session_ms[name] = timed_session(path, provider, level, timing.session_repeats)
-                latencies = time_sessions(sessions, {n: feeds_for(s, feeds, dims=dims, seed=seed)
-                                                     for n, s in sessions.items()}, timing)
-                del sessions
+                latencies, session_ms = _in_worker(
+                    time_models, f"timing the models on {provider} at graph optimization {level}",
+                    {name: str(path) for name, path in paths.items()}, provider, level, feeds, dims, seed, timing)
                 peak_here = provider == "CPU" and level == "disabled"
                 rows += _rows(latencies, session_ms, peaks if peak_here else {}, provider, level)
 
@@ -202,6 +199,30 @@ def bench(model_path: str | os.PathLike, optimized_path: str | os.PathLike | Non
         rows=tuple(rows), skipped_providers=skipped, peak_method=peak_method, peak_not_measured=peak_not_measured,
         timing=timing, onnxruntime_version=ort.__version__, seed=seed,
     )
+
+
+def _in_worker(function, doing: str, *args):
+    """function(*args) in the worker process (core/isolation.py): a model that crashes onnxruntime
+    ends the benchmark with one line that says so, not fuse."""
+    try:
+        return isolation.call(function, *args)
+    except isolation.RuntimeCrash as crash:
+        raise FuseError(f"{crash} {doing}") from None
+
+
+def original_inputs(path: str, dims: Mapping[str, int], seed: int) -> dict[str, np.ndarray]:
+    return random_inputs_for(make_session(path), dims=dims, seed=seed)
+
+
+def time_models(paths: Mapping[str, str], provider: str, level: str, feeds: Mapping[str, np.ndarray],
+                dims: Mapping[str, int], seed: int, timing: Timing) -> tuple[dict[str, Latency], dict[str, float]]:
+    """Each model's session (its best creation time) and their latencies, timed in alternating
+    rounds, on the original's inputs."""
+    built, session_ms = {}, {}
+    for name, path in paths.items():
+        built[name], session_ms[name] = timed_session(path, provider, level, timing.session_repeats)
+    return time_sessions(built, {n: feeds_for(s, feeds, dims=dims, seed=seed) for n, s in built.items()},
+                         timing), session_ms
 
 
 def _measure_peaks(paths: Mapping[str, Path], dims: Mapping[str, int], shapes: Mapping[str, tuple[int, ...]],

@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from fuse_cli.core.sessions import make_session
+from fuse_cli.core import isolation, model_runs
+from fuse_cli.core.sessions import source_of
 from fuse_cli.errors import FuseError, InternalError
 from fuse_cli.fusing import Fused
 from fuse_cli.graph.io import read_original
@@ -21,9 +22,9 @@ from fuse_cli.rollback import drop_breaking_passes
 
 def load_problem(model) -> str | None:
     """None if onnxruntime builds a session of `model` (graph optimizations off: the model as
-    written), else its one-line reason."""
+    written), else its one-line reason. In the worker process: a loader that crashes is a reason."""
     try:
-        make_session(model, prepack=False, spin=False)
+        isolation.call(model_runs.load, source_of(model))
     except FuseError as exc:
         return str(exc)
     return None

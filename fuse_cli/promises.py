@@ -9,6 +9,7 @@ from pathlib import Path
 
 from fuse_cli.audit import PeakEstimate
 from fuse_cli.config import FuseConfig
+from fuse_cli.core import isolation
 from fuse_cli.core.tensors import weight_bytes
 from fuse_cli.fusing import Fused
 from fuse_cli.graph.io import LoadedModel, read_original
@@ -28,6 +29,8 @@ def keep_promises(source: Path, loaded: LoadedModel, passes: list[Pass], fuse, e
     Each broken promise drops passes by bisection (rollback.py); a pass dropped for one promise
     changes the candidate the other judged, so the two alternate until neither drops one."""
     concurrent = config.verify and weight_bytes(loaded.model) <= CONCURRENT_WEIGHT_LIMIT
+    if config.verify:
+        isolation.start()  # onnxruntime runs in the worker process: its start-up overlaps what follows
     with ThreadPoolExecutor(1) as worker:
         pending = _reference(source, loaded, config, worker if concurrent else None)
 

@@ -17,6 +17,8 @@ Where the columns come from (onnxruntime 1.31):
 - CUDA: onnxruntime's docs/OperatorKernels.md; the same test checks it where CUDA really loads
   (run on an H200 with onnxruntime-gpu 1.31.1: every row agreed but NhwcConv, corrected below;
   get_all_opkernel_def() crashed there too, with the CUDA libraries loaded).
+Which forms of an operator (optional inputs left empty, dtypes) run correctly is kernel_contracts.py's
+table; the forms it refuses are named in the notes here.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import numpy as np
 from onnx import defs, helper
 
 from fuse_cli.core.domains import is_default_domain
+from fuse_cli.kernel_contracts import refused_forms
 
 TARGETS = ("onnx", "ort", "ort-cpu", "ort-cuda")
 PROVIDERS_OF: dict[str, tuple[str, ...]] = {
@@ -337,8 +340,10 @@ def capability_rows(target: str) -> list[tuple[str, ...]]:
             usable = "no (not standard ONNX)"
         else:
             usable = _names(d for d in DTYPES if _missing(cap, target, d) == []) or "no"
+        refused = [f"not emitted: {reason}" for reason in dict.fromkeys(c.refused for c in refused_forms(cap.op, cap.domain))]
+        notes = "; ".join(filter(None, [cap.notes, *refused]))
         rows.append((cap.op, cap.domain or "(default)", _names(cap.cpu) or "none", _names(cap.cuda) or "none",
-                     usable, cap.notes))
+                     usable, notes))
     return rows
 
 

@@ -6,16 +6,17 @@ Results carry statistics per output (max abs/rel difference, cosine similarity),
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
 
-from fuse_cli.core import heap, sessions
+from fuse_cli.core import isolation, model_runs, sessions
+from fuse_cli.core.isolation import RuntimeCrash
 from fuse_cli.core.sessions import run
 from fuse_cli.errors import FuseError
 from fuse_cli.core.feeds import random_inputs
+from fuse_cli.graph.io import read_original
 from fuse_cli.input_domain import describe_setting, integer_ranges, shape_settings
 
 # (rtol, atol) by output dtype: fp32 per the project standard; fp16/bf16 keep ~3 significant digits.
@@ -74,24 +75,19 @@ class VerifyResult:
 
 
 
-def make_session(model: onnx.ModelProto | str, *, optimize: bool = False, providers=("CPUExecutionProvider",),
-                 dims: Mapping[str, int] | None = None):
-    """A session that runs the graph as written (or at onnxruntime's level all with `optimize`),
-    symbolic input dims pinned by `dims` (see core.sessions). Verification runs a model a few
-    times and never times it, so memory wins over speed: arena and memory pattern off, so the
-    buffers of a run go back to the system with the session (with the arena on, BERT-base kept
-    280 MB resident per verification run after its session was gone), no prepacking, so the
-    weights stay the mapped file (packed, BERT-base's MatMul weights were 340 MB more), and the
-    stored order, so a weight's float32 copy for an fp16 MatMul lives only until that MatMul.
-    Its threads do not spin: the original's runs go on beside the pipeline (promises.py)."""
-    return sessions.make_session(model, level="all" if optimize else "disabled", providers=providers, dims=dims,
-                                 lean_memory=True, prepack=False, stored_order=True, spin=False)
+# verification's session, in this process (tests and tools that run a model themselves)
+make_session = model_runs.session_for_verification
 
 
 def compare_outputs(expected: Mapping[str, np.ndarray], actual: Mapping[str, np.ndarray],
-                    rtol: float | None = None, atol: float | None = None) -> VerifyResult:
+                    rtol: float | None = None, atol: float | None = None,
+                    computed_in: Mapping[str, np.dtype] | None = None) -> VerifyResult:
     """Per output: |got - want| <= atol + rtol * |want| elementwise over the finite elements, and
     NaN/inf exactly where the original has the same NaN/inf.
+
+    The default tolerances are those of the dtype an output is computed in (`computed_in`, see
+    computed_dtypes), else of its own: an fp16 model with float32 inputs and outputs carries
+    fp16 rounding in its float32 outputs.
 
     A given `atol` is absolute. The default one scales with the output's typical magnitude (when
     that exceeds 1): a float32 sum of many terms carries rounding error in proportion to the
@@ -105,7 +101,8 @@ def compare_outputs(expected: Mapping[str, np.ndarray], actual: Mapping[str, np.
         if name not in actual:
             raise FuseError(f"the optimized model has no output named {name!r}")
         want = np.asarray(want)
-        default_rtol, default_atol = DEFAULT_TOLERANCES.get(want.dtype, (0.0, 0.0))
+        dtype = np.dtype((computed_in or {}).get(name, want.dtype))
+        default_rtol, default_atol = DEFAULT_TOLERANCES.get(dtype, DEFAULT_TOLERANCES.get(want.dtype, (0.0, 0.0)))
         r = rtol if rtol is not None else default_rtol
         a = atol if atol is not None else default_atol * _magnitude(want)
         results.append(_compare_one(name, want, np.asarray(actual[name]), r, a))
@@ -155,8 +152,10 @@ def _compare_one(name: str, want: np.ndarray, got: np.ndarray, rtol: float, atol
     w, g = w[both], g[both]
     diff = np.abs(w - g)
     max_abs = float(diff.max()) if diff.size else 0.0
-    rel = diff / np.maximum(np.abs(w), np.finfo(np.float64).tiny)
-    max_rel = float(np.where(diff == 0, 0.0, rel).max()) if diff.size else 0.0
+    # relative to elements the absolute tolerance does not cover: next to a reference of 0 (a
+    # sigmoid's saturated zeros) any difference is "infinitely" relative and says nothing
+    away_from_zero = np.abs(w) > atol
+    max_rel = float((diff[away_from_zero] / np.abs(w[away_from_zero])).max()) if away_from_zero.any() else 0.0
     norms = np.linalg.norm(w) * np.linalg.norm(g)
     cosine = float(np.dot(w, g) / norms) if norms > 0 else 1.0
     passed = special_mismatches == 0 and bool(np.all(diff <= atol + rtol * np.abs(w)))
@@ -174,6 +173,7 @@ class Reference:
 
     runs: tuple[tuple[dict[str, int], dict[str, np.ndarray], dict[str, np.ndarray]], ...]  # (dims, feeds, outputs)
     error: str | None = None
+    computed_in: Mapping[str, np.dtype] = field(default_factory=dict)  # computed_dtypes of the original
 
     @property
     def settings(self) -> tuple[tuple[tuple[str, int], ...], ...]:
@@ -183,59 +183,102 @@ class Reference:
 def reference_outputs(original: onnx.ModelProto | str, settings: Sequence[Mapping[str, int]], *, seed: int = 0,
                       int_ranges: Mapping[str, tuple[int, int] | None] | None = None,
                       feeds: Mapping[str, np.ndarray] | None = None) -> Reference:
-    """Run the original at each setting (given `feeds` take their own shapes: one run)."""
+    """Run the original at each setting (given `feeds` take their own shapes: one run), in the
+    worker process (core/isolation.py): a crash there makes the model unverifiable, not fuse dead."""
+    source = sessions.source_of(original)
+    header = original if isinstance(original, onnx.ModelProto) else read_original(original)  # weights by reference
     runs = []
     for dims in ([{}] if feeds else settings):
         try:
-            session = make_session(original, dims=dims)
-            inputs = dict(feeds) if feeds else random_inputs(session, dims=dims, seed=seed, int_ranges=int_ranges)
-            runs.append((dict(dims), inputs, run(session, inputs)))
+            inputs, outputs = isolation.call(model_runs.reference_run, source, dict(dims), seed=seed,
+                                             int_ranges=int_ranges, feeds=feeds)
+            runs.append((dict(dims), inputs, outputs))
         except FuseError as exc:
             where = "on the given inputs" if feeds else f"at {describe_setting(dims)}"
             return Reference((), f"the original model cannot run {where}: {exc}")
-        finally:
-            session = None
-            heap.trim()
-    return Reference(tuple(runs))
+    return Reference(tuple(runs), computed_in=computed_dtypes(header.graph))
 
 
 def compare_with_reference(reference: Reference, optimized: onnx.ModelProto | str, rtol: float | None = None,
                            atol: float | None = None, *, concurrent: bool = False) -> VerifyResult:
-    """The candidate on the reference's inputs. A candidate that fails to load or run where the
-    original ran is a mismatch, never a shrug: that is a broken rewrite too. `concurrent`: the
-    settings' sessions are built and run at once, on threads (onnxruntime releases the GIL while
-    it builds and runs a session): the time of one on two cores, the memory of two sessions."""
+    """The candidate on the reference's inputs, run in the worker process (`concurrent`: its
+    settings at once, see model_runs.candidate_runs). A candidate that fails to load or run
+    where the original ran is a mismatch, never a shrug: that is a broken rewrite too; so is
+    one that crashes onnxruntime."""
     if reference.error is not None:
         return VerifyResult((), UNVERIFIABLE, reference.error)
     settings = [(dims, feeds) for dims, feeds, _ in reference.runs]
-    if concurrent and len(settings) > 1:
-        with ThreadPoolExecutor(len(settings)) as pool:
-            outcomes = iter(list(pool.map(lambda setting: _candidate_run(optimized, *setting), settings)))
-    else:  # one at a time, and none after a failure
-        outcomes = (_candidate_run(optimized, *setting) for setting in settings)
+    try:
+        outcomes = isolation.call(model_runs.candidate_runs, sessions.source_of(optimized), settings, concurrent)
+    except RuntimeCrash as crash:
+        return VerifyResult((), MISMATCH, f"{crash} running the candidate", reference.settings)
     worst: dict[str, OutputComparison] = {}
     for (dims, _, expected), (actual, failure) in zip(reference.runs, outcomes):
         if failure is not None:
             return VerifyResult((), MISMATCH, f"the optimized model fails at {describe_setting(dims)} "
                                 f"where the original runs: {failure}", reference.settings)
-        for o in compare_outputs(expected, actual, rtol, atol).outputs:
+        for o in compare_outputs(expected, actual, rtol, atol, reference.computed_in).outputs:
             if o.name not in worst or _badness(o) > _badness(worst[o.name]):
                 worst[o.name] = o
     return _verdict(list(worst.values()), reference.settings)
 
 
-def _candidate_run(optimized: onnx.ModelProto | str, dims: Mapping[str, int], feeds: Mapping[str, np.ndarray]
-                   ) -> tuple[dict[str, np.ndarray] | None, FuseError | None]:
-    """The candidate's outputs at one setting, or why it failed to load or run."""
+# Operators whose output dtype is not their float inputs': the walk to an output's compute dtype stops there
+_DTYPE_CHANGING = {"Cast", "CastLike", "Shape", "Size", "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"}
+
+
+def computed_dtypes(graph: onnx.GraphProto) -> dict[str, np.dtype]:
+    """The dtype each float output is computed in where that differs from its own: an output a
+    Cast widens (onnxconverter_common's keep_io_types: Cast to fp16 at the inputs, Cast back at
+    the outputs) is computed in the dtype of what feeds the Cast, found by walking up through
+    the producers to the first tensor whose float type is known (a declared type, an
+    initializer, a Cast's target)."""
+    known: dict[str, int] = {}
+    for value in (*graph.input, *graph.value_info, *graph.output):
+        if value.type.HasField("tensor_type") and value.type.tensor_type.elem_type:
+            known[value.name] = value.type.tensor_type.elem_type
+    known.update({t.name: t.data_type for t in graph.initializer})
+    producer = {o: n for n in graph.node for o in n.output if o}
+    for node in graph.node:
+        if node.op_type == "Cast" and node.output:
+            known.setdefault(node.output[0], next(a.i for a in node.attribute if a.name == "to"))
+    result = {}
+    for output in graph.output:
+        cast = producer.get(output.name)
+        if cast is None or cast.op_type != "Cast" or output.name not in known:
+            continue
+        inner = _float_dtype_upstream(cast.input[0], known, producer)
+        own = onnx.helper.tensor_dtype_to_np_dtype(known[output.name])
+        if inner is not None and own.kind == "f" and inner.kind == "f" and inner.itemsize < own.itemsize:
+            result[output.name] = inner
+    return result
+
+
+def _float_dtype_upstream(name: str, known: Mapping[str, int], producer: Mapping[str, onnx.NodeProto],
+                          limit: int = 64) -> np.dtype | None:
+    queue, seen = [name], {name}
+    while queue and limit > 0:
+        tensor, limit = queue.pop(0), limit - 1
+        if tensor in known:
+            dtype = _np_dtype(known[tensor])
+            if dtype is not None and dtype.kind == "f":
+                return dtype
+            continue
+        node = producer.get(tensor)
+        if node is None or node.op_type in _DTYPE_CHANGING:
+            continue
+        for source in node.input:
+            if source and source not in seen:
+                seen.add(source)
+                queue.append(source)
+    return None
+
+
+def _np_dtype(elem_type: int) -> np.dtype | None:
     try:
-        session = make_session(optimized, dims=dims)
-        wanted = {i.name for i in session.get_inputs()}
-        return run(session, {k: v for k, v in feeds.items() if k in wanted}), None
-    except FuseError as exc:
-        return None, exc
-    finally:
-        session = None
-        heap.trim()
+        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+    except (KeyError, ValueError, TypeError):
+        return None
 
 
 def _badness(o: OutputComparison) -> tuple:
@@ -287,7 +330,7 @@ def verify_models(original: onnx.ModelProto | str, optimized: onnx.ModelProto | 
         reference = reference_outputs(original, [], feeds=feeds)
     else:
         if header is None:
-            header = original if isinstance(original, onnx.ModelProto) else onnx.load(original, load_external_data=False)
+            header = original if isinstance(original, onnx.ModelProto) else read_original(original)  # weights by reference
         reference = reference_for(original, header, dims, seed=seed, int_ranges=int_ranges)
     return compare_with_reference(reference, optimized, rtol, atol)
 

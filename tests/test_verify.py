@@ -174,19 +174,21 @@ def test_distinct_symbols_get_distinct_sizes_at_two_settings_and_bound_ones_stay
 
 def test_sessions_are_built_with_the_pinned_dims(monkeypatch):
     """onnxruntime's session creation is quadratic in node count while inputs have free dims, so
-    verification fixes them at the values its random inputs take."""
-    import fuse_cli.verify as verify
+    verification fixes them at the values its random inputs take. (The worker process's runs are
+    made here, where the spy sees them.)"""
+    from fuse_cli.core import isolation, model_runs
 
     model = two_input_model()
     seen = []
-    real = verify.make_session
+    real = model_runs.session_for_verification
 
     def spy(m, **kwargs):
         session = real(m, **kwargs)
         seen.append([i.shape for i in session.get_inputs()])
         return session
 
-    monkeypatch.setattr(verify, "make_session", spy)
+    monkeypatch.setattr(model_runs, "session_for_verification", spy)
+    monkeypatch.setattr(isolation, "call", lambda function, *args, **kwargs: function(*args, **kwargs))
     result = verify_models(model, model, dims={"batch": 3})
     assert result.passed
     widths = [dict(s)["width"] for s in result.settings]

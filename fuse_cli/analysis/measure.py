@@ -51,6 +51,7 @@ from types import MappingProxyType, SimpleNamespace
 
 import onnx
 
+from fuse_cli.core.isolation import crash_description
 from fuse_cli.errors import FuseError
 
 CLEAR_REFS = "/proc/self/clear_refs"
@@ -166,6 +167,8 @@ def _run_child(request: dict) -> dict:
     except subprocess.TimeoutExpired:
         return _not_measurable(f"the measuring process ran past {_CHILD_TIMEOUT_S} s")
     lines = done.stdout.strip().splitlines()
+    if done.returncode < 0:  # a signal: onnxruntime crashed on the model, which is no error of the caller's
+        return _not_measurable(f"onnxruntime crashed ({crash_description(done.returncode)}) running it")
     if done.returncode != 0 or not lines:
         tail = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
         return {"error": f"the measuring process failed: {tail[:300]}"}

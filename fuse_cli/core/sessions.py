@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
-import onnx
 
 from fuse_cli.errors import FuseError
 
@@ -25,7 +25,30 @@ LEVELS = {"disabled": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended"
 QUIET = 4
 
 
-def make_session(model: onnx.ModelProto | str | os.PathLike | bytes, *, level: str = "disabled",
+@dataclass(frozen=True)
+class Source:
+    """What onnxruntime loads: a path, or a model's bytes with the folder its weights held by
+    reference are read from. Picklable and small (no weights in it), so it travels to the
+    process that runs sessions (core/isolation.py)."""
+
+    model: str | bytes
+    external_folder: str | None = None
+
+
+def source_of(model) -> Source:
+    """A Source for an onnx.ModelProto (weights held by reference stay in their files), a path or
+    bytes. onnx is imported only for a ModelProto: the worker process never needs it."""
+    if isinstance(model, Source):
+        return model
+    if isinstance(model, bytes):
+        return Source(model)
+    if isinstance(model, (str, os.PathLike)):
+        return Source(str(model))
+    with _SERIALIZING:
+        return _serialized_by_reference(model)
+
+
+def make_session(model, *, level: str = "disabled",
                  providers: Sequence[str] = ("CPUExecutionProvider",), dims: Mapping[str, int] | None = None,
                  threads: int | None = None, lean_memory: bool = False, prepack: bool = True,
                  stored_order: bool = False, spin: bool = True):
@@ -43,6 +66,7 @@ def make_session(model: onnx.ModelProto | str | os.PathLike | bytes, *, level: s
     they leave the cores to work that goes on beside the session."""
     import onnxruntime as ort
 
+    source = source_of(model)
     options = ort.SessionOptions()
     options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, LEVELS[level])
     for name, value in (dims or {}).items():
@@ -61,58 +85,52 @@ def make_session(model: onnx.ModelProto | str | os.PathLike | bytes, *, level: s
         options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
     options.log_severity_level = QUIET
     ort.set_default_logger_severity(QUIET)
-    if isinstance(model, onnx.ModelProto):
-        source = _serialized(model, options)
-    else:
-        source = model if isinstance(model, bytes) else str(model)
+    if source.external_folder is not None:
+        options.add_session_config_entry(_EXTERNAL_DATA_FOLDER, source.external_folder)
     try:
-        return ort.InferenceSession(source, options, providers=list(providers))
+        return ort.InferenceSession(source.model, options, providers=list(providers))
     except Exception as exc:  # onnxruntime raises its own exception types
         raise FuseError(f"onnxruntime cannot load it: {first_line(exc)}") from exc
 
 
 # onnxruntime's session option: the folder external data is read from, for a model given as bytes
 _EXTERNAL_DATA_FOLDER = "session.model_external_initializers_file_folder_path"
-# _serialized rewrites a model's weight locations while it serializes it: one model, one thread
-# at a time (verification builds a candidate's sessions for its settings at once)
+# _serialized_by_reference rewrites a model's weight locations while it serializes it: one model,
+# one thread at a time (the original's reference runs go on beside the pipeline)
 _SERIALIZING = threading.Lock()
 
 
-def _serialized(model: onnx.ModelProto, options) -> bytes:
+def _serialized_by_reference(model) -> Source:
     """The model's bytes for onnxruntime. Weights fuse holds by reference (absolute locations,
     graph/weights.py) stay in their files: onnxruntime maps external data files instead of
     copying them (BERT-base: 35 MB resident after session creation, against 450 MB for the same
-    weights embedded or handed over as OrtValues, which it copies). It accepts only locations
-    inside one folder, symlinks resolved: each location is written relative to the deepest
-    folder that holds all the files."""
-    with _SERIALIZING:
-        return _serialized_by_reference(model, options)
+    weights embedded or handed over as OrtValues, which it copies), and only the small graph
+    travels to the worker process. It accepts only locations inside one folder, symlinks
+    resolved: each location is written relative to the deepest folder that holds all the files."""
+    import onnx
 
-
-def _serialized_by_reference(model: onnx.ModelProto, options) -> bytes:
     referenced = [t for t in model.graph.initializer
                   if t.data_location == onnx.TensorProto.EXTERNAL
                   and os.path.isabs(_location(t))]
     if not referenced:
-        return model.SerializeToString()
+        return Source(model.SerializeToString())
     files = {_location(t): os.path.realpath(_location(t)) for t in referenced}
     root = os.path.commonpath([os.path.dirname(f) for f in files.values()])
-    options.add_session_config_entry(_EXTERNAL_DATA_FOLDER, root)
     originals = [_location(t) for t in referenced]
     try:
         for tensor, location in zip(referenced, originals):
             _set_location(tensor, os.path.relpath(files[location], root))
-        return model.SerializeToString()
+        return Source(model.SerializeToString(), root)
     finally:
         for tensor, location in zip(referenced, originals):
             _set_location(tensor, location)
 
 
-def _location(tensor: onnx.TensorProto) -> str:
+def _location(tensor) -> str:
     return next((e.value for e in tensor.external_data if e.key == "location"), "")
 
 
-def _set_location(tensor: onnx.TensorProto, location: str) -> None:
+def _set_location(tensor, location: str) -> None:
     for entry in tensor.external_data:
         if entry.key == "location":
             entry.value = location

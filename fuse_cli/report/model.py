@@ -80,11 +80,33 @@ class RolledBack:
     reason: str | None = None
 
     def describe(self) -> str:
+        return f"pass {self.pass_name} {self.what()}"
+
+    def what(self) -> str:
+        """What the pass did, without its name: passes rolled back for the same thing share a line."""
         if self.output is None:
-            return f"pass {self.pass_name} broke the model ({self.reason})"
+            return f"broke the model ({self.reason})"
         if self.reason:
-            return f"pass {self.pass_name} changed output {self.output!r}: {self.reason}"
-        return f"pass {self.pass_name} changed output {self.output!r} by up to {self.max_abs_diff:.3g}"
+            return f"changed output {self.output!r}: {self.reason}"
+        return f"changed output {self.output!r} by up to {self.max_abs_diff:.3g}"
+
+
+def describe_rolled_back(rolled_back: tuple[RolledBack, ...]) -> list[str]:
+    """One line per distinct thing the passes did, naming the passes: a model that onnxruntime
+    cannot load after any rewrite rolls back every pass for one reason, which is one line."""
+    groups: dict[str, list[str]] = {}
+    for r in rolled_back:
+        groups.setdefault(r.what(), []).append(r.pass_name)
+    return [f"{_passes(names)} {what}; {'its' if len(names) == 1 else 'their'} rewrites were rolled back"
+            for what, names in groups.items()]
+
+
+def _passes(names: list[str], shown: int = 4) -> str:
+    if len(names) == 1:
+        return f"pass {names[0]}"
+    if len(names) <= shown + 1:
+        return f"passes {', '.join(names[:-1])} and {names[-1]}"
+    return f"{len(names)} passes ({', '.join(names[:shown])} and {len(names) - shown} more)"
 
 
 @dataclass(frozen=True)
@@ -170,7 +192,7 @@ class Report:
         allowed mismatches: the written model is then correct but not what was asked for."""
         problems = []
         if not self.allow_mismatch:
-            problems += [f"{r.describe()}; its rewrites were rolled back" for r in self.rolled_back]
+            problems += describe_rolled_back(self.rolled_back)
         result = self.verification
         if result is not None and result.status == MISMATCH:
             problems += [f"output {o.name!r} differs from the original (max abs diff {o.max_abs_diff:.3g})"

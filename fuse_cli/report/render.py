@@ -13,7 +13,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from fuse_cli.report.model import SCHEMA_VERSION, Report
+from fuse_cli.report.model import SCHEMA_VERSION, Report, describe_rolled_back
 from fuse_cli.report.upgrade_hint import upgrade_hint_lines
 from fuse_cli.config import UNBOUND_DIM
 from fuse_cli.input_domain import describe_setting
@@ -94,8 +94,8 @@ def _percent(before: int, after: int) -> str:
 
 
 def verification_lines(report: Report) -> list[str]:
-    outcome = "its rewrites are left out of the result" if report.dry_run else "the model was written without its rewrites"
-    lines = [f"Rolled back: {r.describe()}; {outcome}" for r in report.rolled_back]
+    # rolled-back passes are failures (FAILED lines, one per distinct reason) unless mismatches are allowed
+    lines = [f"Rolled back: {line}" for line in describe_rolled_back(report.rolled_back)] if report.allow_mismatch else []
     result = report.verification
     if result is not None:
         lines.append(verdict_line(result))
