@@ -366,6 +366,9 @@ def load_inputs(path) -> dict[str, np.ndarray]:
             for pb in sorted(path.glob("*.pb")):
                 tensor = onnx.TensorProto()
                 tensor.ParseFromString(pb.read_bytes())
+                if tensor.data_location == onnx.TensorProto.EXTERNAL:
+                    # onnx would read it from a file named in the tensor, relative to the working folder
+                    raise FuseError(f"{pb}: the tensor names external data; input files must hold their values")
                 feeds[tensor.name or pb.stem] = numpy_helper.to_array(tensor)
             if not feeds:
                 raise FuseError(f"{path}: no .pb tensor files in this folder")

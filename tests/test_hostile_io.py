@@ -188,3 +188,17 @@ def test_two_processes_writing_one_output(tmp_path):
     written = _weight_of(tmp_path / "out.onnx")
     assert any(np.array_equal(written, _weight_of(tmp_path / f"m{seed}.onnx")) for seed in (1, 2))
     assert len([p for p in tmp_path.iterdir() if p.name.endswith(".data")]) == 1
+
+
+def test_verify_input_files_naming_external_data_are_refused(home, monkeypatch):
+    """`fuse verify --inputs DIR`: a .pb tensor whose values live in external data would be read
+    relative to the working directory. Refused, one line."""
+    models = home / "models"
+    onnx.save(_weights_model(1), models / "m.onnx")
+    feeds = models / "feeds"
+    feeds.mkdir()
+    tensor = _external(numpy_helper.from_array(np.zeros((2, 128), np.float32), "x"), "secret.bin", 2 * 128 * 4)
+    (feeds / "x.pb").write_bytes(tensor.SerializeToString())
+    code, stdout, stderr = run_fuse("verify", "models/m.onnx", "models/m.onnx", "--inputs", "models/feeds", cwd=home,
+                                    monkeypatch=monkeypatch)
+    assert code == 2 and len(stderr.strip().splitlines()) == 1 and "external data" in stderr, stderr
