@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import onnx
@@ -15,8 +15,9 @@ import onnx
 from fuse_cli.core import heap, sessions
 from fuse_cli.core.sessions import run
 from fuse_cli.errors import FuseError
-from fuse_cli.core.feeds import random_inputs
-from fuse_cli.input_domain import describe_setting, integer_ranges, shape_settings
+from fuse_cli.core.feeds import random_inputs, value_key
+from fuse_cli.input_domain import (binding, branch_inputs, derived_settings, describe_setting, differs_everywhere,
+                                   free_symbols, integer_ranges, shape_settings)
 
 # (rtol, atol) by output dtype: fp32 per the project standard; fp16/bf16 keep ~3 significant digits.
 # The default atol is scaled by the output's magnitude (see compare_outputs).
@@ -63,6 +64,7 @@ class VerifyResult:
     status: str = MATCH
     reason: str | None = None
     settings: tuple[tuple[tuple[str, int], ...], ...] = ()  # the symbolic dims of each run
+    settings_note: str | None = None  # where the settings came from, when not the distinct primes
 
     @property
     def passed(self) -> bool:
@@ -174,6 +176,7 @@ class Reference:
 
     runs: tuple[tuple[dict[str, int], dict[str, np.ndarray], dict[str, np.ndarray]], ...]  # (dims, feeds, outputs)
     error: str | None = None
+    note: str | None = None  # where the settings came from, when derived from the model
 
     @property
     def settings(self) -> tuple[tuple[tuple[str, int], ...], ...]:
@@ -221,7 +224,7 @@ def compare_with_reference(reference: Reference, optimized: onnx.ModelProto | st
         for o in compare_outputs(expected, actual, rtol, atol).outputs:
             if o.name not in worst or _badness(o) > _badness(worst[o.name]):
                 worst[o.name] = o
-    return _verdict(list(worst.values()), reference.settings)
+    return replace(_verdict(list(worst.values()), reference.settings), settings_note=reference.note)
 
 
 def _candidate_run(optimized: onnx.ModelProto | str, dims: Mapping[str, int], feeds: Mapping[str, np.ndarray]
@@ -253,11 +256,16 @@ def reference_for(original: onnx.ModelProto | str, header: onnx.ModelProto, dims
 @dataclass(frozen=True)
 class ReferencePlan:
     """What the original's reference runs need from its graph, read up front: the candidate
-    settings in order (input_domain.shape_settings) and the integer inputs' ranges. `run` then
-    reads only the model onnxruntime loads, so it can go on while the graph is rewritten."""
+    settings in order (input_domain.shape_settings), the single settings derived from the model
+    to try when none of them runs (input_domain.derived_settings, each with its origin), and the
+    integer inputs' ranges. `run` then reads only the model onnxruntime loads, so it can go on
+    while the graph is rewritten."""
 
     candidates: tuple[tuple[dict[str, int], ...], ...]
     int_ranges: Mapping[str, tuple[int, int] | None]
+    derived: tuple[tuple[dict[str, int], str], ...] = ()
+    free: tuple[str, ...] = ()  # the free dims, which two derived settings must both change
+    branches: tuple[str, ...] = ()  # bool inputs selecting an If's branch (input_domain.branch_inputs)
 
     def run(self, original: onnx.ModelProto | str, *, seed: int = 0) -> Reference:
         first = None
@@ -266,13 +274,56 @@ class ReferencePlan:
             if reference.error is None:
                 return reference
             first = first or reference
-        return first
+        return self._derived(original, seed) or first
+
+    def _derived(self, original: onnx.ModelProto | str, seed: int) -> Reference | None:
+        """The first two derived settings the original runs at that differ in every free dim,
+        one run of the original per setting tried; one, said so, where no second runs."""
+        runs, origins = [], []
+        for setting, origin in self.derived:
+            if runs and not differs_everywhere(runs[0][0], setting, self.free):
+                continue
+            reference = reference_outputs(original, [{**setting, **_branch_values(self.branches, len(runs))}],
+                                          seed=seed, int_ranges=self.int_ranges)
+            if reference.error is None:
+                runs += reference.runs
+                origins.append(origin.removeprefix("derived from the model: "))
+                if len(runs) == 2:
+                    break
+        if not runs:
+            return None
+        where = " and ".join(dict.fromkeys(origins))
+        if len(runs) == 2:
+            return Reference(tuple(runs), note=f"the distinct primes fail on the original; settings derived from "
+                                               f"the model: {where}")
+        if self.branches:  # the one setting again with the other branch taken
+            runs += reference_outputs(original, [{**runs[0][0], **_branch_values(self.branches, 1)}],
+                                      seed=seed, int_ranges=self.int_ranges).runs
+        return Reference(tuple(runs), note=f"the distinct primes fail on the original; only one setting derived "
+                                           f"from the model runs ({where}), so one size setting was verified")
+
+
+def _branch_values(branches: Sequence[str], index: int) -> dict[str, int]:
+    """Setting `index`'s values of the bool inputs that select a branch: true, then false."""
+    return {value_key(name): int(index % 2 == 0) for name in branches}
+
+
+def _with_branches(settings: Sequence[dict[str, int]], branches: Sequence[str]) -> tuple[dict[str, int], ...]:
+    """Each setting with its branch values; a lone setting twice, so that both values run."""
+    if not branches:
+        return tuple(settings)
+    settings = list(settings) * (2 if len(settings) == 1 else 1)
+    return tuple({**setting, **_branch_values(branches, index)} for index, setting in enumerate(settings))
 
 
 def reference_plan(header: onnx.ModelProto, dims: Mapping[str, int] | None = None, *,
                    int_ranges: Mapping[str, tuple[int, int]] | None = None) -> ReferencePlan:
     ranges = {**integer_ranges(header), **(int_ranges or {})}
-    return ReferencePlan(tuple(tuple(settings) for settings in shape_settings(header, dims)), ranges)
+    dims = binding(header, dims or {}, {})
+    branches = tuple(branch_inputs(header))
+    return ReferencePlan(tuple(_with_branches(settings, branches) for settings in shape_settings(header, dims)),
+                         ranges, tuple(derived_settings(header, dims)),
+                         tuple(key for key in free_symbols(header) if key not in dims), branches)
 
 
 def verify_models(original: onnx.ModelProto | str, optimized: onnx.ModelProto | str, *,
