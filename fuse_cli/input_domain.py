@@ -296,7 +296,8 @@ def derived_settings(model: onnx.ModelProto, bound: Mapping[str, int] | None = N
                                           for (name, index), k in keys.items())]
     samples = all(_rank(model, name) <= 3 for (name, _), k in keys.items() if k in extents)
     others = [key for key in free if key not in extents]
-    stride, declared = _total_stride(model), _declared_sizes(model)
+    strides = _strides(model)
+    stride, declared = max(strides.values(), default=1), _declared_sizes(model, strides)
     sources = []
     if stride > 1:
         sources.append((f"multiples of its total stride {stride}", [stride * p for p in _SMALL_PRIMES]))
@@ -307,16 +308,23 @@ def derived_settings(model: onnx.ModelProto, bound: Mapping[str, int] | None = N
         sources.append(("the sizes bound with --dim", sorted(set(bound.values()))))
     sources.append(("common input sizes", list(COMMON_SAMPLES if samples else COMMON_SPATIAL)))
     avoid = set(bound.values()) | _static_input_dims(model)
-    primes = [p for p, _ in zip((p for p in _primes() if p not in avoid), range(2 * len(others) + 2))]
-    settings: list[tuple[dict[str, int], str]] = []
+    primes = [p for p, _ in zip((p for p in _primes() if p not in avoid), range(2 * len(others)))]
+    candidates: list[tuple[dict[str, int], str]] = []
     for origin, sizes in sources:
-        groups = [sizes[i:i + len(extents)] for i in range(0, len(sizes) - len(extents) + 1, len(extents) or 1)][:3]
-        groups += [[size] * len(extents) for size in sizes[:2]] if len(extents) > 1 else []
-        for group in groups if extents else [[]]:
-            batch = dict(zip(others, primes[(len(settings) % 2) * len(others):]))
-            setting = {**bound, **batch, **dict(zip(extents, group))}
-            if all(setting != known for known, _ in settings):
-                settings.append((with_computed_dims(model, setting), f"derived from the model: {origin}"))
+        width = len(extents) or 1
+        distinct = [sizes[i:i + len(extents)] for i in range(0, len(sizes) - len(extents) + 1, width)][:2]
+        square = [[size] * len(extents) for size in sizes[:1]] if len(extents) > 1 else []
+        for index, group in enumerate(distinct + square):
+            batch = dict(zip(others, primes[(index % 2) * len(others):]))
+            candidates.append(({**bound, **batch, **dict(zip(extents, group))}, f"derived from the model: {origin}"))
+    # last, the other dims at 1 (a model that takes one image at a time): one setting, said so
+    candidates += [({**setting, **dict.fromkeys(others, 1)}, origin) for setting, origin in candidates[::3]
+                   if others]
+    settings: list[tuple[dict[str, int], str]] = []
+    for setting, origin in candidates:
+        setting = with_computed_dims(model, setting)
+        if all(setting != known for known, _ in settings):
+            settings.append((setting, origin))
     return settings[:_MAX_DERIVED]
 
 
@@ -334,9 +342,10 @@ def _rank(model: onnx.ModelProto, input_name: str) -> int:
     return len(value.type.tensor_type.shape.dim)
 
 
-def _total_stride(model: onnx.ModelProto) -> int:
-    """The product of Conv and Pool strides along the graph's deepest path (nodes as stored,
-    which exporters write in order): the factor an FPN's or detector's input must be a multiple of."""
+def _strides(model: onnx.ModelProto) -> dict[str, int]:
+    """Per tensor, the product of Conv and Pool strides on the deepest path to it from the inputs
+    (nodes as stored, which exporters write in order): the largest is the factor an FPN's or a
+    detector's input must be a multiple of."""
     reached: dict[str, int] = {}
     for node in model.graph.node:
         here = max((reached.get(name, 1) for name in node.input if name), default=1)
@@ -345,12 +354,13 @@ def _total_stride(model: onnx.ModelProto) -> int:
             here *= max(strides or [1])
         for name in node.output:
             reached[name] = here
-    return max(reached.values(), default=1)
+    return reached
 
 
-def _declared_sizes(model: onnx.ModelProto) -> list[int]:
-    """Sizes the model itself states: the window of a Reshape to [-1, 512] (the product of its
-    other entries), and numbers in its metadata (ultralytics writes imgsz [640, 640])."""
+def _declared_sizes(model: onnx.ModelProto, strides: Mapping[str, int]) -> list[int]:
+    """Input sizes the model itself states: the window of a Reshape to [-1, 512] (the product of
+    its other entries), a feature map's declared size times its stride (value_info an exporter
+    wrote at its export size), and numbers in its metadata (ultralytics writes imgsz [640, 640])."""
     tensors = _constant_tensors(model.graph)
     sizes: list[int] = []
     for node in model.graph.node:
@@ -360,6 +370,10 @@ def _declared_sizes(model: onnx.ModelProto) -> list[int]:
                 values = numpy_helper.to_array(shape).tolist()
                 if -1 in values and all(v > 0 for v in values if v != -1):
                     sizes.append(int(np.prod([v for v in values if v != -1])))
+    for value in (*model.graph.value_info, *model.graph.output):
+        dims = value.type.tensor_type.shape.dim if value.type.HasField("tensor_type") else ()
+        if len(dims) >= 3 and dims[-1].HasField("dim_value") and strides.get(value.name, 1) > 1:
+            sizes.append(dims[-1].dim_value * strides[value.name])
     for prop in model.metadata_props:
         if "stride" not in prop.key.lower():
             sizes += [int(n) for n in re.findall(r"\b\d+\b", prop.value) if 16 <= int(n) <= 65536]

@@ -277,30 +277,42 @@ class ReferencePlan:
         return self._derived(original, seed) or first
 
     def _derived(self, original: onnx.ModelProto | str, seed: int) -> Reference | None:
-        """The first two derived settings the original runs at that differ in every free dim,
-        one run of the original per setting tried; one, said so, where no second runs."""
-        runs, origins = [], []
+        """The first derived setting the original runs at, and the first after it that changes
+        every free dim (else the first that changes some: a model that takes batch 1 only); one
+        run of the original per setting tried; one setting, said so, where no second runs."""
+        found: list[tuple[Reference, str]] = []
+        partial = None
         for setting, origin in self.derived:
-            if runs and not differs_everywhere(runs[0][0], setting, self.free):
+            if found:
+                shared = [key for key in self.free if found[0][0].runs[0][0].get(key) == setting.get(key)]
+                if len(shared) == len(self.free) or shared and partial is not None:
+                    continue
+            values = _branch_values(self.branches, len(found))
+            reference = reference_outputs(original, [{**setting, **values}], seed=seed, int_ranges=self.int_ranges)
+            if reference.error is not None:
                 continue
-            reference = reference_outputs(original, [{**setting, **_branch_values(self.branches, len(runs))}],
-                                          seed=seed, int_ranges=self.int_ranges)
-            if reference.error is None:
-                runs += reference.runs
-                origins.append(origin.removeprefix("derived from the model: "))
-                if len(runs) == 2:
-                    break
-        if not runs:
+            if found and shared:
+                partial = (reference, origin, shared)
+                continue
+            found.append((reference, origin))
+            if len(found) == 2:
+                break
+        if len(found) == 1 and partial is not None:
+            found.append(partial[:2])
+        if not found:
             return None
-        where = " and ".join(dict.fromkeys(origins))
-        if len(runs) == 2:
-            return Reference(tuple(runs), note=f"the distinct primes fail on the original; settings derived from "
-                                               f"the model: {where}")
+        runs = tuple(run for reference, _ in found for run in reference.runs)
+        where = " and ".join(dict.fromkeys(origin.removeprefix("derived from the model: ") for _, origin in found))
+        if len(found) == 2:
+            same = f" ({', '.join(partial[2])} the same at both: no setting that changes it runs)" \
+                if partial is not None and found[1][0] is partial[0] else ""
+            return Reference(runs, note=f"the distinct primes fail on the original; settings derived from the "
+                                        f"model: {where}{same}")
         if self.branches:  # the one setting again with the other branch taken
             runs += reference_outputs(original, [{**runs[0][0], **_branch_values(self.branches, 1)}],
                                       seed=seed, int_ranges=self.int_ranges).runs
-        return Reference(tuple(runs), note=f"the distinct primes fail on the original; only one setting derived "
-                                           f"from the model runs ({where}), so one size setting was verified")
+        return Reference(runs, note=f"the distinct primes fail on the original; only one setting derived from "
+                                    f"the model runs ({where}), so one size setting was verified")
 
 
 def _branch_values(branches: Sequence[str], index: int) -> dict[str, int]:

@@ -209,3 +209,25 @@ def test_a_static_model_with_a_branch_input_runs_both_branches():
     model.graph.output[0].type.tensor_type.shape.dim[0].dim_value = 3
     assert [s["use_cache_branch.value"] for s in reference_plan(model).candidates[0]] == [1, 0]
     assert verify_models(model, if_model(else_offset=1.01)).status == MISMATCH
+
+
+def test_a_model_that_takes_batch_1_only_verifies_two_extent_settings_at_batch_1():
+    b = GraphBuilder(opset=17)
+    x = b.input("x", ["batch", 3, "height", "width"])
+    one = b.op("Unsqueeze", b.op("Squeeze", x, b.const(np.array([0], np.int64))), b.const(np.array([0], np.int64)))
+    c1 = conv(b, one, 3, 4, strides=[2, 2])
+    up = b.op("Resize", conv(b, c1, 4, 4, strides=[2, 2]), "", b.const(np.array([1, 1, 2, 2], np.float32)), mode="nearest")
+    model = b.build(b.op("Concat", up, c1, axis=1), output_names=["y"])
+    result = verify_models(model, model)
+    assert result.status == MATCH
+    first, second = (dict(s) for s in result.settings)
+    assert first["batch"] == second["batch"] == 1
+    assert first["height"] != second["height"] and first["width"] != second["width"]
+    assert "batch the same at both" in result.settings_note
+
+
+def test_a_feature_maps_declared_size_times_its_stride_is_a_derived_size():
+    model = fpn()
+    # the exporter's value_info for the second stride-2 Conv's output, written at an 80 x 80 input
+    model.graph.value_info.append(helper.make_tensor_value_info("Conv_2_out", TensorProto.FLOAT, ["batch", 8, 20, 20]))
+    assert any("sizes it declares (80)" in origin for _, origin in derived_settings(model))
