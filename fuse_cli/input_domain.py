@@ -328,11 +328,6 @@ def derived_settings(model: onnx.ModelProto, bound: Mapping[str, int] | None = N
     return settings[:_MAX_DERIVED]
 
 
-def differs_everywhere(first: Mapping[str, int], second: Mapping[str, int], free: Sequence[str]) -> bool:
-    """Every free dim takes another size in `second`: a size baked in at one setting shows at the other."""
-    return all(first.get(key) != second.get(key) for key in free)
-
-
 _MAX_DERIVED = 12  # each candidate tried costs one run of the original
 _SMALL_PRIMES = (3, 5, 7, 11, 13, 17)
 

@@ -231,3 +231,33 @@ def test_a_feature_maps_declared_size_times_its_stride_is_a_derived_size():
     # the exporter's value_info for the second stride-2 Conv's output, written at an 80 x 80 input
     model.graph.value_info.append(helper.make_tensor_value_info("Conv_2_out", TensorProto.FLOAT, ["batch", 8, 20, 20]))
     assert any("sizes it declares (80)" in origin for _, origin in derived_settings(model))
+
+
+def test_an_operator_onnxruntime_does_not_know_tries_no_derived_sizes(monkeypatch):
+    """No size makes an unknown operator run: the original is loaded for the prime candidates only."""
+    import fuse_cli.verify as verify
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, "height", "width"])
+    graph = helper.make_graph([helper.make_node("Foo", ["x"], ["y"], domain="x.y")], "g", [x],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("x.y", 1)],
+                              ir_version=8)
+    calls = []
+    real = verify.reference_outputs
+    monkeypatch.setattr(verify, "reference_outputs", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    result = verify_models(model, model)
+    assert result.status == "unverifiable" and "x.y:Foo(-1) is not a registered function/op" in result.reason
+    assert len(calls) == len(reference_plan(model).candidates)
+    assert derived_settings(model)  # there were derived sizes to try
+
+
+def test_an_stft_front_end_longer_than_the_primes_verifies_at_common_sample_counts():
+    b = GraphBuilder(opset=18)
+    x = b.op("Unsqueeze", b.input("audio", ["batch", "samples"]), b.const(np.array([2], np.int64)))
+    spectrum = b.op("STFT", x, b.const(np.array(160, np.int64)), b.const(np.hanning(400).astype(np.float32)),
+                    b.const(np.array(400, np.int64)), onesided=1)
+    model = b.build(b.op("ReduceSumSquare", spectrum, b.const(np.array([3], np.int64)), keepdims=0), output_names=["y"])
+    result = verify_models(model, model)
+    assert result.status == MATCH
+    assert [dict(s)["samples"] for s in result.settings] == [512, 1024]
+    assert result.settings_note.endswith("settings derived from the model: common input sizes")
