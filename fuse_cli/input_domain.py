@@ -285,8 +285,8 @@ def derived_settings(model: onnx.ModelProto, bound: Mapping[str, int] | None = N
     dims) takes sizes from the model: multiples of its total stride (the product of Conv and Pool
     strides along its deepest path), sizes it declares (a Reshape's window, numbers in its
     metadata), the user's bound sizes, then common sizes; the other free dims (batch) distinct
-    primes. Each setting gives distinct extent symbols distinct sizes; after them, each size for
-    every extent at once (a model that needs height == width)."""
+    primes. Each setting gives distinct extent symbols distinct sizes; after them, one size for
+    every extent at once (a model that needs height == width); last, the other dims at 1."""
     bound = dict(bound or {})
     keys = input_dim_keys(model)
     free = [key for key in free_symbols(model) if key not in bound]
@@ -297,7 +297,8 @@ def derived_settings(model: onnx.ModelProto, bound: Mapping[str, int] | None = N
     samples = all(_rank(model, name) <= 3 for (name, _), k in keys.items() if k in extents)
     others = [key for key in free if key not in extents]
     strides = _strides(model)
-    stride, declared = max(strides.values(), default=1), _declared_sizes(model, strides)
+    stride = max([*strides.values(), *_metadata_numbers(model, stride=True)], default=1)
+    declared = _declared_sizes(model, strides)
     sources = []
     if stride > 1:
         sources.append((f"multiples of its total stride {stride}", [stride * p for p in _SMALL_PRIMES]))
@@ -317,7 +318,7 @@ def derived_settings(model: onnx.ModelProto, bound: Mapping[str, int] | None = N
         for index, group in enumerate(distinct + square):
             batch = dict(zip(others, primes[(index % 2) * len(others):]))
             candidates.append(({**bound, **batch, **dict(zip(extents, group))}, f"derived from the model: {origin}"))
-    # last, the other dims at 1 (a model that takes one image at a time): one setting, said so
+    # last, the other dims at 1 (a model that takes one image at a time)
     candidates += [({**setting, **dict.fromkeys(others, 1)}, origin) for setting, origin in candidates[::3]
                    if others]
     settings: list[tuple[dict[str, int], str]] = []
@@ -342,6 +343,8 @@ def _strides(model: onnx.ModelProto) -> dict[str, int]:
     (nodes as stored, which exporters write in order): the largest is the factor an FPN's or a
     detector's input must be a multiple of."""
     reached: dict[str, int] = {}
+    if not any(node.op_type in _POOLING for node in model.graph.node):
+        return reached  # every tensor at stride 1: no walk (a 12k-node transformer: 0.1 s)
     for node in model.graph.node:
         here = max((reached.get(name, 1) for name in node.input if name), default=1)
         if node.op_type in _POOLING and is_default_domain(node.domain):
@@ -369,10 +372,19 @@ def _declared_sizes(model: onnx.ModelProto, strides: Mapping[str, int]) -> list[
         dims = value.type.tensor_type.shape.dim if value.type.HasField("tensor_type") else ()
         if len(dims) >= 3 and dims[-1].HasField("dim_value") and strides.get(value.name, 1) > 1:
             sizes.append(dims[-1].dim_value * strides[value.name])
-    for prop in model.metadata_props:
-        if "stride" not in prop.key.lower():
-            sizes += [int(n) for n in re.findall(r"\b\d+\b", prop.value) if 16 <= int(n) <= 65536]
+    sizes += _metadata_numbers(model, stride=False)
     return [size for size in dict.fromkeys(sizes) if size > 1][:4]
+
+
+# metadata keys that state an input size (ultralytics: imgsz [640, 640]) or a stride (stride 32);
+# other keys hold numbers that are no size (a date, a version, class indices)
+_SIZE_KEY = re.compile(r"imgsz|size|shape|resolution|height|width|sample|window", re.IGNORECASE)
+
+
+def _metadata_numbers(model: onnx.ModelProto, *, stride: bool) -> list[int]:
+    return [int(n) for prop in model.metadata_props
+            if ("stride" in prop.key.lower()) == stride and (stride or _SIZE_KEY.search(prop.key))
+            for n in re.findall(r"\b\d+\b", prop.value) if 1 < int(n) <= 65536]
 
 
 # ------------------------------------------------------------------------------ branch values
@@ -381,15 +393,16 @@ def branch_inputs(model: onnx.ModelProto) -> list[str]:
     """Bool graph inputs an If's condition is computed from (optimum's merged decoders take
     `use_cache_branch`): verification feeds each of them true at one setting and false at the
     other, so that every branch runs."""
+    flags = [value.name for value in model.graph.input if value.type.tensor_type.elem_type == onnx.TensorProto.BOOL]
+    if not flags:
+        return []
     consumers: dict[str, list[onnx.NodeProto]] = {}
     for node in model.graph.node:
         for name in set(node.input):
             consumers.setdefault(name, []).append(node)
     chosen = []
-    for value in model.graph.input:
-        if value.type.tensor_type.elem_type != onnx.TensorProto.BOOL:
-            continue
-        todo, seen = [value.name], set()
+    for flag in flags:
+        todo, seen = [flag], set()
         while todo:
             name = todo.pop()
             if name in seen:
@@ -397,7 +410,7 @@ def branch_inputs(model: onnx.ModelProto) -> list[str]:
             seen.add(name)
             for node in consumers.get(name, ()):
                 if node.op_type == "If" and node.input[0] == name:
-                    chosen.append(value.name)
+                    chosen.append(flag)
                     todo = []
                     break
                 todo.extend(node.output)

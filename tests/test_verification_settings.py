@@ -94,9 +94,12 @@ def test_only_one_derived_setting_is_said_so():
 
 def test_derived_settings_read_metadata_and_the_users_sizes():
     model = fpn()
-    helper.set_model_props(model, {"imgsz": "[640, 640]"})
+    # ultralytics' metadata: the image size and stride are sizes, the date and class indices are not
+    helper.set_model_props(model, {"imgsz": "[640, 640]", "stride": "32", "date": "2023-05-01",
+                                   "names": "{0: 'person', 17: 'horse'}"})
     origins = [origin for _, origin in derived_settings(model, {"batch": 2})]
-    assert any("sizes it declares (640)" in o for o in origins)
+    assert origins[0] == "derived from the model: multiples of its total stride 32"
+    assert any(o.endswith("sizes it declares (640)") for o in origins)
     assert any("the sizes bound with --dim" in o for o in origins)
     assert len(origins) <= 12  # each one tried costs a run of the original
 
@@ -261,3 +264,16 @@ def test_an_stft_front_end_longer_than_the_primes_verifies_at_common_sample_coun
     assert result.status == MATCH
     assert [dict(s)["samples"] for s in result.settings] == [512, 1024]
     assert result.settings_note.endswith("settings derived from the model: common input sizes")
+
+
+def test_a_dim_with_neither_name_nor_value_is_bound_by_position(tmp_path):
+    b = GraphBuilder(opset=17)
+    x = b.input("x", [1, 3, 8, None])
+    model = b.build(batchnorm(b, conv(b, x, 3, 4), 4), output_names=["y"])
+    model.graph.output[0].type.tensor_type.ClearField("shape")
+    assert input_dim_keys(model) == {("x", 3): "x.dim3"}
+    report = optimize(tmp_path, model, dims={"x.dim3": 12})
+    assert dict(report.dims) == {"x.dim3": 12} and report.unbound_dims == ()
+    assert dict(report.verification.settings[0]) == {"x.dim3": 12}
+    assert report.verification.status == MATCH
+    assert report.memory.before.peak_bytes >= 3 * 8 * 12 * 4
