@@ -7,7 +7,10 @@ prime (never 1 or 2, and none of the model's static input dims, so that `batch` 
 3 channels either), and verification runs at two such settings with different primes, so that a
 size baked into the output by one setting shows at the other. Dims the exporter wrote as
 arithmetic of symbols (`past + sequence`, dynamo's `s0 + s1`) are evaluated, never given a value
-of their own: they are not free. Symbols the user bound (`--dim`) keep their value in both.
+of their own: they are not free. Symbols the user bound (`--dim`, `--input-shape`: one binding)
+keep their value in both. A dim with no usable name (none, Paddle's '?', -1) is its own symbol,
+named by its position (`x.dim2`): two '?' dims are two sizes. Where the primes fail on the
+original (an FPN at odd sizes, a 512-sample window), sizes derived from the model are tried.
 
 Integer values. An index into an embedding table must be below the table's row count, or
 onnxruntime refuses to run the original (BERT's 2-row `token_type_ids` table under random values
@@ -292,7 +295,7 @@ def derived_settings(model: onnx.ModelProto, bound: Mapping[str, int] | None = N
     free = [key for key in free_symbols(model) if key not in bound]
     if not free:
         return []
-    extents = [key for key in free if any(key == k and index >= max(1, _rank(model, name) - 2)
+    extents = [key for key in free if any(key == k and _is_extent(index, _rank(model, name))
                                           for (name, index), k in keys.items())]
     samples = all(_rank(model, name) <= 3 for (name, _), k in keys.items() if k in extents)
     others = [key for key in free if key not in extents]
@@ -331,6 +334,11 @@ def derived_settings(model: onnx.ModelProto, bound: Mapping[str, int] | None = N
 
 _MAX_DERIVED = 12  # each candidate tried costs one run of the original
 _SMALL_PRIMES = (3, 5, 7, 11, 13, 17)
+
+
+def _is_extent(index: int, rank: int) -> bool:
+    """A trailing dim: a [samples] signal's only one, [batch, samples] its second, an image's last two."""
+    return index >= min(max(1, rank - 2), rank - 1)
 
 
 def _rank(model: onnx.ModelProto, input_name: str) -> int:

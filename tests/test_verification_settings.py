@@ -45,6 +45,13 @@ def window() -> onnx.ModelProto:
     return b.build(b.op("Add", y, b.const(b.rand(16))), output_names=["y"])
 
 
+def mono_window() -> onnx.ModelProto:
+    """A bare [samples] signal framed as Reshape(-1, 512)."""
+    b = GraphBuilder(opset=17)
+    frames = b.op("Reshape", b.input("audio", ["samples"]), b.const(np.array([-1, 512], np.int64)))
+    return b.build(b.op("MatMul", frames, b.const(b.rand(512, 4))), output_names=["y"])
+
+
 def conv1d() -> onnx.ModelProto:
     """A Conv1d front end, kernel 400 and stride 160 over the samples: shorter signals cannot run."""
     b = GraphBuilder(opset=17)
@@ -59,7 +66,7 @@ def optimize(tmp_path, model, **config):
     return api.optimize(path, FuseConfig(**config), tmp_path / "out.onnx").report
 
 
-@pytest.mark.parametrize("build, stride_or_window", [(fpn, 4), (window, 512), (conv1d, 160)])
+@pytest.mark.parametrize("build, stride_or_window", [(fpn, 4), (window, 512), (mono_window, 512), (conv1d, 160)])
 def test_models_the_primes_cannot_run_verify_match_at_settings_derived_from_them(tmp_path, build, stride_or_window):
     report = optimize(tmp_path, build())
     result = report.verification
