@@ -273,17 +273,21 @@ class ReferencePlan:
         for settings in self.candidates:
             reference = reference_outputs(original, settings, seed=seed, int_ranges=self.int_ranges)
             if reference.error is None:
+                if self.free and len({tuple(dims.get(k) for k in self.free) for dims, _, _ in reference.runs}) == 1:
+                    # the bound setting alone (--dim for every symbol; the primes failed beside it)
+                    return self._derived(original, seed, reference) or reference
                 return reference
             first = first or reference
         if first is None or _NOT_ABOUT_SIZES.search(first.error):
             return first  # no size makes an unsupported operator run: no more loads of the original
         return self._derived(original, seed) or first
 
-    def _derived(self, original: onnx.ModelProto | str, seed: int) -> Reference | None:
-        """The first derived setting the original runs at, and the first after it that changes
-        every free dim (else the first that changes some: a model that takes batch 1 only); one
-        run of the original per setting tried; one setting, said so, where no second runs."""
-        found: list[tuple[Reference, str]] = []
+    def _derived(self, original: onnx.ModelProto | str, seed: int, bound: Reference | None = None) -> Reference | None:
+        """After `bound` (the user's setting, when it ran alone) or the first derived setting the
+        original runs at, the first derived one that changes every free dim (else the first that
+        changes some: a model that takes batch 1 only); one run of the original per setting
+        tried; one setting, said so, where no second runs."""
+        found: list[tuple[Reference, str]] = [(bound, "")] if bound is not None else []
         partial = None
         for setting, origin in self.derived:
             if found:
@@ -302,13 +306,18 @@ class ReferencePlan:
                 break
         if len(found) == 1 and partial is not None:
             found.append(partial[:2])
+        if bound is not None and len(found) == 1:
+            return None
         if not found:
             return None
         runs = tuple(run for reference, _ in found for run in reference.runs)
-        where = " and ".join(dict.fromkeys(origin.removeprefix("derived from the model: ") for _, origin in found))
+        where = " and ".join(dict.fromkeys(origin.removeprefix("derived from the model: ") for _, origin in found
+                                           if origin))
+        same = (f" ({', '.join(partial[2])} the same at both: no setting that changes it runs)"
+                if partial is not None and found[1][0] is partial[0] else "")
+        if bound is not None:
+            return Reference(runs, note=f"the bound setting, and one derived from the model: {where}{same}")
         if len(found) == 2:
-            same = f" ({', '.join(partial[2])} the same at both: no setting that changes it runs)" \
-                if partial is not None and found[1][0] is partial[0] else ""
             return Reference(runs, note=f"the distinct primes fail on the original; settings derived from the "
                                         f"model: {where}{same}")
         if self.branches:  # the one setting again with the other branch taken
@@ -342,9 +351,11 @@ def reference_plan(header: onnx.ModelProto, dims: Mapping[str, int] | None = Non
     ranges = {**integer_ranges(header), **(int_ranges or {})}
     dims = binding(header, dims or {}, {})
     branches = tuple(branch_inputs(header))
+    free = [key for key in free_symbols(header) if key not in dims]
+    # every symbol bound: a second setting may still be derived over all of them
+    derived = derived_settings(header, dims if free else {})
     return ReferencePlan(tuple(_with_branches(settings, branches) for settings in shape_settings(header, dims)),
-                         ranges, tuple(derived_settings(header, dims)),
-                         tuple(key for key in free_symbols(header) if key not in dims), branches)
+                         ranges, tuple(derived), tuple(free or free_symbols(header)), branches)
 
 
 def verify_models(original: onnx.ModelProto | str, optimized: onnx.ModelProto | str, *,

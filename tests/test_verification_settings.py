@@ -284,3 +284,11 @@ def test_a_dim_with_neither_name_nor_value_is_bound_by_position(tmp_path):
     assert dict(report.verification.settings[0]) == {"x.dim3": 12}
     assert report.verification.status == MATCH
     assert report.memory.before.peak_bytes >= 3 * 8 * 12 * 4
+
+
+def test_every_symbol_bound_where_the_primes_fail_takes_a_derived_second_setting(tmp_path):
+    report = optimize(tmp_path, window(), input_shapes={"audio": (2, 512)})
+    result = report.verification
+    assert result.status == MATCH
+    assert [dict(s) for s in result.settings] == [{"batch": 2, "samples": 512}, {"batch": 5, "samples": 1024}]
+    assert result.settings_note == "the bound setting, and one derived from the model: sizes it declares (512)"
