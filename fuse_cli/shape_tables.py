@@ -61,7 +61,7 @@ def _bound_shapes(model: onnx.ModelProto, config: FuseConfig, assumed: tuple[str
             # an input dim without a usable name ('?', -1, none) is assumed by its position key
             positional = {key for (name, index), key in input_dim_keys(model).items()
                           if key == position_key(name, index)}
-            unknown = ({u.symbol for u in table.unknown_dims if u.symbol if not is_placeholder(u.symbol)}
+            unknown = ({u.symbol for u in table.unknown_dims if u.symbol and not is_placeholder(u.symbol)}
                        | positional) - set(table.bound_dims)
             assumed = tuple(sorted(unknown - arithmetic))
         if assumed or arithmetic - set(table.bound_dims):

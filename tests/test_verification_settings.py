@@ -10,6 +10,7 @@ from onnx import TensorProto, helper
 
 from fuse_cli import api
 from fuse_cli.analysis.measure import concrete_input_shapes, measure_peak
+from fuse_cli.analysis.shapes import infer_shapes
 from fuse_cli.config import FuseConfig
 from fuse_cli.errors import UsageError
 from fuse_cli.input_domain import binding, branch_inputs, derived_settings, input_dim_keys
@@ -133,6 +134,11 @@ def test_shared_placeholder_dims_bind_per_position():
         binding(model, {}, {"x": (2, 4, 16, 24)})
     with pytest.raises(UsageError, match="dim 2 is 'x.dim2', bound to 8 elsewhere, the option gives 16"):
         binding(model, {"x.dim2": 8}, {"x": (2, 3, 16, 24)})
+    with pytest.raises(ValueError, match="dim 2 is 'x.dim2', bound to 8 elsewhere, but input_shapes gives 16"):
+        infer_shapes(model, {"x.dim2": 8}, {"x": (2, 3, 16, 24)})
+    table = infer_shapes(model, {}, {"x": (2, 3, 16, 24)})
+    assert table.get("y").shape == (2, 4, 16, 24) and table.unused_dims == ()
+    assert infer_shapes(model, {"x.dim2": 16, "x.dim9": 1}).unused_dims == ("x.dim9",)
 
 
 @pytest.mark.parametrize("options", [{"input_shapes": {"x": (2, 3, 16, 24)}},

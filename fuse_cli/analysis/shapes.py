@@ -504,7 +504,7 @@ def _resolve_bindings(
                 if bindings.setdefault(key, got) != got:
                     raise ValueError(
                         f"input {input_name!r} dim {index} is {key!r}, bound to "
-                        f"{bindings[want]} elsewhere, but input_shapes gives {got}"
+                        f"{bindings[key]} elsewhere, but input_shapes gives {got}"
                     )
     return bindings
 
