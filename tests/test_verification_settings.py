@@ -298,3 +298,31 @@ def test_every_symbol_bound_where_the_primes_fail_takes_a_derived_second_setting
     assert result.status == MATCH
     assert [dict(s) for s in result.settings] == [{"batch": 2, "samples": 512}, {"batch": 5, "samples": 1024}]
     assert result.settings_note == "the bound setting, and one derived from the model: sizes it declares (512)"
+
+
+def test_cli_binds_paddle_dims_by_position_and_refuses_a_bad_input_shape_in_one_line(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from fuse_cli.cli import cli
+
+    path = tmp_path / "paddle.onnx"
+    onnx.save(paddle_model(), path)
+    ok = CliRunner().invoke(cli, ["report", str(path), "--input-shape", "x:2x3x16x24", "--dim", "x.dim0=2",
+                                  "--json", "-"])
+    assert ok.exit_code == 0, ok.output
+    data = json.loads(ok.stdout[ok.stdout.index("{"):])
+    assert data["dims"] == {"x.dim0": 2, "x.dim2": 16, "x.dim3": 24}
+    assert data["verification"]["settings"][0] == {"x.dim0": 2, "x.dim2": 16, "x.dim3": 24}
+    # the written model keeps its declared header: binding is read, never written
+    out = tmp_path / "out.onnx"
+    assert CliRunner().invoke(cli, ["optimize", str(path), "-o", str(out), "--dim", "x.dim2=16"]).exit_code == 0
+    dims = onnx.load(out).graph.input[0].type.tensor_type.shape.dim
+    assert [(d.dim_value, d.dim_param) for d in dims] == [(-1, ""), (3, ""), (0, "?"), (0, "?")]
+    for bad, message in ((["--input-shape", "y:1x3x8x8"], "--input-shape names 'y', which is not a graph input"),
+                         (["--input-shape", "x:1x3x8"], "the model declares rank 4, the option gives rank 3"),
+                         (["--input-shape", "x:2x3x16x24", "--dim", "x.dim0=4"], "dim 0 is 'x.dim0', bound to 4")):
+        result = CliRunner().invoke(cli, ["report", str(path), *bad])
+        assert result.exit_code == 2
+        assert result.output.count("\n") == 1 and message in result.output, result.output
