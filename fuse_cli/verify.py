@@ -280,7 +280,11 @@ class ReferencePlan:
             first = first or reference
         if first is None or _NOT_ABOUT_SIZES.search(first.error):
             return first  # no size makes an unsupported operator run: no more loads of the original
-        return self._derived(original, seed) or first
+        derived = self._derived(original, seed)
+        if derived is None and self.derived:
+            return replace(first, error=f"{first.error}; nor at any of {len(self.derived)} settings derived from "
+                                        f"the model (its strides, declared and common sizes)")
+        return derived or first
 
     def _derived(self, original: onnx.ModelProto | str, seed: int, bound: Reference | None = None) -> Reference | None:
         """After `bound` (the user's setting, when it ran alone) or the first derived setting the

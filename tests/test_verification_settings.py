@@ -326,3 +326,16 @@ def test_cli_binds_paddle_dims_by_position_and_refuses_a_bad_input_shape_in_one_
         result = CliRunner().invoke(cli, ["report", str(path), *bad])
         assert result.exit_code == 2
         assert result.output.count("\n") == 1 and message in result.output, result.output
+
+
+def test_unverifiable_says_the_derived_settings_failed_too():
+    """A Split into [1, 1] along the samples: only 2 samples run, which no setting tries."""
+    b = GraphBuilder(opset=17)
+    left, right = b.op("Split", b.input("audio", ["batch", "samples"]), b.const(np.array([1, 1], np.int64)), axis=1,
+                       outputs=2)
+    model = b.build(b.op("Sub", left, right), output_names=["y"])
+    result = verify_models(model, model)
+    assert result.status == "unverifiable"
+    assert result.reason.startswith("the original model cannot run at batch=")
+    assert result.reason.endswith(f"; nor at any of {len(derived_settings(model))} settings derived from the model "
+                                  "(its strides, declared and common sizes)")
