@@ -23,6 +23,7 @@ from fuse_cli.graph.io import load_model, node_count
 from fuse_cli.graph.opset import default_opset, upgrade_opset
 from fuse_cli.graph.output import CandidateWriter, check_not_over_weights, check_output_path, output_lock
 from fuse_cli.graph.weights import read_in
+from fuse_cli.input_domain import binding
 from fuse_cli.load_check import loadable
 from fuse_cli.passes import resolve
 from fuse_cli.pipeline.base import Pass
@@ -72,6 +73,8 @@ def _optimize(source: Path, config: FuseConfig, target_path: Path, *, dry_run: b
     opset_before = default_opset(loaded.model)
     if config.upgrade_opset:
         loaded.model = upgrade_opset(loaded.model, config.upgrade_opset)
+    # --dim and --input-shape as one binding, which the estimate, verification and --measure share
+    config = config.with_overrides(dims=binding(loaded.model, config.dims, config.input_shapes))
     passes = resolve(config.target, config.passes, config.disable)
     resolve(config.target, config.fail_on_near_miss)  # the same "did you mean" for gate pass names
     tables = build_shape_tables(loaded.model, config)

@@ -60,9 +60,10 @@ def fusion_options(func):
                      help="Operators the output may use: onnx (standard only, default) or an onnxruntime target."),
         click.option("--passes", "passes", default=None, metavar="A,B", help="Run only these passes (comma-separated)."),
         click.option("--disable", default=None, metavar="A,B", help="Skip these passes (comma-separated)."),
-        dim_option(help="Bind a symbolic dimension for the memory estimate and verification (repeatable)."),
+        dim_option(help="Bind a symbolic dimension for the memory estimate, verification and --measure (repeatable); "
+                        "a dim with no usable name ('?', -1, none) by position: x.dim2=48."),
         click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME:1x3x224x224",
-                     help="Give an input's full shape for the memory estimate (repeatable)."),
+                     help="Give an input's full shape, the same binding as --dim (repeatable)."),
         click.option("--freeze-inputs", is_flag=True, default=None,
                      help="Treat initializers listed as graph inputs as constants and drop them from the inputs."),
         click.option("--fold-limit", type=click.FloatRange(min=0), default=None, metavar="MB",

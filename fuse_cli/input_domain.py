@@ -7,7 +7,10 @@ prime (never 1 or 2, and none of the model's static input dims, so that `batch` 
 3 channels either), and verification runs at two such settings with different primes, so that a
 size baked into the output by one setting shows at the other. Dims the exporter wrote as
 arithmetic of symbols (`past + sequence`, dynamo's `s0 + s1`) are evaluated, never given a value
-of their own: they are not free. Symbols the user bound (`--dim`) keep their value in both.
+of their own: they are not free. Symbols the user bound (`--dim`, `--input-shape`: one binding)
+keep their value in both. A dim with no usable name (none, Paddle's '?', -1) is its own symbol,
+named by its position (`x.dim2`): two '?' dims are two sizes. Where the primes fail on the
+original (an FPN at odd sizes, a 512-sample window), sizes derived from the model are tried.
 
 Integer values. An index into an embedding table must be below the table's row count, or
 onnxruntime refuses to run the original (BERT's 2-row `token_type_ids` table under random values
@@ -21,14 +24,16 @@ from __future__ import annotations
 
 import ast
 import itertools
-from collections.abc import Iterator, Mapping
+import re
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
 from fuse_cli.core.domains import is_default_domain
-from fuse_cli.core.feeds import MASK_RANGE
+from fuse_cli.core.feeds import MASK_RANGE, position_key
+from fuse_cli.errors import UsageError
 
 
 
@@ -108,15 +113,90 @@ def describe_setting(setting: Mapping[str, int]) -> str:
 
 
 def _input_dim_params(model: onnx.ModelProto) -> list[str]:
+    """The names the graph inputs' free dims are bound by, in order, each once."""
+    return list(dict.fromkeys(input_dim_keys(model).values()))
+
+
+# ------------------------------------------------------------------------------ the binding
+
+# dim_params exporters write for "unknown", not as a name: old Paddle exports declare
+# [-1, 3, '?', '?'], whose two '?' are independent sizes, not one symbol.
+PLACEHOLDER_PARAMS = frozenset({"?", "-1", "None"})
+
+
+def is_placeholder(param: str) -> bool:
+    return param in PLACEHOLDER_PARAMS
+
+
+def input_dim_keys(model: onnx.ModelProto) -> dict[tuple[str, int], str]:
+    """Per free dim of a graph input, (input, position): the name a binding uses for it, its
+    dim_param, or its position key where it has none, a placeholder, or -1."""
     initializers = {t.name for t in model.graph.initializer}
-    params: list[str] = []
+    keys: dict[tuple[str, int], str] = {}
     for value in model.graph.input:
         if value.name in initializers or not value.type.HasField("tensor_type"):
             continue
-        for dim in value.type.tensor_type.shape.dim:
-            if dim.dim_param and not dim.HasField("dim_value") and dim.dim_param not in params:
-                params.append(dim.dim_param)
-    return params
+        for index, dim in enumerate(value.type.tensor_type.shape.dim):
+            if dim.HasField("dim_value") and dim.dim_value >= 0:
+                continue
+            named = dim.HasField("dim_param") and dim.dim_param and not is_placeholder(dim.dim_param)
+            keys[(value.name, index)] = dim.dim_param if named else position_key(value.name, index)
+    return keys
+
+
+def binding(model: onnx.ModelProto, dims: Mapping[str, int],
+            input_shapes: Mapping[str, Sequence[int]]) -> dict[str, int]:
+    """The one binding the estimate, verification and measurement share: `--dim` by name or by
+    position key, and what `--input-shape` says, per position (a symbol it gives a size binds
+    that symbol everywhere; a dim without a usable name binds its position key). A placeholder
+    name bound with `--dim ?=48` binds each of its positions. Contradictions are usage errors."""
+    keys = input_dim_keys(model)
+    result = dict(dims)
+    for (input_name, index), key in keys.items():
+        param = _declared_param(model, input_name, index)
+        if key != param and param in dims:
+            result.setdefault(key, dims[param])
+    inputs = {v.name: v for v in model.graph.input if v.type.HasField("tensor_type")}
+    for input_name, shape in input_shapes.items():
+        if input_name not in inputs:
+            raise UsageError(f"--input-shape names {input_name!r}, which is not a graph input "
+                             f"(inputs: {', '.join(inputs) or 'none'})")
+        tensor_type = inputs[input_name].type.tensor_type
+        if not tensor_type.HasField("shape"):
+            continue  # no declared rank: the estimate takes the whole shape (analysis/shapes.py)
+        declared = tensor_type.shape.dim
+        if len(declared) != len(shape):
+            raise UsageError(f"--input-shape {input_name}: the model declares rank {len(declared)}, "
+                             f"the option gives rank {len(shape)}")
+        for index, (dim, value) in enumerate(zip(declared, shape)):
+            key = keys.get((input_name, index))
+            if key is None:
+                if dim.dim_value != value:
+                    raise UsageError(f"--input-shape {input_name}: dim {index} is fixed at {dim.dim_value} "
+                                     f"in the model, the option gives {value}")
+            elif result.setdefault(key, int(value)) != value:
+                raise UsageError(f"--input-shape {input_name}: dim {index} is {key!r}, bound to "
+                                 f"{result[key]} elsewhere, the option gives {value}")
+    return result
+
+
+def input_shapes_at(model: onnx.ModelProto, dims: Mapping[str, int]) -> dict[str, list[int | None]]:
+    """Each graph input's shape at `dims` (a binding or a setting): static dims as declared,
+    free ones by their key (input_dim_keys), None where `dims` leaves one open."""
+    keys = input_dim_keys(model)
+    initializers = {t.name for t in model.graph.initializer}
+    shapes: dict[str, list[int | None]] = {}
+    for value in model.graph.input:
+        if value.name in initializers or not value.type.HasField("tensor_type"):
+            continue
+        shapes[value.name] = [dims.get(keys[(value.name, i)]) if (value.name, i) in keys else d.dim_value
+                              for i, d in enumerate(value.type.tensor_type.shape.dim)]
+    return shapes
+
+
+def _declared_param(model: onnx.ModelProto, input_name: str, index: int) -> str:
+    value = next(v for v in model.graph.input if v.name == input_name)
+    return value.type.tensor_type.shape.dim[index].dim_param
 
 
 def _static_input_dims(model: onnx.ModelProto) -> set[int]:
@@ -188,6 +268,161 @@ def _evaluate_all(expressions: Mapping[str, ast.expr | None], values: Mapping[st
             except ZeroDivisionError:
                 continue
     return setting
+
+
+# ------------------------------------------------------------------ settings the model accepts
+
+# Sizes models are commonly made for: spatial ones (all multiples of 32, a detector's total
+# stride) and sample counts (a 512-sample window, 16 kHz audio).
+COMMON_SPATIAL = (224, 256, 320, 512, 640)
+COMMON_SAMPLES = (512, 1024, 16000)
+_POOLING = frozenset({"Conv", "MaxPool", "AveragePool", "LpPool"})
+
+
+def derived_settings(model: onnx.ModelProto, bound: Mapping[str, int] | None = None
+                     ) -> list[tuple[dict[str, int], str]]:
+    """Single settings to try, best first, where the distinct primes fail on the original (an FPN's
+    Concat cannot merge the upsampled map with its skip at odd sizes; a Reshape to [-1, 512] needs
+    a multiple of 512; a Conv1d's 400-sample kernel a signal that long), each with where its sizes
+    come from. An extent dim (an image's height and width, a signal's samples: the trailing free
+    dims) takes sizes from the model: multiples of its total stride (the product of Conv and Pool
+    strides along its deepest path), sizes it declares (a Reshape's window, numbers in its
+    metadata), the user's bound sizes, then common sizes; the other free dims (batch) distinct
+    primes. Each setting gives distinct extent symbols distinct sizes; after them, one size for
+    every extent at once (a model that needs height == width); last, the other dims at 1."""
+    bound = dict(bound or {})
+    keys = input_dim_keys(model)
+    free = [key for key in free_symbols(model) if key not in bound]
+    if not free:
+        return []
+    extents = [key for key in free if any(key == k and _is_extent(index, _rank(model, name))
+                                          for (name, index), k in keys.items())]
+    samples = all(_rank(model, name) <= 3 for (name, _), k in keys.items() if k in extents)
+    others = [key for key in free if key not in extents]
+    strides = _strides(model)
+    stride = max([*strides.values(), *_metadata_numbers(model, stride=True)], default=1)
+    declared = _declared_sizes(model, strides)
+    sources = []
+    if stride > 1:
+        sources.append((f"multiples of its total stride {stride}", [stride * p for p in _SMALL_PRIMES]))
+    if declared:
+        sources.append(("sizes it declares (" + ", ".join(map(str, declared)) + ")",
+                        [size * k for k in (1, 2, 3) for size in declared]))
+    if bound:
+        sources.append(("the sizes bound with --dim", sorted(set(bound.values()))))
+    sources.append(("common input sizes", list(COMMON_SAMPLES if samples else COMMON_SPATIAL)))
+    avoid = set(bound.values()) | _static_input_dims(model)
+    primes = [p for p, _ in zip((p for p in _primes() if p not in avoid), range(2 * len(others)))]
+    candidates: list[tuple[dict[str, int], str]] = []
+    for origin, sizes in sources:
+        width = len(extents) or 1
+        distinct = [sizes[i:i + len(extents)] for i in range(0, len(sizes) - len(extents) + 1, width)][:2]
+        square = [[size] * len(extents) for size in sizes[:1]] if len(extents) > 1 else []
+        for index, group in enumerate(distinct + square):
+            batch = dict(zip(others, primes[(index % 2) * len(others):]))
+            candidates.append(({**bound, **batch, **dict(zip(extents, group))}, f"derived from the model: {origin}"))
+    # last, the other dims at 1 (a model that takes one image at a time)
+    candidates += [({**setting, **dict.fromkeys(others, 1)}, origin) for setting, origin in candidates[::3]
+                   if others]
+    settings: list[tuple[dict[str, int], str]] = []
+    for setting, origin in candidates:
+        setting = with_computed_dims(model, setting)
+        if all(setting != known for known, _ in settings):
+            settings.append((setting, origin))
+    return settings[:_MAX_DERIVED]
+
+
+_MAX_DERIVED = 12  # each candidate tried costs one run of the original
+_SMALL_PRIMES = (3, 5, 7, 11, 13, 17)
+
+
+def _is_extent(index: int, rank: int) -> bool:
+    """A trailing dim: a [samples] signal's only one, [batch, samples] its second, an image's last two."""
+    return index >= min(max(1, rank - 2), rank - 1)
+
+
+def _rank(model: onnx.ModelProto, input_name: str) -> int:
+    value = next(v for v in model.graph.input if v.name == input_name)
+    return len(value.type.tensor_type.shape.dim)
+
+
+def _strides(model: onnx.ModelProto) -> dict[str, int]:
+    """Per tensor, the product of Conv and Pool strides on the deepest path to it from the inputs
+    (nodes as stored, which exporters write in order): the largest is the factor an FPN's or a
+    detector's input must be a multiple of."""
+    reached: dict[str, int] = {}
+    if not any(node.op_type in _POOLING for node in model.graph.node):
+        return reached  # every tensor at stride 1: no walk (a 12k-node transformer: 0.1 s)
+    for node in model.graph.node:
+        here = max((reached.get(name, 1) for name in node.input if name), default=1)
+        if node.op_type in _POOLING and is_default_domain(node.domain):
+            strides = next((list(a.ints) for a in node.attribute if a.name == "strides"), [1])
+            here *= max(strides or [1])
+        for name in node.output:
+            reached[name] = here
+    return reached
+
+
+def _declared_sizes(model: onnx.ModelProto, strides: Mapping[str, int]) -> list[int]:
+    """Input sizes the model itself states: the window of a Reshape to [-1, 512] (the product of
+    its other entries), a feature map's declared size times its stride (value_info an exporter
+    wrote at its export size), and numbers in its metadata (ultralytics writes imgsz [640, 640])."""
+    tensors = _constant_tensors(model.graph)
+    sizes: list[int] = []
+    for node in model.graph.node:
+        if node.op_type == "Reshape" and is_default_domain(node.domain) and len(node.input) > 1:
+            shape = tensors.get(node.input[1])
+            if shape is not None and shape.data_location != onnx.TensorProto.EXTERNAL and len(shape.dims) == 1:
+                values = numpy_helper.to_array(shape).tolist()
+                if -1 in values and all(v > 0 for v in values if v != -1):
+                    sizes.append(int(np.prod([v for v in values if v != -1])))
+    for value in (*model.graph.value_info, *model.graph.output):
+        dims = value.type.tensor_type.shape.dim if value.type.HasField("tensor_type") else ()
+        if len(dims) >= 3 and dims[-1].HasField("dim_value") and strides.get(value.name, 1) > 1:
+            sizes.append(dims[-1].dim_value * strides[value.name])
+    sizes += _metadata_numbers(model, stride=False)
+    return [size for size in dict.fromkeys(sizes) if size > 1][:4]
+
+
+# metadata keys that state an input size (ultralytics: imgsz [640, 640]) or a stride (stride 32);
+# other keys hold numbers that are no size (a date, a version, class indices)
+_SIZE_KEY = re.compile(r"imgsz|size|shape|resolution|height|width|sample|window", re.IGNORECASE)
+
+
+def _metadata_numbers(model: onnx.ModelProto, *, stride: bool) -> list[int]:
+    return [int(n) for prop in model.metadata_props
+            if ("stride" in prop.key.lower()) == stride and (stride or _SIZE_KEY.search(prop.key))
+            for n in re.findall(r"\b\d+\b", prop.value) if 1 < int(n) <= 65536]
+
+
+# ------------------------------------------------------------------------------ branch values
+
+def branch_inputs(model: onnx.ModelProto) -> list[str]:
+    """Bool graph inputs an If's condition is computed from (optimum's merged decoders take
+    `use_cache_branch`): verification feeds each of them true at one setting and false at the
+    other, so that every branch runs."""
+    flags = [value.name for value in model.graph.input if value.type.tensor_type.elem_type == onnx.TensorProto.BOOL]
+    if not flags:
+        return []
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        for name in set(node.input):
+            consumers.setdefault(name, []).append(node)
+    chosen = []
+    for flag in flags:
+        todo, seen = [flag], set()
+        while todo:
+            name = todo.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            for node in consumers.get(name, ()):
+                if node.op_type == "If" and node.input[0] == name:
+                    chosen.append(flag)
+                    todo = []
+                    break
+                todo.extend(node.output)
+    return list(dict.fromkeys(chosen))
 
 
 # ------------------------------------------------------------------------------ integer values

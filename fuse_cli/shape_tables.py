@@ -5,8 +5,8 @@
 - proofs: the planner's table plus the dims onnxruntime's symbolic inference names without
   merging symbols: what fusion checks may rely on (a merged name proves nothing, see
   analysis/shapes.with_runtime_dims);
-- bound: sizes at the user's bindings, symbols nobody bound at 1 (listed in `assumed`): the bytes
-  of the memory estimate.
+- bound: sizes at the user's bindings (input_domain.binding: --dim and --input-shape as one), symbols
+  and position keys nobody bound at 1 (listed in `assumed`): the bytes of the memory estimate.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import onnx
 from fuse_cli.analysis.shapes import ShapeTable, infer_shapes, with_runtime_dims
 from fuse_cli.config import UNBOUND_DIM, FuseConfig
 from fuse_cli.errors import UsageError
-from fuse_cli.input_domain import free_symbols, with_declared_arithmetic
+from fuse_cli.core.feeds import position_key
+from fuse_cli.input_domain import free_symbols, input_dim_keys, is_placeholder, with_declared_arithmetic
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,11 @@ def _bound_shapes(model: onnx.ModelProto, config: FuseConfig, assumed: tuple[str
         else:
             table = infer_shapes(model, with_declared_arithmetic(model, config.dims), config.input_shapes, symbolic=True)
         if assumed is None:
-            unknown = {u.symbol for u in table.unknown_dims if u.symbol} - set(table.bound_dims)
+            # an input dim without a usable name ('?', -1, none) is assumed by its position key
+            positional = {key for (name, index), key in input_dim_keys(model).items()
+                          if key == position_key(name, index)}
+            unknown = ({u.symbol for u in table.unknown_dims if u.symbol and not is_placeholder(u.symbol)}
+                       | positional) - set(table.bound_dims)
             assumed = tuple(sorted(unknown - arithmetic))
         if assumed or arithmetic - set(table.bound_dims):
             values = with_declared_arithmetic(model, {**dict.fromkeys(assumed, UNBOUND_DIM), **table.bound_dims})

@@ -5,19 +5,21 @@ Results carry statistics per output (max abs/rel difference, cosine similarity),
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import onnx
 
 from fuse_cli.core import isolation, model_runs, sessions
 from fuse_cli.core.isolation import RuntimeCrash
-from fuse_cli.core.sessions import run
+from fuse_cli.core.sessions import run  # noqa: F401 (re-exported for callers)
 from fuse_cli.errors import FuseError
-from fuse_cli.core.feeds import random_inputs
+from fuse_cli.core.feeds import random_inputs, value_key  # noqa: F401 (random_inputs: re-exported for callers)
 from fuse_cli.graph.io import read_original
-from fuse_cli.input_domain import describe_setting, integer_ranges, shape_settings
+from fuse_cli.input_domain import (binding, branch_inputs, derived_settings, describe_setting, free_symbols,
+                                   integer_ranges, shape_settings)
 
 # (rtol, atol) by output dtype: fp32 per the project standard; fp16/bf16 keep ~3 significant digits.
 # The default atol is scaled by the output's magnitude (see compare_outputs).
@@ -64,6 +66,7 @@ class VerifyResult:
     status: str = MATCH
     reason: str | None = None
     settings: tuple[tuple[tuple[str, int], ...], ...] = ()  # the symbolic dims of each run
+    settings_note: str | None = None  # where the settings came from, when not the distinct primes
 
     @property
     def passed(self) -> bool:
@@ -174,6 +177,7 @@ class Reference:
     runs: tuple[tuple[dict[str, int], dict[str, np.ndarray], dict[str, np.ndarray]], ...]  # (dims, feeds, outputs)
     error: str | None = None
     computed_in: Mapping[str, np.dtype] = field(default_factory=dict)  # computed_dtypes of the original
+    note: str | None = None  # where the settings came from, when derived from the model
 
     @property
     def settings(self) -> tuple[tuple[tuple[str, int], ...], ...]:
@@ -220,7 +224,7 @@ def compare_with_reference(reference: Reference, optimized: onnx.ModelProto | st
         for o in compare_outputs(expected, actual, rtol, atol, reference.computed_in).outputs:
             if o.name not in worst or _badness(o) > _badness(worst[o.name]):
                 worst[o.name] = o
-    return _verdict(list(worst.values()), reference.settings)
+    return replace(_verdict(list(worst.values()), reference.settings), settings_note=reference.note)
 
 
 # Operators whose output dtype is not their float inputs': the walk to an output's compute dtype stops there
@@ -296,26 +300,112 @@ def reference_for(original: onnx.ModelProto | str, header: onnx.ModelProto, dims
 @dataclass(frozen=True)
 class ReferencePlan:
     """What the original's reference runs need from its graph, read up front: the candidate
-    settings in order (input_domain.shape_settings) and the integer inputs' ranges. `run` then
-    reads only the model onnxruntime loads, so it can go on while the graph is rewritten."""
+    settings in order (input_domain.shape_settings), the single settings derived from the model
+    to try when none of them runs (input_domain.derived_settings, each with its origin), and the
+    integer inputs' ranges. `run` then reads only the model onnxruntime loads, so it can go on
+    while the graph is rewritten."""
 
     candidates: tuple[tuple[dict[str, int], ...], ...]
     int_ranges: Mapping[str, tuple[int, int] | None]
+    derived: tuple[tuple[dict[str, int], str], ...] = ()
+    free: tuple[str, ...] = ()  # the free dims, which two derived settings must both change
+    branches: tuple[str, ...] = ()  # bool inputs selecting an If's branch (input_domain.branch_inputs)
 
     def run(self, original: onnx.ModelProto | str, *, seed: int = 0) -> Reference:
         first = None
         for settings in self.candidates:
             reference = reference_outputs(original, settings, seed=seed, int_ranges=self.int_ranges)
             if reference.error is None:
+                if self.free and len({tuple(dims.get(k) for k in self.free) for dims, _, _ in reference.runs}) == 1:
+                    # the bound setting alone (--dim for every symbol; the primes failed beside it)
+                    return self._derived(original, seed, reference) or reference
                 return reference
             first = first or reference
-        return first
+        if first is None or _NOT_ABOUT_SIZES.search(first.error):
+            return first  # no size makes an unsupported operator run: no more loads of the original
+        derived = self._derived(original, seed)
+        if derived is None and self.derived:
+            return replace(first, error=f"{first.error}; nor at any of {len(self.derived)} settings derived from "
+                                        f"the model (its strides, declared and common sizes)")
+        return derived or first
+
+    def _derived(self, original: onnx.ModelProto | str, seed: int, bound: Reference | None = None) -> Reference | None:
+        """After `bound` (the user's setting, when it ran alone) or the first derived setting the
+        original runs at, the first derived one that changes every free dim (else the first that
+        changes some: a model that takes batch 1 only); one run of the original per setting
+        tried; one setting, said so, where no second runs."""
+        found: list[tuple[Reference, str]] = [(bound, "")] if bound is not None else []
+        partial = None
+        for setting, origin in self.derived:
+            if found:
+                shared = [key for key in self.free if found[0][0].runs[0][0].get(key) == setting.get(key)]
+                if len(shared) == len(self.free) or shared and partial is not None:
+                    continue
+            values = _branch_values(self.branches, len(found))
+            reference = reference_outputs(original, [{**setting, **values}], seed=seed, int_ranges=self.int_ranges)
+            if reference.error is not None:
+                continue
+            if found and shared:
+                partial = (reference, origin, shared)
+                continue
+            found.append((reference, origin))
+            if len(found) == 2:
+                break
+        if len(found) == 1 and partial is not None:
+            found.append(partial[:2])
+        if bound is not None and len(found) == 1:
+            return None
+        if not found:
+            return None
+        runs = tuple(run for reference, _ in found for run in reference.runs)
+        computed = found[0][0].computed_in
+        where = " and ".join(dict.fromkeys(origin.removeprefix("derived from the model: ") for _, origin in found
+                                           if origin))
+        same = (f" ({', '.join(partial[2])} the same at both: no setting that changes it runs)"
+                if partial is not None and found[1][0] is partial[0] else "")
+        if bound is not None:
+            return Reference(runs, note=f"the bound setting, and one derived from the model: {where}{same}",
+                             computed_in=computed)
+        if len(found) == 2:
+            return Reference(runs, note=f"the distinct primes fail on the original; settings derived from the "
+                                        f"model: {where}{same}", computed_in=computed)
+        if self.branches:  # the one setting again with the other branch taken
+            runs += reference_outputs(original, [{**runs[0][0], **_branch_values(self.branches, 1)}],
+                                      seed=seed, int_ranges=self.int_ranges).runs
+        return Reference(runs, note=f"the distinct primes fail on the original; only one setting derived from "
+                                    f"the model runs ({where}), so one size setting was verified", computed_in=computed)
+
+
+# Failures no input size changes: an operator onnxruntime does not know or has no kernel for, a
+# type error, a file it cannot parse or find; and a crash, which is not tried again (each costs a
+# new worker process, and what crashed is the runtime, not the sizes)
+_NOT_ABOUT_SIZES = re.compile(r"NOT_IMPLEMENTED|is not a registered function/op|Type Error|INVALID_PROTOBUF|NO_SUCHFILE"
+                              r"|NO_MODEL|onnxruntime crashed")
+
+
+def _branch_values(branches: Sequence[str], index: int) -> dict[str, int]:
+    """Setting `index`'s values of the bool inputs that select a branch: true, then false."""
+    return {value_key(name): int(index % 2 == 0) for name in branches}
+
+
+def _with_branches(settings: Sequence[dict[str, int]], branches: Sequence[str]) -> tuple[dict[str, int], ...]:
+    """Each setting with its branch values; a lone setting twice, so that both values run."""
+    if not branches:
+        return tuple(settings)
+    settings = list(settings) * (2 if len(settings) == 1 else 1)
+    return tuple({**setting, **_branch_values(branches, index)} for index, setting in enumerate(settings))
 
 
 def reference_plan(header: onnx.ModelProto, dims: Mapping[str, int] | None = None, *,
                    int_ranges: Mapping[str, tuple[int, int]] | None = None) -> ReferencePlan:
     ranges = {**integer_ranges(header), **(int_ranges or {})}
-    return ReferencePlan(tuple(tuple(settings) for settings in shape_settings(header, dims)), ranges)
+    dims = binding(header, dims or {}, {})
+    branches = tuple(branch_inputs(header))
+    free = [key for key in free_symbols(header) if key not in dims]
+    # every symbol bound: a second setting may still be derived over all of them
+    derived = derived_settings(header, dims if free else {})
+    return ReferencePlan(tuple(_with_branches(settings, branches) for settings in shape_settings(header, dims)),
+                         ranges, tuple(derived), tuple(free or free_symbols(header)), branches)
 
 
 def verify_models(original: onnx.ModelProto | str, optimized: onnx.ModelProto | str, *,

@@ -47,12 +47,13 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import MappingProxyType, SimpleNamespace
+from types import MappingProxyType
 
 import onnx
 
 from fuse_cli.core.isolation import crash_description
 from fuse_cli.errors import FuseError
+from fuse_cli.input_domain import binding, input_dim_keys, input_shapes_at
 
 CLEAR_REFS = "/proc/self/clear_refs"
 STATUS = "/proc/self/status"
@@ -127,26 +128,14 @@ def measure_peak(model: onnx.ModelProto | str | Path, *, dims: Mapping[str, int]
 
 def concrete_input_shapes(model: onnx.ModelProto, dims: Mapping[str, int],
                           input_shapes: Mapping[str, Sequence[int]]) -> dict[str, list[int]]:
-    """The shape each fed input gets: `input_shapes` where given, else the declared shape with
-    symbolic dims from `dims`. An input dim left open is a ValueError, not a silent 2 or 1."""
-    initializers = {t.name for t in model.graph.initializer}
-    shapes: dict[str, list[int]] = {}
-    missing: list[str] = []
-    for vi in model.graph.input:
-        if vi.name in initializers or not vi.type.HasField("tensor_type"):
-            continue
-        if vi.name in input_shapes:
-            shapes[vi.name] = [int(d) for d in input_shapes[vi.name]]
-            continue
-        shape: list[int] = []
-        for index, d in enumerate(vi.type.tensor_type.shape.dim):
-            if d.HasField("dim_value"):
-                shape.append(d.dim_value)
-            elif d.dim_param and d.dim_param in dims:
-                shape.append(int(dims[d.dim_param]))
-            else:
-                missing.append(f"{vi.name}[{index}]" + (f" ({d.dim_param})" if d.dim_param else ""))
-        shapes[vi.name] = shape
+    """The shape each fed input gets, at the one binding (input_domain.binding) of `dims` and
+    `input_shapes`: a dim without a usable name ('?', -1, none) by its position key, so `-1` takes
+    the batch given. An input dim left open is a ValueError, not a silent 2 or 1."""
+    shapes = input_shapes_at(model, binding(model, dims, input_shapes))
+    shapes.update({name: [int(d) for d in shape] for name, shape in input_shapes.items()})
+    keys = input_dim_keys(model)
+    missing = [f"{name}[{index}]" + (f" ({keys[(name, index)]})" if (name, index) in keys else "")
+               for name, shape in shapes.items() for index, d in enumerate(shape) if d is None]
     if missing:
         raise ValueError("cannot measure with unbound input dims: " + ", ".join(missing)
                          + "; bind them with dims or input_shapes")
@@ -256,22 +245,12 @@ def _session(path: str, by_reference: bool = False, stored_order: bool = False):
 def _feeds(session, shapes: Mapping[str, Sequence[int]], seed: int,
            int_ranges: Mapping[str, Sequence[int]] = _NO_BINDINGS) -> dict:
     """core.feeds.random_inputs' data, at exactly the shapes asked for."""
-    from fuse_cli.core.feeds import random_inputs
+    from fuse_cli.core.feeds import position_key, random_inputs
 
-    dims = {}
-    for inp in session.get_inputs():
-        for declared, value in zip(inp.shape, shapes.get(inp.name, ())):
-            if isinstance(declared, str):
-                dims[declared] = value
+    # every fed dim by its position key, which random_inputs reads before any name
+    dims = {position_key(name, index): int(value) for name, shape in shapes.items() for index, value in enumerate(shape)}
     ranges = {name: (int(low), int(high)) for name, (low, high) in int_ranges.items()}
-    feeds = random_inputs(session, dims=dims, seed=seed, int_ranges=ranges)
-    for name, shape in shapes.items():
-        if name in feeds and list(feeds[name].shape) != list(shape):
-            # An anonymous dim, which random_inputs cannot bind by name.
-            source = next(i for i in session.get_inputs() if i.name == name)
-            one = SimpleNamespace(name=name, shape=list(shape), type=source.type)
-            feeds[name] = random_inputs(SimpleNamespace(get_inputs=lambda: [one]), seed=seed, int_ranges=ranges)[name]
-    return feeds
+    return random_inputs(session, dims=dims, seed=seed, int_ranges=ranges)
 
 
 def _glibc_version() -> str | None:

@@ -34,7 +34,8 @@ from onnx import TensorProto, helper, numpy_helper
 from fuse_cli.analysis.shape_values import as_constant_nodes, evaluate_shape_values, initial_values
 from fuse_cli.core.order import execution_order, model_fingerprint
 from fuse_cli.core.tensors import element_size_bits, payload_bytes
-from fuse_cli.input_domain import free_symbols, shape_settings, with_computed_dims, with_declared_arithmetic  # the distinct primes verification binds
+from fuse_cli.input_domain import (  # the distinct primes verification binds; the inputs' binding keys
+    free_symbols, input_dim_keys, is_placeholder, shape_settings, with_computed_dims, with_declared_arithmetic)
 
 Dim = int | str | None
 _NO_BINDINGS: Mapping = MappingProxyType({})
@@ -165,11 +166,12 @@ def infer_shapes(
 def _infer_shapes(model: onnx.ModelProto, dims: Mapping[str, int], input_shapes: Mapping[str, Sequence[int]],
                   symbolic: bool, data_propagation: bool) -> ShapeTable:
     declared = _declared_symbols(model.graph)
-    bindings = _resolve_bindings(model.graph, dims, input_shapes)
-    unused = tuple(name for name in dims if name not in declared)
+    keys = input_dim_keys(model)
+    bindings = _resolve_bindings(model.graph, dims, input_shapes, keys)
+    unused = tuple(name for name in dims if name not in declared and name not in keys.values())
 
     copy = _inference_copy(model)
-    _bind(copy.graph, bindings, input_shapes)
+    _bind(copy.graph, bindings, input_shapes, keys)
     inferred, warnings = _run_inference(copy, data_propagation)
     if not data_propagation:
         for _ in range(_STATIC_SHAPE_ROUNDS):
@@ -374,7 +376,7 @@ def _runtime_symbolic_inference(model: onnx.ModelProto, bindings: Mapping[str, i
     copy = onnx.helper.make_model(graph, opset_imports=model.opset_import, ir_version=max(model.ir_version, 4))
     copy.functions.extend(model.functions)
     _add_missing_opset_imports(copy)
-    _bind(copy.graph, bindings, input_shapes)
+    _bind(copy.graph, bindings, input_shapes, input_dim_keys(model))
     # When its inference is incomplete it saves the model as "sym_shape_infer_temp.onnx" with
     # external data files into the working directory before raising: run it in a scratch folder,
     # never in the user's.
@@ -465,10 +467,13 @@ def _dim(d: onnx.TensorShapeProto.Dimension) -> Dim:
 
 
 def _resolve_bindings(
-    graph: onnx.GraphProto, dims: Mapping[str, int], input_shapes: Mapping[str, Sequence[int]]
+    graph: onnx.GraphProto, dims: Mapping[str, int], input_shapes: Mapping[str, Sequence[int]],
+    keys: Mapping[tuple[str, int], str] = _NO_BINDINGS,
 ) -> dict[str, int]:
     """Merge `dims` with the symbols `input_shapes` implies, refusing any contradiction: a
-    half-consistent binding would size some tensors with one batch and others with another."""
+    half-consistent binding would size some tensors with one batch and others with another. A
+    dim that has only a position key (input_domain.input_dim_keys: no name, a placeholder such
+    as Paddle's '?', or -1) binds that key, so two '?' dims may take two sizes."""
     bindings: dict[str, int] = {}
     for name, value in dims.items():
         bindings[name] = _check_dim_value(value, f"dim {name!r}")
@@ -494,11 +499,12 @@ def _resolve_bindings(
                     f"input {input_name!r} dim {index} is fixed at {want} in the model, "
                     f"but input_shapes gives {got}"
                 )
-            if isinstance(want, str):
-                if bindings.setdefault(want, got) != got:
+            key = keys.get((input_name, index), want)
+            if isinstance(key, str):
+                if bindings.setdefault(key, got) != got:
                     raise ValueError(
-                        f"input {input_name!r} dim {index} is {want!r}, bound to "
-                        f"{bindings[want]} elsewhere, but input_shapes gives {got}"
+                        f"input {input_name!r} dim {index} is {key!r}, bound to "
+                        f"{bindings[key]} elsewhere, but input_shapes gives {got}"
                     )
     return bindings
 
@@ -780,13 +786,23 @@ def _add_missing_opset_imports(model: onnx.ModelProto) -> None:
 
 
 def _bind(
-    graph: onnx.GraphProto, bindings: Mapping[str, int], input_shapes: Mapping[str, Sequence[int]]
+    graph: onnx.GraphProto, bindings: Mapping[str, int], input_shapes: Mapping[str, Sequence[int]],
+    keys: Mapping[tuple[str, int], str] = _NO_BINDINGS,
 ) -> None:
-    """Write the bindings into the (copied) graph's declared types, where inference starts."""
+    """Write the bindings into the (copied) graph's declared types, where inference starts: by
+    name, then each input position bound by its position key."""
+    by_position = {(name, index): bindings[key] for (name, index), key in keys.items() if key in bindings}
     for vi in (*graph.input, *graph.output, *graph.value_info):
         for d in vi.type.tensor_type.shape.dim:
             if d.HasField("dim_param") and d.dim_param in bindings:
                 d.dim_value = bindings[d.dim_param]
+            elif by_position and d.HasField("dim_param") and is_placeholder(d.dim_param):
+                # a '?' elsewhere names no size once its input positions took different ones
+                d.ClearField("dim_param")
+    for vi in graph.input:
+        for index, d in enumerate(vi.type.tensor_type.shape.dim):
+            if (vi.name, index) in by_position:
+                d.dim_value = by_position[(vi.name, index)]
     for vi in graph.input:
         if vi.name in input_shapes and vi.type.HasField("tensor_type"):
             # Sets anonymous dims too, and gives a rank to inputs declared without a shape.

@@ -106,11 +106,12 @@ def verification_lines(report: Report) -> list[str]:
 
 def verdict_line(result: VerifyResult) -> str:
     """One line a person and a CI log can read: the status first, then the evidence."""
-    where = "; ".join(describe_setting(dict(s)) for s in result.settings)
+    where = "; ".join([describe_setting(dict(s)) for s in result.settings]
+                      + ([result.settings_note] if result.settings_note and result.settings else []))
     at = f" at {len(result.settings)} shape setting{'s' if len(result.settings) != 1 else ''} ({where})" if where else ""
     if result.status == UNVERIFIABLE:
         return (f"UNVERIFIABLE: {result.reason}; the output was not checked "
-                "(bind symbolic dims with --dim, integer ranges with --int-range, or pass --require-verified to fail)")
+                "(bind symbolic dims with --dim or --input-shape, integer ranges with --int-range, or pass --require-verified to fail)")
     if result.status == MISMATCH and not result.outputs:
         return f"Verified in onnxruntime (CPU, seeded random inputs{at}): MISMATCH: {result.reason}"
     worst_abs = max((o.max_abs_diff for o in result.outputs), default=0.0)
@@ -323,7 +324,8 @@ def _order_json(record) -> dict[str, Any]:
 
 def _verification_json(result: VerifyResult) -> dict[str, Any]:
     return {"status": result.status, "passed": result.passed, "reason": result.reason,
-            "settings": [dict(s) for s in result.settings], "outputs": [asdict(o) for o in result.outputs]}
+            "settings": [dict(s) for s in result.settings], "settings_note": result.settings_note,
+            "outputs": [asdict(o) for o in result.outputs]}
 
 
 def _memory_json(report: Report) -> dict[str, Any] | None:
