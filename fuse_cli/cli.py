@@ -18,6 +18,7 @@ from fuse_cli.bench import GRAPH_OPTIMIZATION, PROVIDERS
 from fuse_cli.cli_options import (check_writable, config_from_options, console, debug_option, dim_option, emit,
                                   fusion_options, guarded, int_range_option, json_option, markdown_option, seed_option)
 from fuse_cli.config import load_config, parse_dims
+from fuse_cli.core.memory_cap import watch_memory
 from fuse_cli.errors import EXIT_CHECK_FAILED, EXIT_OK, UsageError
 from fuse_cli.graph.io import load_model
 from fuse_cli.passes import TARGETS
@@ -53,6 +54,7 @@ def optimize(models, output, out_dir, jobs, in_place, external_data, json_path, 
     """Fuse MODEL and write the optimized model; several models or a folder run as a batch."""
     check_writable(json_path, markdown_path, plot_path, html_path)
     config = config_from_options(**options).with_overrides(external_data=external_data)
+    watch_memory(config.max_memory_bytes)
     if len(models) == 1 and not Path(models[0]).is_dir() and out_dir is None:
         report = api.optimize(models[0], config, output, in_place=in_place).report
         _emit_report(report, json_path, markdown_path, plot_path, html_path)
@@ -71,6 +73,7 @@ def report(models, jobs, json_path, markdown_path, plot_path, html_path, **optio
     """Memory audit and dry run: what fusion would do to MODEL, without writing the model."""
     check_writable(json_path, markdown_path, plot_path, html_path)
     config = config_from_options(**options)
+    watch_memory(config.max_memory_bytes)
     if len(models) == 1 and not Path(models[0]).is_dir():
         result = api.optimize(models[0], config, dry_run=True).report
         _emit_report(result, json_path, markdown_path, plot_path, html_path)

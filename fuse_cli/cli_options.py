@@ -13,7 +13,7 @@ import click
 from rich.console import Console
 
 from fuse_cli.config import SCHEDULE_FOR, load_config, parse_dims, parse_input_shapes, split_names
-from fuse_cli.errors import EXIT_INTERNAL, FuseError
+from fuse_cli.errors import EXIT_INTERNAL, EXIT_USAGE, FuseError
 from fuse_cli.passes import TARGETS
 from fuse_cli.verify import parse_int_ranges
 
@@ -43,6 +43,10 @@ def guarded(func):
             fail(str(exc), exc.exit_code)
         except (KeyboardInterrupt, click.exceptions.Exit, click.ClickException):
             raise
+        except MemoryError:
+            if debug:
+                raise
+            fail("out of memory: the model needs more than this machine gives (see --max-memory)", EXIT_USAGE)
         except Exception as exc:  # noqa: BLE001 - the last line of defence against tracebacks
             if debug:
                 raise
@@ -93,6 +97,8 @@ def fusion_options(func):
                      help="CI gate: exit 1 when the estimated peak activation memory exceeds MB."),
         click.option("--fail-on-near-miss", default=None, metavar="PASS[,PASS]",
                      help="CI gate: exit 1 when these passes report a near-miss."),
+        click.option("--max-memory", type=click.FloatRange(min=1), default=None, metavar="MB",
+                     help="Stop with exit 2 when the run holds more memory than MB (default: 75% of RAM)."),
         click.option("--measure", is_flag=True, default=None,
                      help="Also run both models in onnxruntime and measure the real peak activation memory."),
         json_option(help="Write the report as JSON."),
@@ -110,7 +116,7 @@ def fusion_options(func):
 
 def config_from_options(target, passes, disable, dims, input_shapes, freeze_inputs, fold_limit, upgrade_opset, verify, int_ranges,
             rtol, atol, allow_mismatch, allow_peak_growth, require_verified, fail_on_fusable, max_peak, fail_on_near_miss, measure,
-            schedule_for):
+            schedule_for, max_memory):
     base = load_config()
     return base.with_overrides(
         target=target,
@@ -133,6 +139,7 @@ def config_from_options(target, passes, disable, dims, input_shapes, freeze_inpu
         fail_on_near_miss=split_names(fail_on_near_miss) if fail_on_near_miss is not None else None,
         measure=measure,
         schedule_for=schedule_for,
+        max_memory_bytes=int(max_memory * 2**20) if max_memory is not None else None,
     )
 
 
