@@ -19,6 +19,7 @@ from fuse_cli.audit import PeakEstimate, measure, memory_audit
 from fuse_cli.config import FuseConfig
 from fuse_cli.core.tensors import payload_bytes, weight_bytes
 from fuse_cli.fusing import Fused, fuse, what_runtime_target_adds
+from fuse_cli.graph.checks import check_model
 from fuse_cli.graph.io import load_model
 from fuse_cli.graph.opset import default_opset, upgrade_opset
 from fuse_cli.graph.output import CandidateWriter, check_not_over_weights, check_output_path
@@ -59,6 +60,7 @@ def optimize(model_path: str | os.PathLike, config: FuseConfig, output_path: str
     if not dry_run:
         check_output_path(source, target_path, in_place)
     loaded = load_model(source, freeze_inputs=config.freeze_inputs)
+    check_model(loaded.model, source)
     if not dry_run:
         check_not_over_weights(loaded, target_path, config.external_data)
     opset_before = default_opset(loaded.model)

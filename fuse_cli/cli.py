@@ -20,6 +20,7 @@ from fuse_cli.cli_options import (check_report_paths, check_writable, config_fro
 from fuse_cli.config import load_config, parse_dims
 from fuse_cli.core.memory_cap import watch_memory
 from fuse_cli.errors import EXIT_CHECK_FAILED, EXIT_OK, UsageError
+from fuse_cli.graph.checks import check_model
 from fuse_cli.graph.io import load_model
 from fuse_cli.passes import TARGETS
 from fuse_cli.report.html import write_html
@@ -137,7 +138,10 @@ def verify_command(original, optimized, dims, int_ranges, inputs_path, rtol, ato
     # the same one-line errors as every command, before onnxruntime sees the files
     check_writable(json_path)
     check_report_paths((json_path,), (original, optimized))
-    header = [load_model(path) for path in (original, optimized)][0].model
+    loaded = [load_model(path) for path in (original, optimized)]
+    for path, model in zip((original, optimized), loaded):
+        check_model(model.model, path)
+    header = loaded[0].model
     feeds = load_inputs(inputs_path) if inputs_path else None
     result = verify_models(original, optimized, dims=parse_dims(dims), seed=seed, rtol=rtol, atol=atol, feeds=feeds,
                            int_ranges=parse_int_ranges(int_ranges), header=header)
