@@ -138,6 +138,7 @@ def verify_command(original, optimized, dims, int_ranges, inputs_path, rtol, ato
     # the same one-line errors as every command, before onnxruntime sees the files
     check_writable(json_path)
     check_report_paths((json_path,), (original, optimized))
+    watch_memory(None)  # the default cap: 75% of RAM
     loaded = [load_model(path) for path in (original, optimized)]
     for path, model in zip((original, optimized), loaded):
         check_model(model.model, path)
@@ -172,6 +173,7 @@ def bench_command(model, optimized, dims, providers, levels, quick, no_memory, s
 
     check_writable(json_path, markdown_path)
     check_report_paths((json_path, markdown_path), (model, optimized))
+    watch_memory(None)  # the default cap: 75% of RAM
     config = load_config()
     bound = {**config.dims, **parse_dims(dims)}
     result = bench(model, optimized, config=config.with_overrides(dims=bound), dims=bound,

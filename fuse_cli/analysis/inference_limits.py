@@ -34,54 +34,94 @@ def unbounded_value(inferred: onnx.ModelProto) -> str | None:
     """None when computing values is safe on `inferred` (a model after onnx's inference without
     data propagation); else which tensor would be too large, in words."""
     graph = inferred.graph
-    types = {vi.name: vi.type.tensor_type for vi in (*graph.input, *graph.value_info, *graph.output)}
-    static = {t.name: list(t.dims) for t in graph.initializer}
+    # each protobuf field read once (a wrapper per read: reading them per use cost 0.13 s on a
+    # 2,940-node stack, more than the inference itself)
+    protos = list(graph.node)
+    nodes = [(n.op_type if n.domain in ("", "ai.onnx") else "", tuple(n.input), tuple(n.output)) for n in protos]
+    long_vectors = _long_vectors(graph, {name for op, inputs, _ in nodes if op in _PROPAGATING for name in inputs})
+    if long_vectors:
+        name, length = next(iter(long_vectors.items()))
+        return f"{name} has {length} elements"
 
-    def shape_of(name: str) -> tuple[int, ...] | None:
-        if name in static:
-            return tuple(static[name])
-        tensor_type = types.get(name)
-        if tensor_type is None or not tensor_type.HasField("shape"):
-            return None
-        dims = tensor_type.shape.dim
-        return tuple(d.dim_value for d in dims) if all(d.HasField("dim_value") for d in dims) else None
-
-    for node in graph.node:
-        if node.domain in ("", "ai.onnx") and node.op_type in _PROPAGATING:
-            for name in node.input:
-                shape = shape_of(name) if name else None
-                if shape is not None and len(shape) == 1 and shape[0] > MAX_LENGTH:
-                    return f"{name} has {shape[0]} elements"
-
+    sizing = {i: (inputs[:3] if op == "Range" else inputs[_VALUE_SHAPED[op]:_VALUE_SHAPED[op] + 1])
+              for i, (op, inputs, _) in enumerate(nodes) if op == "Range" or op in _VALUE_SHAPED}
+    if not sizing:
+        return None
+    shapes = _StaticShapes(graph)
     opset = next((o.version for o in inferred.opset_import if o.domain in ("", "ai.onnx")), 0)
     values = initial_values(list(graph.initializer))
-    evaluate_shape_values(list(graph.node), shape_of, opset, values)
-    for node in graph.node:
-        if node.domain not in ("", "ai.onnx"):
+    evaluate_shape_values([protos[i] for i in _feeding(nodes, sizing)], shapes.get, opset, values)
+    for i, names in sizing.items():
+        op, _, outputs = nodes[i]
+        if not names or not all(name in values for name in names):
             continue
-        if node.op_type == "Range":
-            count = _range_count(node, values)
+        if op == "Range":
+            count = _range_count(*(values[name] for name in names))
             if count is not None and count > MAX_LENGTH:
-                return f"{node.output[0]} would hold {count} values"
+                return f"{outputs[0]} would hold {count} values"
             continue
-        index = _VALUE_SHAPED.get(node.op_type)
-        if index is None or len(node.input) <= index or node.input[index] not in values:
-            continue
-        value = np.asarray(values[node.input[index]]).reshape(-1)
+        value = np.asarray(values[names[0]]).reshape(-1)
         if value.size > MAX_LENGTH:
-            return f"{node.output[0]} would have rank {value.size}"
+            return f"{outputs[0]} would have rank {value.size}"
         # the length of a 1-D output, which data propagation would then carry element by element
         # (a 1-D Pad has two pads)
         length = sum(abs(int(v)) for v in value)  # python ints: abs(int64 min) wraps in numpy
-        if value.size <= (2 if node.op_type == "Pad" else 1) and length > MAX_LENGTH:
-            return f"{node.output[0]} would be {length} long"
+        if value.size <= (2 if op == "Pad" else 1) and length > MAX_LENGTH:
+            return f"{outputs[0]} would be {length} long"
     return None
 
 
-def _range_count(node: onnx.NodeProto, values) -> int | None:
-    if len(node.input) < 3 or not all(name in values for name in node.input[:3]):
-        return None
-    start, limit, delta = (float(np.asarray(values[name]).reshape(-1)[0]) for name in node.input[:3])
+def _long_vectors(graph: onnx.GraphProto, names: set[str]) -> dict[str, int]:
+    """Those of `names` that are 1-D tensors longer than MAX_LENGTH, with their lengths."""
+    found = {t.name: t.dims[0] for t in graph.initializer
+             if t.name in names and len(t.dims) == 1 and t.dims[0] > MAX_LENGTH}
+    for vi in (*graph.input, *graph.value_info, *graph.output):
+        if vi.name in names:
+            dims = vi.type.tensor_type.shape.dim
+            if len(dims) == 1 and dims[0].dim_value > MAX_LENGTH:
+                found[vi.name] = dims[0].dim_value
+    return found
+
+
+class _StaticShapes:
+    """A tensor's shape where all its dims are known, read on first ask (only Shape and Size
+    nodes feeding a size ask)."""
+
+    def __init__(self, graph: onnx.GraphProto):
+        self._graph = graph
+        self._infos: dict | None = None
+
+    def get(self, name: str) -> tuple[int, ...] | None:
+        if self._infos is None:
+            graph = self._graph
+            self._infos = {vi.name: vi for vi in (*graph.input, *graph.value_info, *graph.output)}
+            self._infos.update((t.name, t) for t in graph.initializer)
+        info = self._infos.get(name)
+        if isinstance(info, onnx.TensorProto):
+            return tuple(info.dims)
+        if info is None or not info.type.tensor_type.HasField("shape"):
+            return None
+        dims = info.type.tensor_type.shape.dim
+        return tuple(d.dim_value for d in dims) if all(d.HasField("dim_value") for d in dims) else None
+
+
+def _feeding(nodes: list[tuple[str, tuple, tuple]], sizing: dict[int, tuple]) -> list[int]:
+    """The indices of the nodes whose values reach a size-giving input, in graph order."""
+    producer = {name: i for i, (_, _, outputs) in enumerate(nodes) for name in outputs if name}
+    pending = [name for names in sizing.values() for name in names]
+    needed: set[int] = set()
+    while pending:
+        i = producer.get(pending.pop())
+        if i is None or i in needed:
+            continue
+        needed.add(i)
+        if nodes[i][0] not in ("Shape", "Size"):  # their value is the input's shape, not its value
+            pending.extend(nodes[i][1])
+    return sorted(needed)
+
+
+def _range_count(start, limit, delta) -> int | None:
+    start, limit, delta = (float(np.asarray(v).reshape(-1)[0]) for v in (start, limit, delta))
     if delta == 0 or not all(np.isfinite([start, limit, delta])):
         return None
     return max(int(np.ceil((limit - start) / delta)), 0)
