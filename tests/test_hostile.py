@@ -426,6 +426,16 @@ def test_a_sparse_constant_that_cannot_be_densified(box, dims, indices, words):
     refused(box.run("optimize", path), words)
 
 
+def test_a_huge_sparse_initializer(box):
+    """One value in a [2**40] sparse initializer: densifying it cannot be held."""
+    sparse = h.make_sparse_tensor(nh.from_array(np.array([1.0], np.float32), "w"), nh.from_array(np.array([5]), "i"),
+                                  [2**40])
+    graph = h.make_graph([h.make_node("Add", ["x", "w"], ["y"])], "g", [vi("x", T.FLOAT, [1])], [vi("y", T.FLOAT, None)],
+                         sparse_initializer=[sparse])
+    path = box.model(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=9))
+    refused(box.run("report", path), "out of memory")
+
+
 def test_fold_scale_chains_keeps_an_overflow(box):
     nodes = [h.make_node("Mul", ["x", "a"], ["t"]), h.make_node("Mul", ["t", "b"], ["y"])]
     weights = [nh.from_array(np.array([3e38], np.float32), "a"), nh.from_array(np.array([0.5], np.float32), "b")]
