@@ -15,8 +15,9 @@ from rich.console import Console
 
 from fuse_cli import __version__, api
 from fuse_cli.bench import GRAPH_OPTIMIZATION, PROVIDERS
-from fuse_cli.cli_options import (check_report_paths, check_writable, config_from_options, console, debug_option, dim_option, emit,
-                                  fusion_options, guarded, int_range_option, json_option, markdown_option, seed_option)
+from fuse_cli.cli_options import (check_report_paths, check_writable, config_from_options, console, debug_option,
+                                  dim_option, emit, fusion_options, guarded, int_range_option, json_option,
+                                  markdown_option, seed_option)
 from fuse_cli.config import load_config, parse_dims
 from fuse_cli.core.memory_cap import watch_memory
 from fuse_cli.errors import EXIT_CHECK_FAILED, EXIT_OK, UsageError
