@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from collections.abc import Callable, Iterable
-from concurrent.futures import ProcessPoolExecutor, as_completed
+import signal
+from collections.abc import Callable, Iterable, Iterator
+from multiprocessing.connection import wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fuse_cli.config import FuseConfig
+from fuse_cli.core.memory_cap import default_cap_bytes
 from fuse_cli.errors import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, FuseError, UsageError
 
 
@@ -61,20 +63,74 @@ def optimize_many(models: list[Path], config: FuseConfig, out_dir: Path | None, 
     if len(set(outputs)) != len(outputs):
         raise UsageError("two models would be written to the same output name; give them distinct file names")
     jobs = max(1, min(jobs, len(models)))
+    # each worker's share of the run's memory cap (core/memory_cap.py)
+    cap = (config.max_memory_bytes or default_cap_bytes()) // jobs
     results: dict[int, BatchItem] = {}
-    if jobs == 1:
-        for i, (model, output) in enumerate(zip(models, outputs)):
-            results[i] = _optimize_one(str(model), str(output), config, dry_run)
-            on_done(results[i])
-    else:
-        # spawn, not fork: a forked child inherits onnxruntime's thread pools mid-state and can hang
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = {pool.submit(_optimize_one, str(m), str(o), config, dry_run): i
-                       for i, (m, o) in enumerate(zip(models, outputs))}
-            for future in as_completed(futures):
-                results[futures[future]] = future.result()
-                on_done(results[futures[future]])
+    for i, item in _in_workers(list(enumerate(zip(models, outputs))), config, dry_run, jobs, cap):
+        results[i] = item
+        on_done(item)
     return [results[i] for i in range(len(models))]
+
+
+def _in_workers(work: list[tuple[int, tuple[Path, Path]]], config: FuseConfig, dry_run: bool, jobs: int,
+                cap: int) -> Iterator[tuple[int, BatchItem]]:
+    """One process per model, `jobs` at a time: a worker that dies (the OOM killer's SIGKILL, a
+    crash inside onnxruntime) costs its own model only, which is reported with the signal.
+    spawn, not fork: a forked child inherits onnxruntime's thread pools mid-state and can hang."""
+    context = multiprocessing.get_context("spawn")
+    running: dict[int, tuple[Any, Any, Path, Path]] = {}
+    try:
+        while work or running:
+            while work and len(running) < jobs:
+                i, (model, output) = work.pop(0)
+                reader, writer = context.Pipe(duplex=False)
+                process = context.Process(target=_worker, args=(writer, str(model), str(output), config, dry_run, cap),
+                                          daemon=True)
+                process.start()
+                writer.close()  # the child holds its end: EOF here when it dies
+                running[i] = (process, reader, model, output)
+            ready = set(wait([obj for process, reader, *_ in running.values() for obj in (reader, process.sentinel)]))
+            for i, (process, reader, model, output) in list(running.items()):
+                if reader not in ready and process.sentinel not in ready:
+                    continue
+                item = _receive(reader)
+                process.join()
+                reader.close()
+                del running[i]
+                yield i, item if item is not None else _dead(str(model), str(output), process.exitcode)
+    finally:
+        for process, reader, *_ in running.values():
+            process.kill()
+            process.join()
+
+
+def _receive(reader) -> BatchItem | None:
+    try:
+        return reader.recv() if reader.poll() else None
+    except (EOFError, OSError):
+        return None
+
+
+def _dead(model: str, output: str, exitcode: int | None) -> BatchItem:
+    if exitcode is not None and exitcode < 0:
+        name = signal.Signals(-exitcode).name if -exitcode in signal.valid_signals() else f"signal {-exitcode}"
+        why = f"its worker process was killed by {name}" + (" (out of memory?)" if -exitcode == signal.SIGKILL else "")
+        code = 128 - exitcode  # as a shell reports a killed command
+    else:
+        why, code = f"its worker process exited with {exitcode} before reporting", EXIT_CHECK_FAILED
+    return BatchItem(model, output, code, None, why)
+
+
+def _worker(connection, model: str, output: str, config: FuseConfig, dry_run: bool, cap: int) -> None:
+    from fuse_cli.core.memory_cap import watch_memory
+
+    try:
+        watch_memory(cap)
+        connection.send(_optimize_one(model, output, config, dry_run))
+    except KeyboardInterrupt:
+        pass  # Ctrl-C reaches every process of the group: the parent reports it, once
+    finally:
+        connection.close()
 
 
 def _optimize_one(model: str, output: str, config: FuseConfig, dry_run: bool) -> BatchItem:

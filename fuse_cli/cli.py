@@ -15,9 +15,11 @@ from rich.console import Console
 
 from fuse_cli import __version__, api
 from fuse_cli.bench import GRAPH_OPTIMIZATION, PROVIDERS
-from fuse_cli.cli_options import (check_writable, config_from_options, console, debug_option, dim_option, emit,
-                                  fusion_options, guarded, int_range_option, json_option, markdown_option, seed_option)
+from fuse_cli.cli_options import (check_report_paths, check_writable, config_from_options, console, debug_option,
+                                  dim_option, emit, fusion_options, guarded, int_range_option, json_option,
+                                  markdown_option, seed_option)
 from fuse_cli.config import load_config, parse_dims
+from fuse_cli.core.memory_cap import watch_memory
 from fuse_cli.errors import EXIT_CHECK_FAILED, EXIT_OK, UsageError
 from fuse_cli.graph.io import load_model
 from fuse_cli.passes import TARGETS
@@ -52,7 +54,9 @@ def optimize(models, output, out_dir, jobs, in_place, external_data, json_path, 
              **options):
     """Fuse MODEL and write the optimized model; several models or a folder run as a batch."""
     check_writable(json_path, markdown_path, plot_path, html_path)
+    check_report_paths((json_path, markdown_path, plot_path, html_path), _models_touched(models, output, out_dir))
     config = config_from_options(**options).with_overrides(external_data=external_data)
+    watch_memory(config.max_memory_bytes)
     if len(models) == 1 and not Path(models[0]).is_dir() and out_dir is None:
         report = api.optimize(models[0], config, output, in_place=in_place).report
         _emit_report(report, json_path, markdown_path, plot_path, html_path)
@@ -70,7 +74,9 @@ def optimize(models, output, out_dir, jobs, in_place, external_data, json_path, 
 def report(models, jobs, json_path, markdown_path, plot_path, html_path, **options):
     """Memory audit and dry run: what fusion would do to MODEL, without writing the model."""
     check_writable(json_path, markdown_path, plot_path, html_path)
+    check_report_paths((json_path, markdown_path, plot_path, html_path), _models_touched(models, writes=False))
     config = config_from_options(**options)
+    watch_memory(config.max_memory_bytes)
     if len(models) == 1 and not Path(models[0]).is_dir():
         result = api.optimize(models[0], config, dry_run=True).report
         _emit_report(result, json_path, markdown_path, plot_path, html_path)
@@ -78,6 +84,18 @@ def report(models, jobs, json_path, markdown_path, plot_path, html_path, **optio
     if markdown_path or plot_path or html_path:
         raise UsageError("--markdown, --plot and --html take one model")
     sys.exit(_run_batch(models, config, None, jobs, json_path, dry_run=True))
+
+
+def _models_touched(models, output: str | None = None, out_dir: str | None = None, *, writes: bool = True) -> list[Path]:
+    """The models a run reads and, for optimize, writes: what no report may overwrite."""
+    from fuse_cli.batch import expand_models, output_for
+
+    inputs = expand_models(models)
+    if not writes:
+        return inputs
+    if output is not None:
+        return [*inputs, Path(output)]
+    return [*inputs, *(output_for(m, Path(out_dir) if out_dir else None) for m in inputs)]
 
 
 def _run_batch(models, config, out_dir, jobs, json_path, dry_run: bool = False) -> int:
@@ -119,6 +137,8 @@ def verify_command(original, optimized, dims, int_ranges, inputs_path, rtol, ato
 
     # the same one-line errors as every command, before onnxruntime sees the files
     check_writable(json_path)
+    check_report_paths((json_path,), (original, optimized))
+    watch_memory(None)  # the default cap: 75% of RAM
     header = [load_model(path) for path in (original, optimized)][0].model
     feeds = load_inputs(inputs_path) if inputs_path else None
     result = verify_models(original, optimized, dims=parse_dims(dims), seed=seed, rtol=rtol, atol=atol, feeds=feeds,
@@ -149,6 +169,8 @@ def bench_command(model, optimized, dims, providers, levels, quick, no_memory, s
     from fuse_cli.report.bench import render_bench_json, render_bench_markdown, render_bench_rich
 
     check_writable(json_path, markdown_path)
+    check_report_paths((json_path, markdown_path), (model, optimized))
+    watch_memory(None)  # the default cap: 75% of RAM
     config = load_config()
     bound = {**config.dims, **parse_dims(dims)}
     result = bench(model, optimized, config=config.with_overrides(dims=bound), dims=bound,

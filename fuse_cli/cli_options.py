@@ -5,6 +5,7 @@ that turns exceptions into one line and an exit code."""
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -13,8 +14,10 @@ import click
 from rich.console import Console
 
 from fuse_cli.config import SCHEDULE_FOR, load_config, parse_dims, parse_input_shapes, split_names
-from fuse_cli.errors import EXIT_INTERNAL, FuseError
+from fuse_cli.errors import EXIT_INTERNAL, EXIT_USAGE, FuseError, UsageError
 from fuse_cli.passes import TARGETS
+from fuse_cli.report.files import write_text_atomically
+from fuse_cli.report.text import visible
 from fuse_cli.verify import parse_int_ranges
 
 dim_option = functools.partial(click.option, "--dim", "dims", multiple=True, metavar="NAME=VALUE")
@@ -26,7 +29,7 @@ debug_option = click.option("--debug", is_flag=True, help="Show tracebacks.")
 
 
 def fail(message: str, code: int) -> None:
-    click.echo(f"fuse: error: {message}", err=True)
+    click.echo(f"fuse: error: {visible(message)}", err=True)  # one line: a name's newline is shown as \\n
     sys.exit(code)
 
 
@@ -43,6 +46,10 @@ def guarded(func):
             fail(str(exc), exc.exit_code)
         except (KeyboardInterrupt, click.exceptions.Exit, click.ClickException):
             raise
+        except MemoryError:
+            if debug:
+                raise
+            fail("out of memory: the model needs more than this machine gives (see --max-memory)", EXIT_USAGE)
         except Exception as exc:  # noqa: BLE001 - the last line of defence against tracebacks
             if debug:
                 raise
@@ -94,6 +101,8 @@ def fusion_options(func):
                      help="CI gate: exit 1 when the estimated peak activation memory exceeds MB."),
         click.option("--fail-on-near-miss", default=None, metavar="PASS[,PASS]",
                      help="CI gate: exit 1 when these passes report a near-miss."),
+        click.option("--max-memory", type=click.FloatRange(min=1), default=None, metavar="MB",
+                     help="Stop with exit 2 when the run holds more memory than MB (default: 75% of RAM)."),
         click.option("--measure", is_flag=True, default=None,
                      help="Also run both models in onnxruntime and measure the real peak activation memory."),
         json_option(help="Write the report as JSON."),
@@ -111,7 +120,7 @@ def fusion_options(func):
 
 def config_from_options(target, passes, disable, dims, input_shapes, freeze_inputs, fold_limit, upgrade_opset, verify, int_ranges,
             rtol, atol, allow_mismatch, allow_peak_growth, require_verified, fail_on_fusable, max_peak, fail_on_near_miss, measure,
-            schedule_for):
+            schedule_for, max_memory):
     base = load_config()
     return base.with_overrides(
         target=target,
@@ -134,6 +143,7 @@ def config_from_options(target, passes, disable, dims, input_shapes, freeze_inpu
         fail_on_near_miss=split_names(fail_on_near_miss) if fail_on_near_miss is not None else None,
         measure=measure,
         schedule_for=schedule_for,
+        max_memory_bytes=int(max_memory * 2**20) if max_memory is not None else None,
     )
 
 
@@ -154,13 +164,32 @@ def check_writable(*paths: str | None) -> None:
             raise FuseError(f"{path}: cannot write (its folder {Path(path).parent} does not exist)")
 
 
+def check_report_paths(reports: Iterable[str | None], models: Iterable[str | os.PathLike | None]) -> None:
+    """Before any work: no report may be written over a model the run reads or writes, whether
+    named as given, through a symlink or as a hard link (same device and inode)."""
+    models = [Path(m) for m in models if m is not None]
+    for report in reports:
+        if report is None or report == "-":
+            continue
+        for model in models:
+            if _same_file(Path(report), model):
+                raise UsageError(f"{report}: is the model {model}; a report cannot be written over a model")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist yet: compare where each would be
+        return a.resolve() == b.resolve()
+
+
 def write_output(path: str, text: str) -> None:
     """`-`: stdout; else the file, or a one-line error (a missing folder is bad input, exit 2)."""
     if path == "-":
         click.echo(text, nl=False)
         return
     try:
-        Path(path).write_text(text, encoding="utf-8")
+        write_text_atomically(path, text)
     except OSError as exc:
         raise FuseError(f"{path}: cannot write ({exc.strerror or exc})") from exc
 

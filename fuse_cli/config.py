@@ -55,6 +55,7 @@ class FuseConfig:
     fail_on_near_miss: tuple[str, ...] = ()  # these passes report a near-miss
     measure: bool = False  # also measure the peak in onnxruntime (a child process per model)
     schedule_for: str | None = None  # the node order's execution rule (SCHEDULE_FOR); None: by target
+    max_memory_bytes: int | None = None  # the run's memory cap (core/memory_cap.py); None: 75% of RAM
     source: str = "defaults"
 
     @property

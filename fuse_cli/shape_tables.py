@@ -19,6 +19,7 @@ from fuse_cli.analysis.shapes import ShapeTable, infer_shapes, with_runtime_dims
 from fuse_cli.config import UNBOUND_DIM, FuseConfig
 from fuse_cli.errors import UsageError
 from fuse_cli.core.feeds import position_key
+from fuse_cli.graph.checks import check_tensor_size
 from fuse_cli.input_domain import free_symbols, input_dim_keys, is_placeholder, with_declared_arithmetic
 
 
@@ -34,6 +35,12 @@ def build_shape_tables(model: onnx.ModelProto, config: FuseConfig) -> ShapeTable
     planner = infer_shapes(model)
     proofs = with_runtime_dims(model, planner, proofs=True)
     bound, assumed = _bound_shapes(model, config, unbound_table=planner)
+    for table in (planner, bound):
+        # a computed shape no run could hold (a Reshape to [2**62]) is bad input, refused here
+        # before numpy overflows on it in the memory audit or verification
+        for name, info in table.tensors.items():
+            if info.shape is not None:
+                check_tensor_size(name, [d if isinstance(d, int) else None for d in info.shape], "shape inference")
     return ShapeTables(planner, proofs, bound, assumed)
 
 

@@ -24,19 +24,19 @@ def chain(inner, a, outer, b, *, dtype=np.float32, a_first=False, x_shape=("batc
 
 @pytest.mark.parametrize("inner, a, outer, b, kw", [
     ("Div", 2.7725887, "Mul", 8.0, {}),                 # T5's x / log(16) * 8
-    ("Mul", [0.3, 3.0, 7.1], "Mul", 0.5, {}),
-    ("Mul", 0.25, "Mul", [0.3, 3.0, 7.1], {"a_first": True}),
+    ("Mul", [0.3, 3.0, 7.1], "Mul", 2.0, {}),
+    ("Mul", 0.25, "Mul", [1.3, 3.0, 7.1], {"a_first": True}),
     ("Div", 4.0, "Mul", 3.0, {}),
-    ("Mul", 0.7, "Div", 4.0, {}),
-    ("Mul", 2.0, "Div", 3.0, {}),
-    ("Div", 5.0, "Div", [0.5, 2.0, 0.125], {}),
-    ("Div", 3.0, "Mul", 0.5, {"dtype": np.float16}),
+    ("Mul", 0.7, "Div", 0.25, {}),
+    ("Mul", 2.0, "Div", 0.75, {}),
+    ("Div", 5.0, "Div", [0.5, 0.25, 0.125], {}),
+    ("Div", 3.0, "Mul", 2.0, {"dtype": np.float16}),
     ("Mul", 64, "Mul", 14, {"dtype": np.int64}),         # MobileViT's shape arithmetic
     ("Mul", -3, "Mul", [5, 7, 9], {"dtype": np.int64}),
     ("Mul", 64, "Mul", 14, {"dtype": np.int64, "x_shape": ()}),  # a scalar stays a scalar
     ("Div", 3.0, "Mul", 2.0, {"x_shape": ()}),
-], ids=["t5-div-mul", "mul-mul-half", "pow2-inner", "div4-mul3", "mul-div4", "mul2-div3", "div-div", "f16", "int-mul",
-        "int-vector", "int-scalar", "float-scalar"])
+], ids=["t5-div-mul", "mul-mul-two", "pow2-inner", "div4-mul3", "mul-div-quarter", "mul2-div", "div-div", "f16",
+        "int-mul", "int-vector", "int-scalar", "float-scalar"])
 def test_folds_bit_exact(tmp_path, inner, a, outer, b, kw):
     model = chain(inner, a, outer, b, **kw)
     result = optimize_model(model, tmp_path, passes=PASSES)
@@ -47,6 +47,15 @@ def test_folds_bit_exact(tmp_path, inner, a, outer, b, kw):
     assert list(folded[scaling.input[1]].dims) == list(np.broadcast_shapes(np.shape(a), np.shape(b)))
     for dims in ({"batch": 2}, {"batch": 7}):
         assert_equivalent(model, result.model, dims=dims, rtol=0.0, atol=0.0)
+
+
+@pytest.mark.parametrize("inner, a, outer, b", [("Mul", 3.0e38, "Mul", 0.5), ("Mul", 0.7, "Div", 4.0),
+                                                ("Div", 5.0, "Div", [0.5, 2.0, 0.125])])
+def test_an_outer_scaling_down_is_declined(tmp_path, inner, a, outer, b):
+    """x * 3e38 * 0.5 at x = 2 is inf; x * 1.5e38 would be 3e38: a scaling down is never folded."""
+    model = chain(inner, a, outer, b)
+    assert_declined(model, optimize_model(model, tmp_path, passes=PASSES), "fold-scale-chains",
+                    "outer scales down: where inner's result overflows to inf, one scaling would give a finite value")
 
 
 def test_rounding_twice_is_a_near_miss(tmp_path):

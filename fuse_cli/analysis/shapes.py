@@ -31,6 +31,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from fuse_cli.analysis.inference_limits import unbounded_value
 from fuse_cli.analysis.shape_values import as_constant_nodes, evaluate_shape_values, initial_values
 from fuse_cli.core.order import execution_order, model_fingerprint
 from fuse_cli.core.tensors import element_size_bits, payload_bytes
@@ -377,6 +378,8 @@ def _runtime_symbolic_inference(model: onnx.ModelProto, bindings: Mapping[str, i
     copy.functions.extend(model.functions)
     _add_missing_opset_imports(copy)
     _bind(copy.graph, bindings, input_shapes, input_dim_keys(model))
+    if unbounded_value(_run_inference(copy, False)[0]) is not None:
+        return None  # it computes values with numpy, without a cap (inference_limits.py)
     # When its inference is incomplete it saves the model as "sym_shape_infer_temp.onnx" with
     # external data files into the working directory before raising: run it in a scratch folder,
     # never in the user's.
@@ -820,6 +823,12 @@ def _run_inference(model: onnx.ModelProto, data_propagation: bool = True) -> tup
     non-strict mode just leaves that node's outputs unknown.
     """
     warnings: list[str] = []
+    if data_propagation:
+        # Values are computed only where none is too large to hold (inference_limits.py).
+        plain, warnings = _run_inference(model, False)
+        reason = "the inference without it failed" if warnings else unbounded_value(plain)
+        if reason is not None:
+            return plain, (*warnings, f"onnx data propagation skipped: {reason}")
     for options in ({"data_prop": True}, {}) if data_propagation else ({},):
         try:
             return onnx.shape_inference.infer_shapes(model, **options), tuple(warnings)

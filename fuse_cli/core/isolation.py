@@ -146,8 +146,11 @@ def _serve() -> None:
             data = pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as exc:  # an unpicklable result or exception: say so in one that pickles
             data = pickle.dumps((False, FuseError(f"the worker could not return {type(answer[1]).__name__}: {exc}")))
-        answers.write(data)
-        answers.flush()
+        try:
+            answers.write(data)
+            answers.flush()
+        except BrokenPipeError:  # the parent is gone (it stopped at --max-memory, or was killed)
+            return
 
 
 if __name__ == "__main__":

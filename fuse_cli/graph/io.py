@@ -24,7 +24,6 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 from google.protobuf.message import DecodeError
@@ -36,6 +35,7 @@ from fuse_cli.core.tensors import payload_bytes
 from fuse_cli.core.domains import default_opset_or_none, is_default_domain
 from fuse_cli.errors import FuseError, ModelLoadError
 from fuse_cli.graph import weights
+from fuse_cli.graph.checks import check_model, check_tensor_size, dense_from_sparse
 from fuse_cli.graph.edit import every_tensor
 from fuse_cli.graph.weights import LoadedValues, MappedValues, encode_varint, length_delimited
 
@@ -92,7 +92,8 @@ def load_model(path: str | os.PathLike, *, freeze_inputs: bool = False) -> Loade
         raise ModelLoadError(f"{path}: cannot read external data ({_first_line(exc)})") from exc
     _anchor_references(model, path.parent)
     _check_graph_wiring(model.graph, path)
-    _densify_sparse_initializers(model)
+    check_model(model, path)  # impossible sizes, self-reads; densifies a Constant's sparse_value
+    _densify_sparse_initializers(model, path)
     try:
         execution_order(model.graph)
     except ValueError as exc:
@@ -104,35 +105,26 @@ def load_model(path: str | os.PathLike, *, freeze_inputs: bool = False) -> Loade
     return loaded
 
 
-def _densify_sparse_initializers(model: onnx.ModelProto) -> None:
-    """Sparse initializers (of every graph) become dense ones of the same name and dtype, and so
-    does a Constant's sparse_value. graphsurgeon reads a sparse initializer's raw_data values as
-    zeros and exports it as a dense float64 tensor (onnxruntime then refuses Add(float, double)),
-    and drops a sparse attribute, leaving a Constant with no value; dense, every pass can read
-    them. Their values are in memory by now (_load_external_data read any external ones, from
-    the model's folder only)."""
+def _densify_sparse_initializers(model: onnx.ModelProto, path: Path) -> None:
+    """Sparse initializers (of every graph) become dense ones of the same name and dtype.
+    graphsurgeon reads a sparse initializer's raw_data values as zeros and exports it as a dense
+    float64 tensor (onnxruntime then refuses Add(float, double)); dense, every pass can read it.
+    Their values are in memory by now (_load_external_data read any external ones, from the
+    model's folder only). A Constant's sparse_value is graph/checks.py's."""
     for graph in _all_graphs(model.graph):
         for sparse in graph.sparse_initializer:
-            graph.initializer.append(_dense(sparse))
+            name = sparse.values.name
+            check_tensor_size(name, list(sparse.dims), path)
+            itemsize = onnx.helper.tensor_dtype_to_np_dtype(sparse.values.data_type).itemsize
+            if math.prod(sparse.dims) * itemsize > INLINE_SAVE_LIMIT_BYTES:
+                raise ModelLoadError(f"{path}: sparse initializer {name!r} is {math.prod(sparse.dims) * itemsize / 2**30:.1f} "
+                                     f"GB dense; fuse writes sparse initializers dense and holds at most 1.8 GB of one")
+            try:
+                dense = dense_from_sparse(sparse)
+            except (ValueError, IndexError, TypeError) as exc:
+                raise ModelLoadError(f"{path}: sparse initializer {name!r} is malformed ({_first_line(exc)})") from exc
+            graph.initializer.append(onnx.numpy_helper.from_array(dense, name))
         del graph.sparse_initializer[:]
-        for node in graph.node:
-            if node.op_type == "Constant" and is_default_domain(node.domain):
-                for attr in node.attribute:
-                    if attr.type == onnx.AttributeProto.SPARSE_TENSOR:
-                        dense = _dense(attr.sparse_tensor)
-                        attr.ClearField("sparse_tensor")
-                        attr.name, attr.type = "value", onnx.AttributeProto.TENSOR
-                        attr.t.CopyFrom(dense)
-
-
-def _dense(sparse: onnx.SparseTensorProto) -> onnx.TensorProto:
-    values = onnx.numpy_helper.to_array(sparse.values)
-    indices = onnx.numpy_helper.to_array(sparse.indices).astype(np.int64)
-    dims = tuple(sparse.dims)
-    flat = indices if indices.ndim == 1 else np.ravel_multi_index(tuple(indices.T), dims)
-    dense = np.zeros(math.prod(dims), values.dtype)
-    dense[flat] = values.reshape(-1)
-    return onnx.numpy_helper.from_array(dense.reshape(dims), sparse.values.name)
 
 
 def load_graph(loaded: LoadedModel) -> gs.Graph:

@@ -64,7 +64,8 @@ class FoldConstants(GraphPass):
         outputs_before = {id(n): (n.name or n.op, n.op, [t.name for t in n.outputs]) for n in graph.nodes}
 
         def excluded(node: gs.Node) -> bool:
-            return _is_random(node) or _reads_constant_over(node, g.fold_limit_bytes)
+            return (_is_random(node) or _reads_constant_over(node, g.fold_limit_bytes)
+                    or _may_make_over(node, g, g.fold_limit_bytes))
 
         transposed = _transpose_weights_in_place(graph, g, excluded)
         try:
@@ -168,6 +169,66 @@ def _reads_constant_over(node: gs.Node, limit: int) -> bool:
             if math.prod(tensor.shape) * itemsize > limit:
                 return True
     return False
+
+
+# Outputs sized by an input's value; their size is computed from that value (small: a shape).
+_SIZED_BY_VALUE = {"ConstantOfShape", "Expand", "Tile", "Range", "Pad", "OneHot", "Resize", "Upsample"}
+_SMALL = 1024
+
+
+def _may_make_over(node: gs.Node, g: GraphEditor, limit: int) -> bool:
+    """Would folding `node` make a tensor over the limit? Judged from shapes before onnxruntime
+    computes anything (graphsurgeon's size_threshold is applied to the computed value: a 4 KB
+    model's ConstantOfShape took 2.2 GB at --fold-limit 1). Unknown counts as over."""
+    size = _output_bytes(node, g)
+    return size is None or size > limit
+
+
+def _output_bytes(node: gs.Node, g: GraphEditor) -> int | None:
+    shapes = [g.shape(t) for t in node.outputs]
+    if all(s is not None and None not in s.dims and all(isinstance(d, int) for d in s.dims) for s in shapes):
+        return sum(math.prod(s.dims) * (g.dtype(t).itemsize if g.dtype(t) is not None else 8)
+                   for s, t in zip(shapes, node.outputs))
+    inputs = [t for t in node.inputs if not t.is_empty()]
+    if not all(isinstance(t, gs.Constant) for t in inputs):
+        return 0  # not folded by this pass: graphsurgeon folds only all-constant nodes
+    try:
+        if node.op in _SIZED_BY_VALUE:
+            if not all(math.prod(t.shape) <= _SMALL for t in inputs[1:] if node.op != "ConstantOfShape"):
+                return None
+            count = _count_sized_by_value(node, inputs)
+        else:
+            # elementwise and broadcasting operators: no bigger than their inputs broadcast
+            count = math.prod(np.broadcast_shapes(*(tuple(t.shape) for t in inputs))) if inputs else 1
+    except (ValueError, TypeError, IndexError, OverflowError):
+        return None
+    return None if count is None else count * _itemsize(node, inputs)
+
+
+def _itemsize(node: gs.Node, inputs: list[gs.Constant]) -> int:
+    """The output's element size: the widest input's (a Cast: at most 8; onnx-only types: 2)."""
+    if node.op == "Cast" or (node.op == "ConstantOfShape" and "value" in node.attrs):
+        return 8
+    sizes = [np.dtype(t.dtype).itemsize if not isinstance(t.dtype, int) else 2 for t in inputs]
+    return max(sizes, default=4) if node.op != "ConstantOfShape" else 4
+
+
+def _count_sized_by_value(node: gs.Node, inputs: list[gs.Constant]) -> int | None:
+    values = [np.asarray(t.values).reshape(-1) if math.prod(t.shape) <= _SMALL else None for t in inputs]
+    if node.op == "ConstantOfShape":
+        return math.prod(abs(int(v)) for v in values[0]) if values[0] is not None else None
+    if node.op == "Range":
+        start, limit, delta = (float(v[0]) for v in values[:3])
+        return max(math.ceil((limit - start) / delta), 0) if delta and math.isfinite(limit - start) else None
+    shape = [int(d) for d in inputs[0].shape]
+    if node.op == "Expand":
+        return math.prod(np.broadcast_shapes(tuple(shape), tuple(abs(int(v)) for v in values[1])))
+    if node.op == "Tile":
+        return math.prod(shape) * math.prod(abs(int(v)) for v in values[1])
+    if node.op == "Pad" and len(values[1]) == 2 * len(shape):
+        return math.prod(d + abs(int(a)) + abs(int(b)) for d, a, b in zip(shape, values[1][:len(shape)],
+                                                                         values[1][len(shape):]))
+    return None  # Resize, Upsample, OneHot, a Pad of the old form: sized by more than one value
 
 
 def _is_random(node: gs.Node) -> bool:

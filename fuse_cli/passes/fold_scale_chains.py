@@ -34,10 +34,13 @@ class FoldScaleChains(PatternPass):
     bit. They are equal bit for bit when one factor is a power of two: scaling by 2^k is exact,
     so the one rounding left is the same on both sides. With b = 2^k: x*a*b = x*(a*b),
     x/a*b = x/(a/b); with a = 2^k: x*a*b = x*(b*a), x/a*b = x*(b/a), x*a/b = x/(b/a),
-    x/a/b = x/(b*a). c is computed in float64 and must round-trip to the dtype unchanged. The
-    one caveat, stated rather than hidden: an intermediate that overflows to inf or falls into
-    the subnormal range is where scaling by 2^k is not exact; such values are outside what a
-    model computes in normal operation.
+    x/a/b = x/(b*a). c is computed in float64 and must round-trip to the dtype unchanged.
+
+    Overflow is kept exact: the outer scaling must not shrink (|b| >= 1 for Mul, <= 1 for Div).
+    Where it shrinks, x*a can overflow to inf while x*(a*b) stays finite (x*3e38*0.5 at x = 2:
+    inf against 3e38), so such chains are declined. The one caveat left, stated rather than
+    hidden: an intermediate in the subnormal range (|x*a| below 1.2e-38 in float32) is rounded
+    there first, so the chain and the single scaling can differ in its last bits.
     """
 
     name = "fold-scale-chains"
@@ -55,10 +58,13 @@ class FoldScaleChains(PatternPass):
         return a.dtype.type in FLOAT_DTYPES or (m.node("inner").op, m.node("outer").op) == ("Mul", "Mul")
 
     def check(self, m: Match, g: GraphEditor) -> Decline | None:
-        if _folded(m) is not None:
-            return None
         inner, outer = m.node("inner"), m.node("outer")
         a, b = constant_value(m.tensor("inner_c")), constant_value(m.tensor("outer_c"))
+        if a.dtype.type in FLOAT_DTYPES and _shrinks(b, outer.op):
+            return Decline(f"{outer.name} scales down: where {inner.name}'s result overflows to inf, one scaling "
+                           "would give a finite value")
+        if _folded(m) is not None:
+            return None
         if _power_of_two(a) or _power_of_two(b):
             return Decline(f"folding {inner.name}'s and {outer.name}'s constants leaves the {a.dtype} range")
         return Decline(f"neither {inner.name}'s nor {outer.name}'s constant is a power of two: the two roundings "
@@ -91,6 +97,14 @@ def _folded(m: Match) -> tuple[str, np.ndarray] | None:
     if not np.array_equal(rounded.astype(np.float64), c) or not np.all(np.isfinite(rounded)) or np.any(rounded == 0):
         return None
     return op, np.asarray(rounded)
+
+
+def _shrinks(b: np.ndarray, op: str) -> bool:
+    """Does the outer scaling make some value smaller in magnitude (or is its factor not finite)?"""
+    magnitude = np.abs(b.astype(np.float64))
+    if not np.all(np.isfinite(magnitude)) or np.any(magnitude == 0):
+        return True
+    return bool(np.any(magnitude < 1)) if op == "Mul" else bool(np.any(magnitude > 1))
 
 
 def _power_of_two(value: np.ndarray) -> bool:

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from fuse_cli.bench import BENCH_SCHEMA_VERSION, PEAK_RATIO_FLOOR_BYTES, BenchResult
 from fuse_cli.report.render import human_bytes
+from fuse_cli.report.text import markdown, plain, terminal
 
 BENCH_HEADERS = ("Provider", "Graph opt", "Model", "Session", "Wall ms median / p90", "CPU ms median / p90",
                  "Runs", "Peak memory", "Wall ×", "CPU ×", "Peak ×", "Session ×")
@@ -44,24 +45,24 @@ def bench_summary_lines(result: BenchResult) -> list[str]:
 
 
 def render_bench_rich(result: BenchResult, console: Console) -> None:
-    table = Table(title=f"fuse bench: {result.original}", title_justify="left")
+    table = Table(title=f"fuse bench: {terminal(result.original)}", title_justify="left")
     for i, header in enumerate(BENCH_HEADERS):
         table.add_column(header, justify="left" if i < 3 else "right", no_wrap=i < 3)
     rows = bench_table_rows(result)
     for i, row in enumerate(rows):
         last_of_group = i + 1 == len(rows) or rows[i + 1][:2] != row[:2]
-        table.add_row(*row, end_section=last_of_group)
+        table.add_row(*map(plain, row), end_section=last_of_group)
     console.print(table)
     for line in bench_summary_lines(result):
-        console.print(line, highlight=False)
+        console.print(plain(line), highlight=False)
 
 
 def render_bench_markdown(result: BenchResult) -> str:
-    out = [f"### fuse bench: `{result.original}`", "",
+    out = [f"### fuse bench: {markdown(result.original)}", "",
            "| " + " | ".join(BENCH_HEADERS) + " |",
            "|" + "|".join("---" if i < 3 else "---:" for i in range(len(BENCH_HEADERS))) + "|"]
     out += ["| " + " | ".join(row) + " |" for row in bench_table_rows(result)]
-    out += [""] + [f"- {line}" for line in bench_summary_lines(result)]
+    out += [""] + [f"- {markdown(line)}" for line in bench_summary_lines(result)]
     return "\n".join(out) + "\n"
 
 

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Sequence
-from html import escape
 from pathlib import Path
 
 from fuse_cli.analysis.memory import LiveTensor
+from fuse_cli.report.files import write_text_atomically
 from fuse_cli.report.model import Report
 from fuse_cli.report.plot import render_timeline_svg
 from fuse_cli.report.render import SAVINGS_HEADERS, human_bytes, memory_lines, savings_rows, summary_lines
+from fuse_cli.report.text import xml
 
 _CSS = """
 body { font: 14px/1.45 system-ui, Helvetica, Arial, sans-serif; color: #222; max-width: 1100px;
@@ -31,9 +32,9 @@ svg { max-width: 100%; height: auto; }
 
 def render_html(report: Report) -> str:
     title = f"fuse {'report' if report.dry_run else 'optimize'}: {Path(report.model_path).name}"
-    body = [f"<h1>{escape(title)}</h1>",
-            f'<p class="muted">{escape(report.model_path)} &middot; target {escape(report.target)} '
-            f"&middot; passes: {escape(', '.join(report.passes))}</p>",
+    body = [f"<h1>{xml(title)}</h1>",
+            f'<p class="muted">{xml(report.model_path)} &middot; target {xml(report.target)} '
+            f"&middot; passes: {xml(', '.join(report.passes))}</p>",
             "<h2>Savings</h2>"]
     rows = savings_rows(report)
     body.append(_table(SAVINGS_HEADERS, rows, numeric_from=2, total_row=True) if rows else "<p>No fusion applied.</p>")
@@ -57,7 +58,7 @@ def render_html(report: Report) -> str:
         misses = [(m.pattern, m.pass_name, " -> ".join(m.nodes), m.reason) for m in report.near_misses]
         body += [f"<h2>Not fused ({len(misses)})</h2>", _table(("Pattern", "Pass", "Nodes", "Why not"), misses)]
     return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-            f"<title>{escape(title)}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
+            f"<title>{xml(title)}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
             + "\n".join(body) + "\n</body>\n</html>\n")
 
 
@@ -66,10 +67,10 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], *, numeric_fro
     """Columns from index `numeric_from` on are right-aligned; `total_row` makes the last row bold."""
     def cell(tag: str, i: int, text: str) -> str:
         css = ' class="num"' if numeric_from is not None and i >= numeric_from else ""
-        return f"<{tag}{css}>{escape(text)}</{tag}>"
+        return f"<{tag}{css}>{xml(text)}</{tag}>"
 
     rows = list(rows)
-    out = ["<table>"] + ([f"<caption>{escape(caption)}</caption>"] if caption else [])
+    out = ["<table>"] + ([f"<caption>{xml(caption)}</caption>"] if caption else [])
     out.append("<tr>" + "".join(cell("th", i, h) for i, h in enumerate(headers)) + "</tr>")
     for n, row in enumerate(rows):
         css = ' class="total"' if total_row and n == len(rows) - 1 else ""
@@ -83,8 +84,8 @@ def _tensor_table(caption: str, tensors: Sequence[LiveTensor]) -> str:
 
 
 def _list(lines: Sequence[str]) -> str:
-    return "<ul>\n" + "\n".join(f"<li>{escape(line)}</li>" for line in lines) + "\n</ul>"
+    return "<ul>\n" + "\n".join(f"<li>{xml(line)}</li>" for line in lines) + "\n</ul>"
 
 
 def write_html(report: Report, path: str | os.PathLike) -> None:
-    Path(path).write_text(render_html(report), encoding="utf-8")
+    write_text_atomically(path, render_html(report))

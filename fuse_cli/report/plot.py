@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
-from html import escape
 from pathlib import Path
 
 from fuse_cli.analysis.memory import MemoryProfile
 from fuse_cli.errors import UsageError
+from fuse_cli.report.files import replacing, write_text_atomically
 from fuse_cli.report.model import Report
 from fuse_cli.report.render import human_bytes
+from fuse_cli.report.text import visible, xml
 
 X_TICKS = (0, 0.25, 0.5, 0.75, 1)
 X_LABEL = "execution progress, normalized 0 to 1 (before and after have different node counts)"
@@ -99,9 +100,9 @@ def render_timeline_svg(report: Report, *, width: int = 900, height: int = 320) 
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
            f'viewBox="0 0 {width} {height}" font-family="system-ui, Helvetica, Arial, sans-serif" '
            f'font-size="12" fill="#222">',
-           f"<title>{escape(chart.title)}</title>",
+           f"<title>{xml(chart.title)}</title>",
            f'<rect width="{width}" height="{height}" fill="#fff"/>',
-           f'<text x="{left}" y="24" font-size="15" font-weight="bold">{escape(chart.title)}</text>']
+           f'<text x="{left}" y="24" font-size="15" font-weight="bold">{xml(chart.title)}</text>']
     if chart.empty_reason:
         out.append(_text(width / 2, (top + bottom) / 2, chart.empty_reason, anchor="middle", fill="#666"))
         return "\n".join(out + ["</svg>"]) + "\n"
@@ -140,16 +141,17 @@ def _text(x: float, y: float, text: str, *, anchor: str = "start", fill: str = "
     # A white outline painted under the glyphs keeps a label legible where it crosses a line.
     outline = ' stroke="#fff" stroke-width="3" paint-order="stroke"' if halo else ""
     return (f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}" fill="{fill}"{outline}>'
-            f"{escape(text)}</text>")
+            f"{xml(text)}</text>")
 
 
 def write_plot(report: Report, path: str | os.PathLike) -> None:
     """SVG, or PNG when the path ends in .png and matplotlib is installed."""
     target = Path(path)
     if target.suffix.lower() == ".png":
-        _write_png(timeline_chart(report), target)
+        with replacing(target) as temp:
+            _write_png(timeline_chart(report), temp)
     else:
-        target.write_text(render_timeline_svg(report), encoding="utf-8")
+        write_text_atomically(target, render_timeline_svg(report))
 
 
 def _write_png(chart: Chart, path: Path) -> None:
@@ -161,7 +163,7 @@ def _write_png(chart: Chart, path: Path) -> None:
     with matplotlib.rc_context({"text.parse_math": False}):  # a "$" in a tensor name is text, not TeX
         figure = Figure(figsize=(9, 3.2), dpi=150, layout="constrained")
         axes = figure.add_subplot()
-        axes.set_title(chart.title, loc="left", fontweight="bold")
+        axes.set_title(visible(chart.title), loc="left", fontweight="bold")
         axes.set_xlim(0, 1)
         axes.set_ylim(0, chart.y_ticks[-1])
         axes.set_yticks(chart.y_ticks, [human_bytes(t) for t in chart.y_ticks])
@@ -173,9 +175,9 @@ def _write_png(chart: Chart, path: Path) -> None:
             axes.text(0.5, 0.5, chart.empty_reason, ha="center", transform=axes.transAxes)
         for s in chart.series:
             xs, ys = zip(*s.points)
-            axes.plot(xs, ys, color=s.color, linewidth=s.line_width * 0.6, label=s.label)  # points, not pixels
+            axes.plot(xs, ys, color=s.color, linewidth=s.line_width * 0.6, label=visible(s.label))  # points, not pixels
             axes.plot(*s.peak, "o", color=s.color, markeredgecolor="#fff")
-            axes.annotate(s.peak_label, s.peak, xytext=(0, 6 + 11 * s.label_level), textcoords="offset points",
+            axes.annotate(visible(s.peak_label), s.peak, xytext=(0, 6 + 11 * s.label_level), textcoords="offset points",
                           ha="center", color=s.color)
         if chart.series:
             axes.legend(loc="best", frameon=False)

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fuse_cli.report.model import SCHEMA_VERSION, Report, describe_rolled_back
+from fuse_cli.report.text import markdown, plain, terminal
 from fuse_cli.report.upgrade_hint import upgrade_hint_lines
 from fuse_cli.config import UNBOUND_DIM
 from fuse_cli.input_domain import describe_setting
@@ -195,20 +196,20 @@ def summary_lines(report: Report) -> list[str]:
 
 
 def render_rich(report: Report, console: Console) -> None:
-    title = f"fuse {'report' if report.dry_run else 'optimize'}: {report.model_path} (target {report.target})"
+    title = f"fuse {'report' if report.dry_run else 'optimize'}: {terminal(report.model_path)} (target {report.target})"
     table = Table(title=title, title_justify="left")
     for i, header in enumerate(SAVINGS_HEADERS):
         # the pattern wraps; the figures never do (a squeezed number shows as an ellipsis)
         table.add_column(header, justify="left" if i < 2 else "right", no_wrap=i > 0, overflow="fold")
     rows = savings_rows(report)
     for i, row in enumerate(rows):
-        table.add_row(*row, style="bold" if i == len(rows) - 1 else None)
+        table.add_row(*map(plain, row), style="bold" if i == len(rows) - 1 else None)
     if rows:
         console.print(table)
     else:
         console.print(f"[bold]{title}[/bold]\nNo fusion applied.")
     for line in summary_lines(report) + memory_lines(report):
-        console.print(line, highlight=False)
+        console.print(plain(line), highlight=False)
     if report.dry_run and report.memory:
         _render_audit(report, console)
     if report.near_misses:
@@ -217,7 +218,7 @@ def render_rich(report: Report, console: Console) -> None:
         for header in ("Pattern", "Count", "Nodes (first)", "Why not (first)"):
             misses.add_column(header, overflow="fold")
         for pattern, items in groups[:NEAR_MISS_LIMIT]:
-            misses.add_row(pattern, str(len(items)), " -> ".join(items[0].nodes), items[0].reason)
+            misses.add_row(*map(plain, (pattern, str(len(items)), " -> ".join(items[0].nodes), items[0].reason)))
         console.print(misses)
         if len(groups) > NEAR_MISS_LIMIT:
             console.print(f"... and {len(groups) - NEAR_MISS_LIMIT} more kinds (see --json)")
@@ -253,13 +254,14 @@ def _render_audit(report: Report, console: Console) -> None:
         for header in ("Tensor", "Produced by", "Size"):
             table.add_column(header, justify="right" if header == "Size" else "left")
         for t in tensors:
-            table.add_row(t.name, t.producer, human_bytes(t.nbytes))
+            table.add_row(*map(plain, (t.name, t.producer, human_bytes(t.nbytes))))
         console.print(table)
     ops = Table(title="Bytes written per op type", title_justify="left")
     for header in ("Op type", "Before", "After"):
         ops.add_column(header, justify="left" if header == "Op type" else "right")
     for op in dict.fromkeys([*audit.before.by_op_type, *audit.after.by_op_type]):
-        ops.add_row(op, human_bytes(audit.before.by_op_type.get(op, 0)), human_bytes(audit.after.by_op_type.get(op, 0)))
+        ops.add_row(plain(op), human_bytes(audit.before.by_op_type.get(op, 0)),
+                    human_bytes(audit.after.by_op_type.get(op, 0)))
     console.print(ops)
 
 
@@ -363,27 +365,23 @@ def render_json(report: Report) -> str:
 
 
 def render_markdown(report: Report) -> str:
-    out = [f"### fuse: `{report.model_path}` (target `{report.target}`)", ""]
+    out = [f"### fuse: {markdown(report.model_path)} (target {markdown(report.target)})", ""]
     rows = savings_rows(report)
     if rows:
         out.append("| " + " | ".join(SAVINGS_HEADERS) + " |")
         out.append("|" + "|".join("---" if i < 2 else "---:" for i in range(len(SAVINGS_HEADERS))) + "|")
-        out += ["| " + " | ".join(_md_escape(c) for c in row) + " |" for row in rows]
+        out += ["| " + " | ".join(markdown(c) for c in row) + " |" for row in rows]
     else:
         out.append("No fusion applied.")
     out.append("")
-    out += [f"- {line}" for line in summary_lines(report) + memory_lines(report)]
+    out += [f"- {markdown(line)}" for line in summary_lines(report) + memory_lines(report)]
     if report.near_misses:
         out += ["", f"<details><summary>Not fused ({len(report.near_misses)})</summary>", "",
                 "| Pattern | Nodes | Why not |", "|---|---|---|"]
-        out += [f"| {_md_escape(m.pattern)} | {_md_escape(' -> '.join(m.nodes))} | {_md_escape(m.reason)} |"
+        out += [f"| {markdown(m.pattern)} | {markdown(' -> '.join(m.nodes))} | {markdown(m.reason)} |"
                 for m in report.near_misses]
         out += ["", "</details>"]
     return "\n".join(out) + "\n"
-
-
-def _md_escape(text: str) -> str:
-    return text.replace("|", "\\|")
 
 
 def render_verify_rich(result: VerifyResult, console: Console) -> None:
@@ -394,10 +392,10 @@ def render_verify_rich(result: VerifyResult, console: Console) -> None:
         table.add_column(header, justify="left" if header in ("Output", "Dtype", "Shape", "Result") else "right")
     for o in result.outputs:
         verdict = "ok" if o.passed and not o.all_nonfinite else "all NaN/inf" if o.passed else "[bold red]FAIL[/bold red]"
-        table.add_row(o.name, o.dtype, "x".join(map(str, o.shape)) or "scalar", f"{o.max_abs_diff:.3g}",
+        table.add_row(terminal(o.name), o.dtype, "x".join(map(str, o.shape)) or "scalar", f"{o.max_abs_diff:.3g}",
                       f"{o.max_rel_diff:.3g}", f"{o.cosine_similarity:.6f}", f"{o.rtol:g} / {o.atol:g}", verdict)
     console.print(table)
-    console.print(verdict_line(result), highlight=False, markup=False)
+    console.print(plain(verdict_line(result)), highlight=False)
 
 
 def render_verify_json(result: VerifyResult) -> str:
@@ -412,18 +410,18 @@ def render_batch_rich(items, console: Console) -> None:
     for item in items:
         r = item.report
         if r is None:
-            table.add_row(item.model, "[bold red]error[/bold red]", "", "", "", item.error or "")
+            table.add_row(terminal(item.model), "[bold red]error[/bold red]", "", "", "", terminal(item.error or ""))
             continue
         peak = r["memory"]["peak_bytes"] if r.get("memory") else None
         status = (r.get("verification") or {}).get("status")
         unconfirmed = f" [bold yellow]({status})[/bold yellow]" if status in (UNVERIFIABLE, INCONCLUSIVE) else ""
         table.add_row(
-            item.model,
+            terminal(item.model),
             ("ok" if item.ok else "[bold yellow]check failed[/bold yellow]") + unconfirmed,
             f"{r['nodes']['before']} -> {r['nodes']['after']}",
             human_bytes(sum(f["removed_bytes"] for f in r["fusions"])),
             f"{human_bytes(peak['before'])} -> {human_bytes(peak['after'])}" if peak else "-",
-            (item.output or "dry run") if item.ok else "; ".join(r["failures"]),
+            terminal((item.output or "dry run") if item.ok else "; ".join(r["failures"])),
         )
     console.print(table)
 
