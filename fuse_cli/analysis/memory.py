@@ -156,6 +156,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from fuse_cli.analysis.bodies import CONTROL_FLOW_OPS, BodyCost, body_cost, constant_values
 from fuse_cli.core.order import consumed_names, execution_order, may_hold_subgraphs, model_fingerprint, node_label
 from fuse_cli.analysis.shapes import ShapeTable, TensorInfo, element_size_bits, infer_shapes, paused_gc
 
@@ -250,6 +251,9 @@ class MemoryProfile:
     # Buffers alive at the peak with no tenant alive: the planner keeps a dead buffer allocated
     # for later tensors of the same planner shape. Biggest first.
     held_across_peak: tuple[HeldBuffer, ...] = ()
+    # The control-flow nodes whose bodies are counted at their step (analysis/bodies.py), in
+    # stored order: which branch or body, and its own peak.
+    bodies: tuple[BodyCost, ...] = ()
 
 
 def profile_memory(model: onnx.ModelProto, shapes: ShapeTable, *, extra_weights: Iterable[str] = (),
@@ -351,6 +355,7 @@ def _profile(setup: _Setup, plan: _Plan, sized: _Sized, absent: frozenset[str]) 
         weight_bytes=sized.weight_bytes,
         unavoidable_at_peak=unavoidable,
         held_across_peak=held_across_peak,
+        bodies=sized.bodies,
     )
 
 
@@ -397,6 +402,7 @@ class _Sized:
     workspace: list[int]
     weight_bytes: int
     held_workspace: dict[int, int] = field(default_factory=dict)
+    bodies: tuple[BodyCost, ...] = ()
 
 
 @dataclass
@@ -429,15 +435,16 @@ class _Graph:
     scratch_nodes: list[tuple[int, onnx.NodeProto]]
     initializer_bytes: int
     constants: list[tuple[str, int | None]]
+    body_constants: dict[str, np.ndarray] = field(default_factory=dict)  # If conditions, Loop trip counts
     runtime: _Setup | None = None        # onnxruntime's order
     explicit: _Setup | None = None       # the last order given (a scheduler's candidate)
     by_table: dict[int, tuple[ShapeTable, tuple]] = field(default_factory=dict)
 
-    def sized(self, shapes: ShapeTable) -> tuple[dict[str, int], dict[int, int], int, dict[int, int]]:
+    def sized(self, shapes: ShapeTable) -> tuple[dict[str, int], dict[int, int], int, dict[int, int], tuple]:
         """The bytes of each activation whose size is known, the scratch of the nodes that have
-        some (by stored index), the resident weights' bytes, and the scratch of the variadic nodes
-        whose output, written into a held buffer, changes theirs (by stored index), at `shapes`:
-        shared by every order."""
+        some (by stored index), the resident weights' bytes, the scratch of the variadic nodes
+        whose output, written into a held buffer, changes theirs (by stored index), and the
+        control-flow bodies' costs, at `shapes`: shared by every order."""
         held = self.by_table.get(id(shapes))
         if held is not None and held[0] is shapes:
             return held[1]
@@ -459,9 +466,16 @@ class _Graph:
                    if (size := _workspace_bytes(node, shapes, self.opset))}
         held_scratch = {stored: size for stored, node in self.scratch_nodes if _is_variadic(node)
                         and (size := _variadic_workspace(node, shapes, output_held=True)) != scratch.get(stored, 0)}
+        # A body's walk is its node's scratch; the outputs it sizes where the table could not.
+        costs = [(stored, cost) for stored, node in self.scratch_nodes if (_domain(node), node.op_type) in CONTROL_FLOW_OPS
+                 and (cost := body_cost(node, self.labels[stored], shapes, self.planner_shapes, self.opset,
+                                        self.body_constants)) is not None]
+        for stored, cost in costs:
+            scratch[stored] = cost.scratch_bytes
+            known.update((name, size) for name, size in cost.output_bytes.items() if name not in known)
         weight_bytes = self.initializer_bytes + sum(
             size or 0 for name, fallback in self.constants for size in [shapes.nbytes(name) or fallback])
-        result = (known, scratch, weight_bytes, held_scratch)
+        result = (known, scratch, weight_bytes, held_scratch, tuple(cost for _, cost in costs))
         self.by_table[id(shapes)] = (shapes, result)  # the table is held: its id stays its own
         return result
 
@@ -485,7 +499,7 @@ class _Setup:
         held = self.by_table.get(id(shapes))
         if held is not None and held[0] is shapes:
             return held[1]
-        known, scratch, weight_bytes, held_scratch = self.graph.sized(shapes)
+        known, scratch, weight_bytes, held_scratch, bodies = self.graph.sized(shapes)
         workspace = [0] * len(self.labels)
         if scratch:
             for step, stored in enumerate(self.order):
@@ -493,7 +507,7 @@ class _Setup:
         held_workspace = ({step: held_scratch[stored] for step, stored in enumerate(self.order) if stored in held_scratch}
                           if held_scratch else {})
         unknown = () if len(known) == len(self.producer) else tuple(name for name in self.producer if name not in known)
-        result = _Sized(known, unknown, workspace, weight_bytes, held_workspace)
+        result = _Sized(known, unknown, workspace, weight_bytes, held_workspace, bodies)
         self.by_table[id(shapes)] = (shapes, result)  # the table is held: its id stays its own
         return result
 
@@ -578,7 +592,8 @@ def _graph(model: onnx.ModelProto, nodes: Sequence[_Node], symbolic_shapes: Shap
         in_place=[_INPLACE_OPS.get(kind) for kind in kinds], activations=activations, planner_shapes=planner,
         planner_keys=keys, opset=opset, count=count, graph_inputs=graph_inputs, graph_outputs=graph_outputs,
         scratch_nodes=[(i, _detached(node.proto)) for i, (kind, node) in enumerate(zip(kinds, nodes))
-                       if kind in _SCRATCH_OPS],
+                       if kind in _SCRATCH_OPS or kind in CONTROL_FLOW_OPS],
+        body_constants=constant_values(graph, (node.proto for node in nodes if node.kind in CONTROL_FLOW_OPS)),
         initializer_bytes=initializer_bytes,
         constants=[(node.output[0], _constant_value_bytes(node.proto)) for node in nodes
                    if node.op_type == "Constant" and node.domain in _DEFAULT_DOMAINS and node.output])

@@ -1,0 +1,217 @@
+"""The memory estimate of If, Loop and Scan bodies (fuse_cli/analysis/bodies.py) against the
+allocator's exact peak in onnxruntime, and the branch it says it counted.
+
+Models are built here at sizes whose peak is 1-16 MiB: activations are float32 [256, 512]
+(512 KiB, "T") unless noted. Bodies declare their own symbol (`n`) where the outer graph binds
+`N`, as exporters write them: the estimate must size them from the outer shapes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from fuse_cli.analysis.measure import measure_peak
+from fuse_cli.analysis.memory import profile_memory
+from fuse_cli.analysis.shapes import infer_shapes
+from fuse_cli.report.render import body_note
+
+FLOAT = TensorProto.FLOAT
+D = 512
+N = 256
+T = N * D * 4
+MIB = 1 << 20
+
+
+def value(name, shape=None, elem_type=FLOAT):
+    return helper.make_tensor_value_info(name, elem_type, shape)
+
+
+def weight(name, rows=D, cols=D, seed=0):
+    rng = np.random.default_rng(seed)
+    return numpy_helper.from_array((rng.standard_normal((rows, cols)) * 0.02).astype(np.float32), name)
+
+
+def model(nodes, inputs, outputs, initializers=()):
+    graph = helper.make_graph(nodes, "test", inputs, outputs, list(initializers))
+    return helper.make_model(graph, ir_version=8, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def body(nodes, outputs, inputs=(), initializers=()):
+    return helper.make_graph(nodes, "body", list(inputs), list(outputs), list(initializers))
+
+
+def if_model(condition_nodes, condition_inputs, then_branch, else_branch, initializers=()):
+    nodes = [helper.make_node("Relu", ["inp"], ["x"], name="relu"), *condition_nodes,
+             helper.make_node("If", ["cond"], ["y"], name="if_0", then_branch=then_branch, else_branch=else_branch),
+             helper.make_node("Mul", ["y", "y"], ["out"], name="square")]
+    return model(nodes, [value("inp", ["N", D]), *condition_inputs], [value("out", ["N", D])], initializers)
+
+
+def big_then_branch():
+    """Four T-sized activations alive at once at its Add: t1 (read last there), t3, t6 and the output."""
+    return body([
+        helper.make_node("MatMul", ["x", "w"], ["t1"]), helper.make_node("Relu", ["t1"], ["t2"]),
+        helper.make_node("MatMul", ["t2", "w"], ["t3"]), helper.make_node("Concat", ["t1", "t3"], ["t4"], axis=1),
+        helper.make_node("Sigmoid", ["t4"], ["t5"]), helper.make_node("Slice", ["t5", "start", "end", "axis"], ["t6"]),
+        helper.make_node("Add", ["t6", "t3"], ["then_out"])],
+        [value("then_out", ["n", D])],
+        initializers=[numpy_helper.from_array(np.array([v], np.int64), name)
+                      for name, v in (("start", 0), ("end", D), ("axis", 1))])
+
+
+def small_else_branch():
+    return body([helper.make_node("Neg", ["x"], ["else_out"])], [value("else_out", ["n", D])])
+
+
+def selected_by_input():
+    """cond = (k == 1), k an int64 graph input: unknown to the estimate, fed 1 when measured."""
+    one = numpy_helper.from_array(np.array(1, np.int64), "one")
+    return [helper.make_node("Equal", ["k", "one"], ["cond"], name="equal")], [value("k", [], TensorProto.INT64)], [one]
+
+
+def allocated(m, **kwargs) -> int:
+    result = measure_peak(m, dims={"N": N}, **kwargs)
+    if result.allocated_bytes is None:
+        pytest.skip(f"cannot count allocations here: {result.allocated_reason or result.reason}")
+    return result.allocated_bytes
+
+
+def estimate(m):
+    return profile_memory(m, infer_shapes(m, dims={"N": N}))
+
+
+def assert_close(estimated: int, measured: int):
+    assert 1 * MIB <= measured <= 16 * MIB, measured
+    assert abs(estimated - measured) <= 0.15 * measured, (estimated / MIB, measured / MIB)
+
+
+def test_if_counts_the_larger_branch_where_the_condition_is_unknown():
+    condition, inputs, constants = selected_by_input()
+    m = if_model(condition, inputs, big_then_branch(), small_else_branch(), [weight("w"), *constants])
+    profile = estimate(m)
+    (cost,) = profile.bodies
+    assert (cost.node, cost.counted, cost.reason) == ("if_0", "then_branch", "larger")
+    assert (cost.body_peak, cost.other_peak) == (4 * T, T)
+    # inp and x, and the branch's peak in place of the If's output
+    assert (profile.peak_node, profile.peak_bytes) == ("if_0", 2 * T + 4 * T + 8 + 1)  # k and cond
+    assert body_note(cost) == "If 'if_0': counted then_branch (larger, 2.0 MiB; the other branch 512.0 KiB)"
+    assert_close(profile.peak_bytes, allocated(m, int_ranges={"k": (1, 2)}))
+
+
+def test_if_counts_the_taken_branch_where_the_condition_is_a_constant():
+    condition = [helper.make_node("Constant", [], ["cond"], name="const", value=numpy_helper.from_array(np.array(False)))]
+    m = if_model(condition, [], big_then_branch(), small_else_branch(), [weight("w")])
+    profile = estimate(m)
+    (cost,) = profile.bodies
+    assert (cost.counted, cost.reason) == ("else_branch", "the condition is a constant false")
+    assert profile.peak_bytes == 3 * T  # inp, x, y: Neg writes into the If's output
+    assert "counted else_branch (the condition is a constant false" in body_note(cost)
+    assert_close(profile.peak_bytes, allocated(m))
+
+
+def test_if_whose_branches_read_outer_weights_and_activations():
+    """Both branches read the outer x and their own outer weight (the T5 merged decoder's shape):
+    those stay counted once, in the outer walk, up to the If."""
+    then_branch = body([helper.make_node("MatMul", ["x", "w_then"], ["a"]), helper.make_node("Tanh", ["a"], ["b"]),
+                        helper.make_node("MatMul", ["b", "w_then"], ["c"]), helper.make_node("Add", ["c", "x"], ["then_out"])],
+                       [value("then_out", ["n", D])])
+    else_branch = body([helper.make_node("MatMul", ["x", "w_else"], ["else_out"])], [value("else_out", ["n", D])])
+    condition, inputs, constants = selected_by_input()
+    m = if_model(condition, inputs, then_branch, else_branch, [weight("w_then"), weight("w_else", seed=1), *constants])
+    profile = estimate(m)
+    assert profile.bodies[0].counted == "then_branch"
+    assert_close(profile.peak_bytes, allocated(m, int_ranges={"k": (1, 2)}))
+
+
+def loop_model(trips=8):
+    loop_body = body([
+        helper.make_node("Identity", ["c_in"], ["c_out"]),
+        helper.make_node("MatMul", ["acc_in", "w"], ["mm"]), helper.make_node("Tanh", ["mm"], ["th"]),
+        helper.make_node("Add", ["th", "acc_in"], ["acc_out"]), helper.make_node("Relu", ["acc_out"], ["scan_out"])],
+        [value("c_out", [], TensorProto.BOOL), value("acc_out", ["n", D]), value("scan_out", ["n", D])],
+        inputs=[value("i", [], TensorProto.INT64), value("c_in", [], TensorProto.BOOL), value("acc_in", ["n", D])])
+    nodes = [helper.make_node("Relu", ["inp"], ["x"], name="relu"),
+             helper.make_node("Loop", ["trips", "", "x"], ["acc", "scans"], name="loop_0", body=loop_body),
+             helper.make_node("Add", ["acc", "x"], ["out"], name="add")]
+    trip_count = numpy_helper.from_array(np.array(trips, np.int64), "trips")
+    return model(nodes, [value("inp", ["N", D])], [value("out", ["N", D]), value("scans", [None, "N", D])],
+                 [weight("w"), trip_count])
+
+
+def test_loop_counts_one_iteration_and_every_iteration_s_scan_output():
+    m = loop_model()
+    profile = estimate(m)
+    (cost,) = profile.bodies
+    assert cost.iterations == 8
+    # onnx leaves the Loop's outputs unknown; the body sizes them: acc T, scans 8 T
+    assert not profile.unknown_tensors
+    # at the end: inp, x, both outputs, the last two iterations' carried values and 8 pieces
+    assert profile.peak_bytes == 2 * T + 9 * T + 2 * T + 8 * T
+    assert body_note(cost) == ("Loop 'loop_0': counted one iteration of its body (1.0 MiB) "
+                               "and the buffers of 8 iterations")
+    assert_close(profile.peak_bytes, allocated(m))
+
+
+def scan_model(steps=64, batch=16, hidden=256):
+    rnn = body([
+        helper.make_node("MatMul", ["x_t", "wx"], ["a"]), helper.make_node("MatMul", ["h_in", "wh"], ["b"]),
+        helper.make_node("Add", ["a", "b"], ["c"]), helper.make_node("Tanh", ["c"], ["h_out"]),
+        helper.make_node("Identity", ["h_out"], ["y_t"])],
+        [value("h_out", ["b", hidden]), value("y_t", ["b", hidden])],
+        inputs=[value("h_in", ["b", hidden]), value("x_t", ["b", hidden])])
+    nodes = [helper.make_node("Relu", ["inp"], ["xs"], name="relu"),
+             helper.make_node("Scan", ["h0", "xs"], ["h_last", "ys"], name="scan_0", body=rnn, num_scan_inputs=1),
+             helper.make_node("Relu", ["ys"], ["out"], name="relu_out")]
+    return model(nodes, [value("inp", ["S", "B", hidden]), value("h0", ["B", hidden])],
+                 [value("out", ["S", "B", hidden]), value("h_last", ["B", hidden])],
+                 [weight("wx", hidden, hidden), weight("wh", hidden, hidden, seed=1)])
+
+
+def test_scan_counts_one_step_and_its_state_buffers():
+    m = scan_model()
+    shapes = infer_shapes(m, dims={"S": 64, "B": 16})
+    profile = profile_memory(m, shapes)
+    (cost,) = profile.bodies
+    step = 16 * 256 * 4
+    assert cost.iterations == 64
+    # one step: a and b alive at the Add, then c; outputs written into the Scan's (left out)
+    assert cost.body_peak == 3 * step
+    assert cost.scratch_bytes == 3 * step + 2 * step  # plus the two state buffers
+    result = measure_peak(m, dims={"S": 64, "B": 16})
+    if result.allocated_bytes is None:
+        pytest.skip(f"cannot count allocations here: {result.allocated_reason or result.reason}")
+    assert_close(profile.peak_bytes, result.allocated_bytes)
+
+
+def test_nested_if_inside_a_loop_body_is_counted():
+    inner_then = body([helper.make_node("MatMul", ["acc_in", "w"], ["p"]), helper.make_node("Tanh", ["p"], ["q"]),
+                       helper.make_node("Add", ["p", "q"], ["then_out"])], [value("then_out", ["n", D])])
+    inner_else = body([helper.make_node("Neg", ["acc_in"], ["else_out"])], [value("else_out", ["n", D])])
+    loop_body = body([
+        helper.make_node("Identity", ["c_in"], ["c_out"]), helper.make_node("Greater", ["i", "zero"], ["gt"]),
+        helper.make_node("If", ["gt"], ["acc_out"], name="inner_if", then_branch=inner_then, else_branch=inner_else)],
+        [value("c_out", [], TensorProto.BOOL), value("acc_out", ["n", D])],
+        inputs=[value("i", [], TensorProto.INT64), value("c_in", [], TensorProto.BOOL), value("acc_in", ["n", D])])
+    nodes = [helper.make_node("Relu", ["inp"], ["x"], name="relu"),
+             helper.make_node("Loop", ["trips", "", "x"], ["acc"], name="loop_0", body=loop_body),
+             helper.make_node("Add", ["acc", "x"], ["out"], name="add")]
+    m = model(nodes, [value("inp", ["N", D])], [value("out", ["N", D])],
+              [weight("w"), numpy_helper.from_array(np.array(4, np.int64), "trips"),
+               numpy_helper.from_array(np.array(0, np.int64), "zero")])
+    profile = estimate(m)
+    (loop,) = profile.bodies
+    assert loop.body_peak >= 3 * T  # the inner then_branch's p, q and output
+    assert_close(profile.peak_bytes, allocated(m))
+
+
+def test_an_unknown_trip_count_is_said():
+    m = loop_model()
+    m.graph.input.append(value("trips", [], TensorProto.INT64))
+    del m.graph.initializer[1]
+    profile = estimate(m)
+    (cost,) = profile.bodies
+    assert cost.iterations is None and "scans" in profile.unknown_tensors
+    assert "the iteration count is unknown" in body_note(cost)
