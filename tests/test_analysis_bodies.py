@@ -215,3 +215,64 @@ def test_an_unknown_trip_count_is_said():
     (cost,) = profile.bodies
     assert cost.iterations is None and "scans" in profile.unknown_tensors
     assert "the iteration count is unknown" in body_note(cost)
+
+
+def test_a_nested_if_decided_by_shapes_sizes_what_reads_it():
+    """silero-vad's form: inside a branch, If(Shape(h)[0] == 1) passes h on or squeezes it, so
+    onnx leaves its output's rank unknown; at the bound dims shape arithmetic decides it, and the
+    LSTM reading it is sized (with its gate buffers: 4 S + 3 [B, H] per direction)."""
+    hidden = 256
+    squeeze = body([helper.make_node("Squeeze", ["h", "zero_axis"], ["squeezed"])], [value("squeezed")])
+    keep = body([helper.make_node("Identity", ["h"], ["kept"])], [value("kept")])
+    rng = np.random.default_rng(0)
+    lstm_weights = [numpy_helper.from_array((rng.standard_normal(shape) * 0.1).astype(np.float32), name)
+                    for name, shape in (("W", (1, 4 * hidden, D)), ("R", (1, 4 * hidden, hidden)))]
+    then_branch = body([
+        helper.make_node("Unsqueeze", ["x", "zero_axis"], ["h"]),  # [1, N, D]: a one-step sequence
+        helper.make_node("Shape", ["h"], ["shape"]), helper.make_node("Gather", ["shape", "zero"], ["first"]),
+        helper.make_node("Equal", ["first", "one_step"], ["is_one"]),
+        helper.make_node("If", ["is_one"], ["seq"], name="inner_if", then_branch=keep, else_branch=squeeze),
+        helper.make_node("LSTM", ["seq", "W", "R"], ["", "h_last"], hidden_size=hidden),
+        helper.make_node("Squeeze", ["h_last", "zero_axis"], ["h2"]),
+        helper.make_node("MatMul", ["h2", "back"], ["then_out"])],
+        [value("then_out", ["n", D])],
+        initializers=[*lstm_weights, weight("back", hidden, D),
+                      numpy_helper.from_array(np.array([0], np.int64), "zero_axis"),
+                      numpy_helper.from_array(np.array(0, np.int64), "zero"),
+                      numpy_helper.from_array(np.array(1, np.int64), "one_step")])
+    condition, inputs, constants = selected_by_input()
+    m = if_model(condition, inputs, then_branch, small_else_branch(), constants)
+    profile = estimate(m)
+    (cost,) = profile.bodies
+    assert cost.counted == "then_branch" and not cost.unknown
+    step = N * hidden * 4
+    assert cost.body_peak >= (4 + 3) * step  # the LSTM's gate and state buffers
+    assert_close(profile.peak_bytes, allocated(m, int_ranges={"k": (1, 2)}))
+
+
+def test_report_measure_takes_the_branch_an_input_names(tmp_path):
+    """`fuse report --measure` on silero-vad's form, If(Equal(sr, 16000)): fed at random, sr takes
+    the else branch, which cannot run at these shapes (a Reshape to rows of 3), and onnxruntime's
+    failure ended the report with exit 2; the measurement feeds sr the constant it is compared
+    with, so the branch the model names runs, and the estimate counts it (the else branch cannot
+    be sized here)."""
+    sixteen_k = numpy_helper.from_array(np.array(16000, np.int64), "rate")
+    rows_of_three = numpy_helper.from_array(np.array([-1, 3], np.int64), "rows_of_three")
+    then_branch = body([helper.make_node("MatMul", ["x", "w_branch"], ["a"]), helper.make_node("Tanh", ["a"], ["b"]),
+                        helper.make_node("Add", ["a", "b"], ["then_out"])],
+                       [value("then_out", ["n", D])], initializers=[weight("w_branch")])
+    else_branch = body([helper.make_node("Reshape", ["x", "rows_of_three"], ["else_out"])], [value("else_out")],
+                       initializers=[rows_of_three])
+    condition = [helper.make_node("Equal", ["sr", "rate"], ["cond"], name="equal")]
+    m = if_model(condition, [value("sr", [], TensorProto.INT64)], then_branch, else_branch, [sixteen_k])
+    path = tmp_path / "vad_like.onnx"
+    onnx.save(m, path)
+    from fuse_cli import api
+    from fuse_cli.config import FuseConfig
+    report = api.optimize(path, FuseConfig(verify=False, measure=True, dims={"N": N}), dry_run=True).report
+    (cost,) = report.memory.before.bodies
+    assert (cost.counted, cost.reason) == ("then_branch", "larger")
+    measured = report.measured.before
+    if measured.allocated_bytes is None:
+        pytest.skip(f"cannot count allocations here: {measured.allocated_reason or measured.reason}")
+    assert_close(report.memory.before.peak_bytes, measured.allocated_bytes)

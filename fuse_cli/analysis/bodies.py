@@ -26,19 +26,31 @@ outputs. The kernels, read in onnxruntime's source (core/providers/cpu/controlfl
 Shapes inside a body: onnx's inference writes a body's value_info with the body's own declared
 symbols, not the outer graph's bound dims, so each body is inferred again as a model of its own,
 its inputs and outer-scope values declared at the outer shapes (bound for the sizes, symbolic for
-onnxruntime's planner, which compares shapes before any dim is bound).
+onnxruntime's planner, which compares shapes before any dim is bound). Where an If's branches
+differ in rank onnx leaves its outputs unknown, and everything after them: the branch that runs,
+decided by shape arithmetic at the bound dims (silero-vad squeezes a dim where it is 1), gives
+them, and the body is inferred again with them declared.
+
+Which If branch runs: the one a constant condition names, or one computed from constants and
+shapes at the bound dims (`Conditions`); else the larger, unless onnx cannot size one of them at
+these shapes, which is then taken not to run (silero-vad's 8 kHz branch at a 16 kHz window:
+onnxruntime fails in it), and the sized one is counted. Measured (estimate / allocated, memray):
+an If with a 4x larger branch 0.999, an accumulating Loop 0.999, a Scan RNN 0.998, silero-vad
+at 64 and 256 windows 0.98 and 0.99 (tests/test_analysis_bodies.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
+from fuse_cli.analysis.shape_values import evaluate_shape_values, evaluates, initial_values
 from fuse_cli.analysis.shapes import ShapeTable, TensorInfo, infer_shapes
 from fuse_cli.core.order import consumed_names
 
@@ -47,14 +59,19 @@ CONTROL_FLOW_OPS = frozenset({("", "If"), ("", "Loop"), ("", "Scan")})
 # A constant read as an If condition or a Loop trip count is a scalar: bigger ones are not read.
 _SMALL_CONSTANT = 8
 _CACHE_KEPT = 64
+# Rounds of declaring nested control-flow outputs and inferring again (a chain of If nodes each
+# reading the one before needs a round per link).
+_RESOLVE_ROUNDS = 8
 
 
 @dataclass(frozen=True)
 class BodyCost:
-    """What one control-flow node's body adds at its step (`scratch_bytes`), and the sizes of its
-    outputs that the outer shape table left unknown and the body gives (`output_bytes`).
-    `counted`: the branch or body counted; `reason`: why that one ("larger", "constant true",
-    "one iteration of N"); `body_peak`: its own peak; `unknown`: body tensors of unknown size."""
+    """What one control-flow node's body adds at its step (`scratch_bytes`), and the shapes of its
+    outputs that the outer shape table left unknown and the body gives (`outputs`, at the bound
+    dims; onnx leaves a Loop's outputs and an If's whose branches differ unknown).
+    `counted`: the branch or body counted; `reason`: why that one ("larger", "the condition is a
+    constant true", "one iteration"); `body_peak`: its own peak; `iterations`: a Loop's trip count
+    or a Scan's sequence length where known; `unknown`: body tensors of unknown size."""
 
     node: str
     op_type: str
@@ -63,31 +80,69 @@ class BodyCost:
     body_peak: int
     scratch_bytes: int
     iterations: int | None = None
-    output_bytes: Mapping[str, int] = field(default_factory=dict)
+    outputs: Mapping[str, TensorInfo] = field(default_factory=dict)
     unknown: tuple[str, ...] = ()
     other_peak: int | None = None  # the If branch not counted: its peak
 
+    @property
+    def output_bytes(self) -> dict[str, int]:
+        return {name: size for name, info in self.outputs.items() if (size := info.nbytes()) is not None}
 
-def constant_values(graph: onnx.GraphProto, nodes: Iterable[onnx.NodeProto]) -> dict[str, np.ndarray]:
-    """The values of the If conditions and Loop trip counts and conditions of `nodes` that are
-    small constants of `graph` (initializers or Constant outputs)."""
-    wanted = set()
+
+@dataclass(frozen=True)
+class Conditions:
+    """What may decide a graph's control flow before it runs: the If conditions and Loop trip
+    counts (`wanted`), the nodes that compute them from constants and shapes (silero-vad's
+    Not(Equal(Size(Shape(x)), 2)) inside its branches) and the small initializers those read."""
+
+    wanted: tuple[str, ...] = ()
+    nodes: tuple[onnx.NodeProto, ...] = ()
+    initializers: tuple[onnx.TensorProto, ...] = ()
+
+    def values(self, shapes: ShapeTable, opset: int) -> dict[str, np.ndarray]:
+        """The values of `wanted` that hold at `shapes`' bound dims."""
+        if not self.wanted:
+            return {}
+
+        def shape_of(name: str) -> tuple[int, ...] | None:
+            info = shapes.get(name)
+            return info.shape if info is not None and info.nbytes() is not None else None
+
+        values = initial_values(list(self.initializers))
+        evaluate_shape_values(list(self.nodes), shape_of, opset, values)
+        return {name: value for name in self.wanted if (value := values.get(name)) is not None
+                and value.size <= _SMALL_CONSTANT}
+
+
+def conditions(graph: onnx.GraphProto, nodes: Iterable[onnx.NodeProto]) -> Conditions:
+    """Conditions of `nodes` (control-flow nodes of `graph`): the nodes computing them, walked
+    back through what shape arithmetic evaluates and stopping at Shape and Size (they read a
+    shape, not a value)."""
+    wanted = []
     for node in nodes:
-        if node.op_type == "If":
-            wanted.update(node.input[:1])
-        elif node.op_type == "Loop":
-            wanted.update(node.input[:2])
-    wanted.discard("")
-    values: dict[str, np.ndarray] = {}
-    for tensor in graph.initializer:
-        if tensor.name in wanted and math.prod(tensor.dims) <= _SMALL_CONSTANT and tensor.data_location != TensorProto.EXTERNAL:
-            values[tensor.name] = numpy_helper.to_array(tensor)
-    for node in graph.node:
-        if node.op_type == "Constant" and node.output and node.output[0] in wanted:
-            value = next((a.t for a in node.attribute if a.name == "value"), None)
-            if value is not None and math.prod(value.dims) <= _SMALL_CONSTANT:
-                values[node.output[0]] = numpy_helper.to_array(value)
-    return values
+        wanted += node.input[:1] if node.op_type == "If" else node.input[:2] if node.op_type == "Loop" else []
+    wanted = tuple(name for name in wanted if name)
+    if not wanted:
+        return Conditions()
+    stored = list(graph.node)
+    producer = {name: index for index, node in enumerate(stored) for name in node.output if name}
+    small = {t.name: t for t in graph.initializer if math.prod(t.dims) <= _SMALL_CONSTANT}
+    seen, stack, sliced, read = set(), list(wanted), set(), set()
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        index = producer.get(name)
+        node = stored[index] if index is not None else None
+        if node is None:
+            read.add(name)
+        elif node.domain in ("", "ai.onnx") and evaluates(node.op_type):
+            sliced.add(index)
+            if node.op_type not in ("Shape", "Size"):
+                stack.extend(i for i in node.input if i)
+    ordered = tuple(stored[index] for index in sorted(sliced))
+    return Conditions(wanted, ordered, tuple(small[name] for name in sorted(read) if name in small))
 
 
 def body_cost(node: onnx.NodeProto, label: str, shapes: ShapeTable, planner: Mapping[str, TensorInfo],
@@ -98,7 +153,7 @@ def body_cost(node: onnx.NodeProto, label: str, shapes: ShapeTable, planner: Map
     key = _cache_key(node, shapes, planner, opset, constants)
     if key in _CACHE:
         cost = _CACHE[key]
-        return None if cost is None else BodyCost(label, *_fields_after_label(cost))
+        return None if cost is None else dataclasses.replace(cost, node=label)
     cost = _compute(node, label, shapes, planner, opset, constants)
     if len(_CACHE) >= _CACHE_KEPT:
         _CACHE.pop(next(iter(_CACHE)))
@@ -109,11 +164,6 @@ def body_cost(node: onnx.NodeProto, label: str, shapes: ShapeTable, planner: Map
 # By the node's bytes and everything the cost reads of the outer graph: a candidate model keeps
 # most control-flow nodes as they were, and the peak guard walks each candidate.
 _CACHE: dict[tuple, BodyCost | None] = {}
-
-
-def _fields_after_label(cost: BodyCost) -> tuple:
-    return (cost.op_type, cost.counted, cost.reason, cost.body_peak, cost.scratch_bytes, cost.iterations,
-            cost.output_bytes, cost.unknown, cost.other_peak)
 
 
 def _cache_key(node: onnx.NodeProto, shapes: ShapeTable, planner: Mapping[str, TensorInfo], opset: int,
@@ -129,15 +179,32 @@ def _compute(node: onnx.NodeProto, label: str, shapes: ShapeTable, planner: Mapp
     graphs = {a.name: a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH}
     if node.op_type == "If" and {"then_branch", "else_branch"} <= graphs.keys():
         return _if_cost(node, label, graphs, shapes, planner, opset, constants)
-    if node.op_type == "Loop" and "body" in graphs:
+    if node.op_type == "Loop" and "body" in graphs and len(graphs["body"].input) >= 2:
         return _loop_cost(node, label, graphs["body"], shapes, planner, opset, constants)
     if node.op_type == "Scan" and "body" in graphs:
         return _scan_cost(node, label, graphs["body"], shapes, planner, opset)
     return None
 
 
-def _outputs_known(node: onnx.NodeProto, shapes: ShapeTable) -> dict[str, int]:
-    return {name: size for name in node.output if name and (size := shapes.nbytes(name)) is not None}
+def _filled(node: onnx.NodeProto, shapes: ShapeTable, infos: Iterable[TensorInfo | None]) -> dict[str, TensorInfo]:
+    """The node's outputs whose size `shapes` does not know and `infos` (by output) does."""
+    return {name: TensorInfo(name, info.elem_type, info.shape) for name, info in zip(node.output, infos)
+            if name and shapes.nbytes(name) is None and info is not None and info.nbytes() is not None}
+
+
+def _outputs_bytes(node: onnx.NodeProto, shapes: ShapeTable, filled: Mapping[str, TensorInfo]) -> int:
+    """The node's outputs' bytes as the outer walk counts them: known, or filled by the body."""
+    return sum(size for name in node.output if name and (size := shapes.nbytes(name) if name not in filled
+                                                         else filled[name].nbytes()) is not None)
+
+
+def _with_length(info: TensorInfo | None, length: int | None, axis: int = 0) -> TensorInfo | None:
+    """A scan output's shape: one iteration's, `length` of them stacked on `axis`."""
+    if info is None or info.shape is None or length is None:
+        return None
+    shape = list(info.shape)
+    shape.insert(axis % (len(shape) + 1), length)
+    return TensorInfo(info.name, info.elem_type, tuple(shape))
 
 
 def _if_cost(node, label, graphs, shapes, planner, opset, constants) -> BodyCost:
@@ -148,20 +215,26 @@ def _if_cost(node, label, graphs, shapes, planner, opset, constants) -> BodyCost
         counted, reason = ("then_branch" if bool(condition.reshape(-1)[0]) else "else_branch"), \
             f"the condition is a constant {'true' if bool(condition.reshape(-1)[0]) else 'false'}"
     else:
-        counted = max(peaks, key=lambda name: (peaks[name], name == "then_branch"))
-        reason = "larger"
+        # A branch onnx cannot size at these shapes is likely one they cannot run (silero-vad's
+        # 8 kHz branch at a 16 kHz window): its peak is a floor, and the sized branch is counted.
+        sized = {name: not walk.profile().unknown_tensors for name, walk in walks.items()}
+        counted = max(peaks, key=lambda name: (sized[name], peaks[name], name == "then_branch"))
+        reason = "larger" if peaks[counted] >= max(peaks.values()) else \
+            f"the {_other(counted)} has sizes unknown at these shapes"
     walk = walks[counted]
-    filled = {name: size for name, body_name in zip(node.output, (o.name for o in graphs[counted].output))
-              if name and shapes.nbytes(name) is None and (size := walk.table.nbytes(body_name)) is not None}
-    outputs = sum(_outputs_known(node, shapes).values()) + sum(filled.values())
-    other = next(name for name in peaks if name != counted)
+    filled = _filled(node, shapes, (walk.table.get(o.name) for o in graphs[counted].output))
+    outputs = _outputs_bytes(node, shapes, filled)
+    other = _other(counted)
     return BodyCost(label, "If", counted, reason, peaks[counted], max(0, peaks[counted] - outputs),
-                    output_bytes=filled, unknown=walk.profile().unknown_tensors,
-                    other_peak=peaks[other])
+                    outputs=filled, unknown=walk.profile().unknown_tensors, other_peak=peaks[other])
+
+
+def _other(branch: str) -> str:
+    return "else_branch" if branch == "then_branch" else "then_branch"
 
 
 def _loop_cost(node, label, body, shapes, planner, opset, constants) -> BodyCost:
-    carried_names = [name for name in node.input[2:]]
+    carried_names = list(node.input[2:])
     declared = list(body.input)
     inputs = [(declared[0], TensorInfo("", TensorProto.INT64, ()), TensorInfo("", TensorProto.INT64, ())),
               (declared[1], TensorInfo("", TensorProto.BOOL, ()), TensorInfo("", TensorProto.BOOL, ()))]
@@ -179,17 +252,10 @@ def _loop_cost(node, label, body, shapes, planner, opset, constants) -> BodyCost
         lengths = {info.shape[0] for name in scan_outputs if (info := shapes.get(name)) is not None
                    and info.shape and isinstance(info.shape[0], int)}
         iterations = lengths.pop() if len(lengths) == 1 else None
-    filled: dict[str, int] = {}
-    for name, body_name in zip(node.output, body_outputs[1:]):
-        size = walk.table.nbytes(body_name)
-        if name and shapes.nbytes(name) is None and size is not None:
-            if name in scan_outputs:
-                if iterations is None:
-                    continue
-                size *= iterations
-            filled[name] = size
-    outputs = sum(_outputs_known(node, shapes).values()) + sum(filled.values())
-    n = iterations if iterations is not None else 2  # unknown: a carried value from an iteration before
+    infos = [walk.table.get(name) for name in body_outputs[1:]]
+    filled = _filled(node, shapes, infos[:carried] + [_with_length(info, iterations) for info in infos[carried:]])
+    outputs = _outputs_bytes(node, shapes, filled)
+    n = iterations if iterations is not None else 2  # unknown: at least one iteration's carried values before
     last_iteration = (carried_bytes if n > 1 else 0) + profile.peak_bytes + max(n - 1, 0) * piece
     # at the end the last two iterations' carried values are both held (feeds and fetches)
     end = (carried_bytes if n > 1 else 0) + carried_bytes + n * piece if n else 0
@@ -222,11 +288,9 @@ def _scan_cost(node, label, body, shapes, planner, opset) -> BodyCost:
     transposed = sum(shapes.nbytes(name) or 0 for name, axis in zip(node.input[states:], input_axes) if axis % max(
         len((shapes.get(name) or TensorInfo("", 0, ())).shape or ()), 1))
     transposed += sum(shapes.nbytes(name) or 0 for name, axis in zip(node.output[states:], output_axes) if axis)
-    filled: dict[str, int] = {}
-    for index, (name, body_out) in enumerate(zip(node.output, body.output)):
-        size = walk.table.nbytes(body_out.name)
-        if name and shapes.nbytes(name) is None and size is not None and (index < states or length is not None):
-            filled[name] = size if index < states else size * length
+    infos = [walk.table.get(o.name) for o in body.output]
+    filled = _filled(node, shapes, infos[:states] + [_with_length(info, length, axis)
+                                                     for info, axis in zip(infos[states:], output_axes)])
     return BodyCost(label, "Scan", "body", "one iteration", profile.peak_bytes,
                     profile.peak_bytes + buffers + transposed, length, filled, profile.unknown_tensors)
 
@@ -254,8 +318,41 @@ class _Body:
         symbolic += [_value_info(name, planner.get(name)) for name in self.outer]
         self.model = _as_model(graph, [vi for vi in bound if vi is not None], opset, declared=False)
         self.symbolic_model = _as_model(graph, [vi for vi in symbolic if vi is not None], opset, declared=True)
-        self.table = infer_shapes(self.model)
+        self.symbolic_table = infer_shapes(self.symbolic_model)
+        self.table = self._resolved(infer_shapes(self.model), opset)
         self._profiles: dict[tuple[bool, bool], object] = {}
+
+    def _resolved(self, table: ShapeTable, opset: int) -> ShapeTable:
+        """`table` with the outputs onnx left unknown of the control-flow nodes in this body (an If
+        whose branches differ in rank: silero-vad's Squeeze in one, Identity in the other) taken
+        from their own bodies, declared and inferred again, so that what reads them is sized too:
+        a round per such node that reads another's output."""
+        nested = [node for node in self.model.graph.node
+                  if ("" if node.domain == "ai.onnx" else node.domain, node.op_type) in CONTROL_FLOW_OPS]
+        decided = conditions(self.model.graph, nested)
+        declared: dict[str, TensorInfo] = {}
+        for _ in range(_RESOLVE_ROUNDS):
+            constants = decided.values(table, opset)
+            learnt = {}
+            for node in nested:
+                if any(name and table.nbytes(name) is None for name in node.output):
+                    cost = body_cost(node, node.name, table, self.symbolic_table.tensors, opset, constants)
+                    # the larger branch is a guess at which runs: its shapes are not declared
+                    if cost is not None and (cost.op_type != "If" or cost.reason != "larger"):
+                        learnt.update((name, info) for name, info in cost.outputs.items() if name not in declared)
+            if not learnt:
+                break
+            declared.update(learnt)
+            # a graph output's own declaration is where inference reads it (it would hide value_info)
+            graph = self.model.graph
+            for output in graph.output:
+                if output.name in learnt:
+                    output.CopyFrom(_value_info(output.name, learnt[output.name]))
+            outputs = {o.name for o in graph.output}
+            del graph.value_info[:]
+            graph.value_info.extend(_value_info(name, info) for name, info in declared.items() if name not in outputs)
+            table = infer_shapes(self.model)
+        return table
 
     def profile(self, feeds_counted: bool = True, fetches_counted: bool = True):
         """The body's liveness walk. Outer-scope values, and its inputs unless `feeds_counted`,
@@ -268,7 +365,7 @@ class _Body:
             weights = set(self.outer) | (set() if feeds_counted else set(self.feeds))
             absent = () if fetches_counted else self.outputs
             self._profiles[key] = profile_memory(self.model, self.table, extra_weights=weights, absent=absent,
-                                                 symbolic_shapes=infer_shapes(self.symbolic_model))
+                                                 symbolic_shapes=self.symbolic_table)
         return self._profiles[key]
 
 

@@ -131,6 +131,10 @@ Workspace. Kernel scratch, live while its node runs:
   Mul; Softplus, Tanh, Mul), which hold one intermediate of the output's size: measured on
   onnxruntime 1.31.1, [16, 256, 256] float: input + output + 4 MiB (tests/test_analysis_measure.py).
 
+- LSTM on float (cpu/rnn/deep_cpu_lstm.cc): the gates of every step and the states (_lstm_workspace);
+
+- If, Loop and Scan: the body that runs, walked as a graph of its own (analysis/bodies.py).
+
 Not modelled, being small next to activations: allocator rounding (under a page per buffer),
 blocks glibc serves from its own heap, kernels' per-row scratch, thread stacks; with T intra-op
 threads the Conv tile is T tiles.
@@ -156,7 +160,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from fuse_cli.analysis.bodies import CONTROL_FLOW_OPS, BodyCost, body_cost, constant_values
+from fuse_cli.analysis.bodies import CONTROL_FLOW_OPS, BodyCost, Conditions, body_cost, conditions
 from fuse_cli.core.order import consumed_names, execution_order, may_hold_subgraphs, model_fingerprint, node_label
 from fuse_cli.analysis.shapes import ShapeTable, TensorInfo, element_size_bits, infer_shapes, paused_gc
 
@@ -435,7 +439,7 @@ class _Graph:
     scratch_nodes: list[tuple[int, onnx.NodeProto]]
     initializer_bytes: int
     constants: list[tuple[str, int | None]]
-    body_constants: dict[str, np.ndarray] = field(default_factory=dict)  # If conditions, Loop trip counts
+    body_conditions: Conditions = field(default_factory=Conditions)  # If conditions, Loop trip counts
     runtime: _Setup | None = None        # onnxruntime's order
     explicit: _Setup | None = None       # the last order given (a scheduler's candidate)
     by_table: dict[int, tuple[ShapeTable, tuple]] = field(default_factory=dict)
@@ -467,9 +471,10 @@ class _Graph:
         held_scratch = {stored: size for stored, node in self.scratch_nodes if _is_variadic(node)
                         and (size := _variadic_workspace(node, shapes, output_held=True)) != scratch.get(stored, 0)}
         # A body's walk is its node's scratch; the outputs it sizes where the table could not.
+        constants = self.body_conditions.values(shapes, self.opset)
         costs = [(stored, cost) for stored, node in self.scratch_nodes if (_domain(node), node.op_type) in CONTROL_FLOW_OPS
                  and (cost := body_cost(node, self.labels[stored], shapes, self.planner_shapes, self.opset,
-                                        self.body_constants)) is not None]
+                                        constants)) is not None]
         for stored, cost in costs:
             scratch[stored] = cost.scratch_bytes
             known.update((name, size) for name, size in cost.output_bytes.items() if name not in known)
@@ -593,7 +598,7 @@ def _graph(model: onnx.ModelProto, nodes: Sequence[_Node], symbolic_shapes: Shap
         planner_keys=keys, opset=opset, count=count, graph_inputs=graph_inputs, graph_outputs=graph_outputs,
         scratch_nodes=[(i, _detached(node.proto)) for i, (kind, node) in enumerate(zip(kinds, nodes))
                        if kind in _SCRATCH_OPS or kind in CONTROL_FLOW_OPS],
-        body_constants=constant_values(graph, (node.proto for node in nodes if node.kind in CONTROL_FLOW_OPS)),
+        body_conditions=conditions(graph, [node.proto for node in nodes if node.kind in CONTROL_FLOW_OPS]),
         initializer_bytes=initializer_bytes,
         constants=[(node.output[0], _constant_value_bytes(node.proto)) for node in nodes
                    if node.op_type == "Constant" and node.domain in _DEFAULT_DOMAINS and node.output])
@@ -1103,7 +1108,7 @@ _SCRATCH_OPS = frozenset({
     ("", "Conv"), (_MS_DOMAIN, "FusedConv"), (_MS_DOMAIN, "BiasGelu"), (_MS_DOMAIN, "FastGelu"),
     ("", "HardSwish"), ("", "Mish"), ("", "Where"), ("", "LRN"), (_MS_DOMAIN, "MultiHeadAttention"), ("", "Dropout"),
     ("", "Sum"), ("", "Mean"), ("", "Max"), ("", "Min"),
-    (_MS_DOMAIN, "GroupQueryAttention"), (_MS_DOMAIN, "Attention"),
+    (_MS_DOMAIN, "GroupQueryAttention"), (_MS_DOMAIN, "Attention"), ("", "LSTM"),
 })
 
 
@@ -1129,6 +1134,8 @@ def _workspace_bytes(node: onnx.NodeProto, shapes: ShapeTable, opset: int) -> in
         return _group_query_attention_workspace(node, shapes)
     if domain == _MS_DOMAIN and node.op_type == "Attention":
         return _packed_attention_workspace(node, shapes)
+    if domain == "" and node.op_type == "LSTM":
+        return _lstm_workspace(node, shapes)
     if node.op_type == "Dropout" and domain == "" and opset >= 12 and (len(node.output) < 2 or not node.output[1]):
         info = shapes.get(node.input[0])
         if info is not None and info.shape is not None and all(isinstance(d, int) for d in info.shape):
@@ -1369,6 +1376,28 @@ def _group_query_attention_workspace(node: onnx.NodeProto, shapes: ShapeTable) -
     causal = int(attrs.get("causal", 1))
     probabilities = 0 if causal and any(node.output[1:3]) else batch * heads * sequence * total
     return bits // 8 * (query_copy + presents + probabilities)
+
+
+def _lstm_workspace(node: onnx.NodeProto, shapes: ShapeTable) -> int:
+    """The float LSTM's buffers on the CPU provider (cpu/rnn/deep_cpu_lstm.cc), in bytes; 0 when
+    unknown: per direction, the four gates of every step [S, B, 4H] and three [B, H] states, two
+    more when initial_h/initial_c are not given (zeros are made); bidirectional also reverses the
+    input and output sequences. Measured on onnxruntime 1.31.1 (B 64-256, S 1-16, H 128-256):
+    (4 S + 3) [B, H] per direction exactly with the states given, within 4% bidirectional."""
+    x = shapes.get(node.input[0])
+    if x is None or x.elem_type != TensorProto.FLOAT or x.shape is None or len(x.shape) != 3 \
+            or not all(isinstance(d, int) for d in x.shape):
+        return 0
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    hidden = int(attrs.get("hidden_size", 0))
+    if hidden <= 0 or int(attrs.get("layout", 0)):
+        return 0
+    steps, batch, features = x.shape
+    inputs = list(node.input) + [""] * 8
+    directions = 2 if attrs.get("direction", b"forward") in (b"bidirectional", "bidirectional") else 1
+    states = 3 + (0 if inputs[5] else 2)
+    reversed_sequences = steps * batch * (features + hidden) if directions == 2 else 0
+    return 4 * (directions * batch * hidden * (4 * steps + states) + reversed_sequences)
 
 
 def _conv_pads(attrs: Mapping, spatial_in: Sequence[int], spatial_out: Sequence[int],
