@@ -276,3 +276,23 @@ def test_report_measure_takes_the_branch_an_input_names(tmp_path):
     if measured.allocated_bytes is None:
         pytest.skip(f"cannot count allocations here: {measured.allocated_reason or measured.reason}")
     assert_close(report.memory.before.peak_bytes, measured.allocated_bytes)
+
+
+def test_a_branch_reads_the_outer_graph_s_small_constants_as_values():
+    """silero-vad's opset-18 export pads its input inside the branch with pads stored in the outer
+    graph: the branch is inferred with them as values, so the Pad and what follows it are sized."""
+    pads = numpy_helper.from_array(np.array([0, 64, 0, 64], np.int64), "outer_pads")
+    then_branch = body([helper.make_node("Pad", ["x", "outer_pads"], ["padded"]),
+                        helper.make_node("Tanh", ["padded"], ["t"]),
+                        helper.make_node("Slice", ["t", "start", "end", "axis"], ["then_out"])],
+                       [value("then_out", ["n", D])],
+                       initializers=[numpy_helper.from_array(np.array([v], np.int64), name)
+                                     for name, v in (("start", 64), ("end", 64 + D), ("axis", 1))])
+    condition, inputs, constants = selected_by_input()
+    m = if_model(condition, inputs, then_branch, small_else_branch(), [pads, *constants])
+    profile = estimate(m)
+    (cost,) = profile.bodies
+    assert cost.counted == "then_branch" and not cost.unknown
+    padded = N * (D + 128) * 4
+    assert cost.body_peak == padded + T  # Tanh in place on the Pad's output, then the Slice's
+    assert_close(profile.peak_bytes, allocated(m, int_ranges={"k": (1, 2)}))

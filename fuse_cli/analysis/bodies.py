@@ -32,11 +32,12 @@ decided by shape arithmetic at the bound dims (silero-vad squeezes a dim where i
 them, and the body is inferred again with them declared.
 
 Which If branch runs: the one a constant condition names, or one computed from constants and
-shapes at the bound dims (`Conditions`); else the larger, unless onnx cannot size one of them at
+shapes at the bound dims (`Scope`); else the larger, unless onnx cannot size one of them at
 these shapes, which is then taken not to run (silero-vad's 8 kHz branch at a 16 kHz window:
 onnxruntime fails in it), and the sized one is counted. Measured (estimate / allocated, memray):
-an If with a 4x larger branch 0.999, an accumulating Loop 0.999, a Scan RNN 0.998, silero-vad
-at 64 and 256 windows 0.98 and 0.99 (tests/test_analysis_bodies.py).
+an If with a 4x larger branch 0.999, an accumulating Loop 0.999, a Scan RNN 0.998
+(tests/test_analysis_bodies.py); the four silero-vad exports with an If at 64 and 256 windows
+0.98-1.00.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from fuse_cli.analysis.shape_values import evaluate_shape_values, evaluates, initial_values
+from fuse_cli.analysis.shape_values import MAX_ELEMENTS, evaluate_shape_values, evaluates, initial_values
 from fuse_cli.analysis.shapes import ShapeTable, TensorInfo, infer_shapes
 from fuse_cli.core.order import consumed_names
 
@@ -59,9 +60,6 @@ CONTROL_FLOW_OPS = frozenset({("", "If"), ("", "Loop"), ("", "Scan")})
 # A constant read as an If condition or a Loop trip count is a scalar: bigger ones are not read.
 _SMALL_CONSTANT = 8
 _CACHE_KEPT = 64
-# Rounds of declaring nested control-flow outputs and inferring again (a chain of If nodes each
-# reading the one before needs a round per link).
-_RESOLVE_ROUNDS = 8
 
 
 @dataclass(frozen=True)
@@ -90,14 +88,17 @@ class BodyCost:
 
 
 @dataclass(frozen=True)
-class Conditions:
-    """What may decide a graph's control flow before it runs: the If conditions and Loop trip
-    counts (`wanted`), the nodes that compute them from constants and shapes (silero-vad's
-    Not(Equal(Size(Shape(x)), 2)) inside its branches) and the small initializers those read."""
+class Scope:
+    """What a graph's control-flow nodes take from it before they run: what may decide them, the
+    If conditions and Loop trip counts (`wanted`) and the nodes that compute them from constants
+    and shapes (silero-vad's Not(Equal(Size(Shape(x)), 2)) inside its branches), with the small
+    initializers those read; and the small constants their bodies read (`constants`: a Pad's
+    pads, a Reshape's shape, which a body's shape inference needs as values)."""
 
     wanted: tuple[str, ...] = ()
     nodes: tuple[onnx.NodeProto, ...] = ()
     initializers: tuple[onnx.TensorProto, ...] = ()
+    constants: Mapping[str, onnx.TensorProto] = field(default_factory=dict)
 
     def values(self, shapes: ShapeTable, opset: int) -> dict[str, np.ndarray]:
         """The values of `wanted` that hold at `shapes`' bound dims."""
@@ -114,16 +115,20 @@ class Conditions:
                 and value.size <= _SMALL_CONSTANT}
 
 
-def conditions(graph: onnx.GraphProto, nodes: Iterable[onnx.NodeProto]) -> Conditions:
-    """Conditions of `nodes` (control-flow nodes of `graph`): the nodes computing them, walked
-    back through what shape arithmetic evaluates and stopping at Shape and Size (they read a
-    shape, not a value)."""
+def scope(graph: onnx.GraphProto, nodes: Sequence[onnx.NodeProto]) -> Scope:
+    """The Scope of `nodes` (control-flow nodes of `graph`): their conditions' nodes, walked back
+    through what shape arithmetic evaluates and stopping at Shape and Size (they read a shape, not
+    a value), and the small constants their bodies read."""
+    if not nodes:
+        return Scope()
+    read_inside = set().union(*(outer_references(g) for node in nodes for g in _graphs(node)))
+    constants = {name: tensor for name, tensor in _small_constants(graph).items() if name in read_inside}
     wanted = []
     for node in nodes:
         wanted += node.input[:1] if node.op_type == "If" else node.input[:2] if node.op_type == "Loop" else []
     wanted = tuple(name for name in wanted if name)
     if not wanted:
-        return Conditions()
+        return Scope(constants=constants)
     stored = list(graph.node)
     producer = {name: index for index, node in enumerate(stored) for name in node.output if name}
     small = {t.name: t for t in graph.initializer if math.prod(t.dims) <= _SMALL_CONSTANT}
@@ -142,19 +147,40 @@ def conditions(graph: onnx.GraphProto, nodes: Iterable[onnx.NodeProto]) -> Condi
             if node.op_type not in ("Shape", "Size"):
                 stack.extend(i for i in node.input if i)
     ordered = tuple(stored[index] for index in sorted(sliced))
-    return Conditions(wanted, ordered, tuple(small[name] for name in sorted(read) if name in small))
+    return Scope(wanted, ordered, tuple(small[name] for name in sorted(read) if name in small), constants)
+
+
+def _graphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    return [a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH]
+
+
+def _small_constants(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
+    """Initializers and Constant values of `graph` small enough to be shapes or indices, held in
+    the file (not external data)."""
+    found = {t.name: t for t in graph.initializer
+             if math.prod(t.dims) <= MAX_ELEMENTS and t.data_location != TensorProto.EXTERNAL}
+    for node in graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and node.output:
+            value = next((a.t for a in node.attribute if a.name == "value"), None)
+            if value is not None and math.prod(value.dims) <= MAX_ELEMENTS:
+                tensor = onnx.TensorProto()
+                tensor.CopyFrom(value)
+                tensor.name = node.output[0]
+                found[node.output[0]] = tensor
+    return found
 
 
 def body_cost(node: onnx.NodeProto, label: str, shapes: ShapeTable, planner: Mapping[str, TensorInfo],
-              opset: int, constants: Mapping[str, np.ndarray]) -> BodyCost | None:
+              opset: int, outer: Scope) -> BodyCost | None:
     """The cost of `node`'s body at `shapes` (the outer graph's sizes; `planner`: its shapes as
-    onnxruntime's planner sees them); None for a node that is not an If, Loop or Scan, or whose
-    body cannot be read."""
+    onnxruntime's planner sees them; `outer`: the outer graph's Scope); None for a node that is
+    not an If, Loop or Scan, or whose body cannot be read."""
+    constants = outer.values(shapes, opset)
     key = _cache_key(node, shapes, planner, opset, constants)
     if key in _CACHE:
         cost = _CACHE[key]
         return None if cost is None else dataclasses.replace(cost, node=label)
-    cost = _compute(node, label, shapes, planner, opset, constants)
+    cost = _compute(node, label, shapes, planner, _Outside(opset, outer.constants), constants)
     if len(_CACHE) >= _CACHE_KEPT:
         _CACHE.pop(next(iter(_CACHE)))
     _CACHE[key] = cost
@@ -174,15 +200,24 @@ def _cache_key(node: onnx.NodeProto, shapes: ShapeTable, planner: Mapping[str, T
     return node.SerializeToString(), opset, infos, values
 
 
+@dataclass(frozen=True)
+class _Outside:
+    """The enclosing graph as its bodies see it, besides its shapes: its opset, and the small
+    constants it gives them."""
+
+    opset: int
+    constants: Mapping[str, onnx.TensorProto]
+
+
 def _compute(node: onnx.NodeProto, label: str, shapes: ShapeTable, planner: Mapping[str, TensorInfo],
-             opset: int, constants: Mapping[str, np.ndarray]) -> BodyCost | None:
+             outside: _Outside, constants: Mapping[str, np.ndarray]) -> BodyCost | None:
     graphs = {a.name: a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH}
     if node.op_type == "If" and {"then_branch", "else_branch"} <= graphs.keys():
-        return _if_cost(node, label, graphs, shapes, planner, opset, constants)
+        return _if_cost(node, label, graphs, shapes, planner, outside, constants)
     if node.op_type == "Loop" and "body" in graphs and len(graphs["body"].input) >= 2:
-        return _loop_cost(node, label, graphs["body"], shapes, planner, opset, constants)
+        return _loop_cost(node, label, graphs["body"], shapes, planner, outside, constants)
     if node.op_type == "Scan" and "body" in graphs:
-        return _scan_cost(node, label, graphs["body"], shapes, planner, opset)
+        return _scan_cost(node, label, graphs["body"], shapes, planner, outside)
     return None
 
 
@@ -207,53 +242,67 @@ def _with_length(info: TensorInfo | None, length: int | None, axis: int = 0) -> 
     return TensorInfo(info.name, info.elem_type, tuple(shape))
 
 
-def _if_cost(node, label, graphs, shapes, planner, opset, constants) -> BodyCost:
-    walks = {name: _Body(graphs[name], [], shapes, planner, opset) for name in ("then_branch", "else_branch")}
-    peaks = {name: walk.profile().peak_bytes for name, walk in walks.items()}
-    condition = constants.get(node.input[0]) if node.input else None
-    if condition is not None and condition.size == 1:
-        counted, reason = ("then_branch" if bool(condition.reshape(-1)[0]) else "else_branch"), \
-            f"the condition is a constant {'true' if bool(condition.reshape(-1)[0]) else 'false'}"
+def _if_cost(node, label, graphs, shapes, planner, outside, constants) -> BodyCost:
+    walks = {name: _body(graphs[name], [], shapes, outside) for name in ("then_branch", "else_branch")}
+    peaks = {name: walk.profile(planner).peak_bytes for name, walk in walks.items()}
+    counted = _taken(node, constants)
+    if counted is not None:
+        reason = f"the condition is a constant {'true' if counted == 'then_branch' else 'false'}"
     else:
         # A branch onnx cannot size at these shapes is likely one they cannot run (silero-vad's
-        # 8 kHz branch at a 16 kHz window): its peak is a floor, and the sized branch is counted.
-        sized = {name: not walk.profile().unknown_tensors for name, walk in walks.items()}
+        # 8 kHz branch at a 16 kHz window): its peak is a floor, and the sized one is counted.
+        sized = {name: not walk.profile(planner).unknown_tensors for name, walk in walks.items()}
         counted = max(peaks, key=lambda name: (sized[name], peaks[name], name == "then_branch"))
         reason = "larger" if peaks[counted] >= max(peaks.values()) else \
             f"the {_other(counted)} has sizes unknown at these shapes"
     walk = walks[counted]
     filled = _filled(node, shapes, (walk.table.get(o.name) for o in graphs[counted].output))
     outputs = _outputs_bytes(node, shapes, filled)
-    other = _other(counted)
     return BodyCost(label, "If", counted, reason, peaks[counted], max(0, peaks[counted] - outputs),
-                    outputs=filled, unknown=walk.profile().unknown_tensors, other_peak=peaks[other])
+                    outputs=filled, unknown=walk.profile(planner).unknown_tensors, other_peak=peaks[_other(counted)])
+
+
+def _taken(node: onnx.NodeProto, constants: Mapping[str, np.ndarray]) -> str | None:
+    """The branch an If takes where its condition is known before it runs."""
+    condition = constants.get(node.input[0]) if node.input else None
+    if condition is None or condition.size != 1:
+        return None
+    return "then_branch" if bool(condition.reshape(-1)[0]) else "else_branch"
 
 
 def _other(branch: str) -> str:
     return "else_branch" if branch == "then_branch" else "then_branch"
 
 
-def _loop_cost(node, label, body, shapes, planner, opset, constants) -> BodyCost:
-    carried_names = list(node.input[2:])
+def _loop_body(node: onnx.NodeProto, body: onnx.GraphProto, shapes: ShapeTable, outside: _Outside,
+               constants: Mapping[str, np.ndarray]) -> tuple[_Body, int | None, dict[str, TensorInfo]]:
+    """The Loop's body at its carried inputs' shapes, its trip count where known, and the Loop's
+    outputs the table leaves unknown: the carried ones as one iteration leaves them, the scan
+    outputs as the trip count's iterations stacked."""
     declared = list(body.input)
-    inputs = [(declared[0], TensorInfo("", TensorProto.INT64, ()), TensorInfo("", TensorProto.INT64, ())),
-              (declared[1], TensorInfo("", TensorProto.BOOL, ()), TensorInfo("", TensorProto.BOOL, ()))]
-    inputs += [(vi, shapes.get(name), planner.get(name)) for vi, name in zip(declared[2:], carried_names)]
-    walk = _Body(body, inputs, shapes, planner, opset)
-    profile = walk.profile(feeds_counted=False)
-    carried = len(carried_names)
-    body_outputs = [o.name for o in body.output]
-    carried_bytes = sum(walk.table.nbytes(vi.name) or 0 for vi in declared[2:])
-    piece = sum(walk.table.nbytes(name) or 0 for name in body_outputs[1 + carried:])
+    carried = len(node.input[2:])
+    counters = [(declared[0], TensorInfo("", TensorProto.INT64, ())), (declared[1], TensorInfo("", TensorProto.BOOL, ()))]
+    walk = _body(body, counters + [(vi, shapes.get(name)) for vi, name in zip(declared[2:], node.input[2:])],
+                 shapes, outside)
     trip = constants.get(node.input[0]) if node.input and node.input[0] else None
     iterations = int(trip.reshape(-1)[0]) if trip is not None and trip.size == 1 else None
-    scan_outputs = node.output[carried:]
     if iterations is None:  # the trip count from a scan output's length, where the table knows it
-        lengths = {info.shape[0] for name in scan_outputs if (info := shapes.get(name)) is not None
+        lengths = {info.shape[0] for name in node.output[carried:] if (info := shapes.get(name)) is not None
                    and info.shape and isinstance(info.shape[0], int)}
         iterations = lengths.pop() if len(lengths) == 1 else None
-    infos = [walk.table.get(name) for name in body_outputs[1:]]
+    infos = [walk.table.get(o.name) for o in body.output[1:]]
     filled = _filled(node, shapes, infos[:carried] + [_with_length(info, iterations) for info in infos[carried:]])
+    return walk, iterations, filled
+
+
+def _loop_cost(node, label, body, shapes, planner, outside, constants) -> BodyCost:
+    walk, iterations, filled = _loop_body(node, body, shapes, outside, constants)
+    feeds = [vi.name for vi in body.input]
+    planner_feeds = [TensorInfo("", TensorProto.INT64, ()), TensorInfo("", TensorProto.BOOL, ())]
+    profile = walk.profile(planner, planner_feeds + [planner.get(name) for name in node.input[2:]], feeds_counted=False)
+    carried = len(node.input[2:])
+    carried_bytes = sum(walk.table.nbytes(name) or 0 for name in feeds[2:])
+    piece = sum(walk.table.nbytes(o.name) or 0 for o in body.output[1 + carried:])
     outputs = _outputs_bytes(node, shapes, filled)
     n = iterations if iterations is not None else 2  # unknown: at least one iteration's carried values before
     last_iteration = (carried_bytes if n > 1 else 0) + profile.peak_bytes + max(n - 1, 0) * piece
@@ -263,36 +312,55 @@ def _loop_cost(node, label, body, shapes, planner, opset, constants) -> BodyCost
                     max(last_iteration - outputs, end, 0), iterations, filled, profile.unknown_tensors)
 
 
-def _scan_cost(node, label, body, shapes, planner, opset) -> BodyCost:
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    scans = int(attrs.get("num_scan_inputs", 0))
-    declared = list(body.input)
-    states = len(declared) - scans
-    input_axes = list(attrs.get("scan_input_axes") or [0] * scans)
-    output_axes = list(attrs.get("scan_output_axes") or [0] * (len(body.output) - states))
+def _scan_body(node: onnx.NodeProto, body: onnx.GraphProto, shapes: ShapeTable, outside: _Outside
+               ) -> tuple[_Body, int | None, dict[str, TensorInfo]]:
+    """The Scan's body at one step's shapes, the sequence length where known, and the Scan's
+    outputs the table leaves unknown."""
+    attrs = _attributes(node)
+    states = len(body.input) - int(attrs.get("num_scan_inputs", 0))
     inputs, length = [], None
-    for index, (vi, name) in enumerate(zip(declared, node.input)):
-        info, symbolic = shapes.get(name), planner.get(name)
+    for index, (vi, name) in enumerate(zip(body.input, node.input)):
+        info = shapes.get(name)
         if index >= states:
-            axis = input_axes[index - states]
-            info, symbolic = _without_axis(info, axis), _without_axis(symbolic, axis)
-            outer = shapes.get(name)
-            if outer is not None and outer.shape is not None and isinstance(outer.shape[axis % len(outer.shape)], int):
-                length = outer.shape[axis % len(outer.shape)]
-        inputs.append((vi, info, symbolic))
-    walk = _Body(body, inputs, shapes, planner, opset)
-    profile = walk.profile(feeds_counted=False, fetches_counted=False)
-    state_bytes = sum(walk.table.nbytes(vi.name) or 0 for vi in declared[:states])
-    n = length if length is not None else 3
-    buffers = state_bytes * ((n > 1) + (n > 2))
-    transposed = sum(shapes.nbytes(name) or 0 for name, axis in zip(node.input[states:], input_axes) if axis % max(
-        len((shapes.get(name) or TensorInfo("", 0, ())).shape or ()), 1))
-    transposed += sum(shapes.nbytes(name) or 0 for name, axis in zip(node.output[states:], output_axes) if axis)
+            axis = _scan_axes(attrs, "scan_input_axes", len(body.input) - states)[index - states]
+            if info is not None and info.shape and isinstance(info.shape[axis % len(info.shape)], int):
+                length = info.shape[axis % len(info.shape)]
+            info = _without_axis(info, axis)
+        inputs.append((vi, info))
+    walk = _body(body, inputs, shapes, outside)
     infos = [walk.table.get(o.name) for o in body.output]
+    output_axes = _scan_axes(attrs, "scan_output_axes", len(body.output) - states)
     filled = _filled(node, shapes, infos[:states] + [_with_length(info, length, axis)
                                                      for info, axis in zip(infos[states:], output_axes)])
+    return walk, length, filled
+
+
+def _scan_cost(node, label, body, shapes, planner, outside) -> BodyCost:
+    walk, length, filled = _scan_body(node, body, shapes, outside)
+    attrs = _attributes(node)
+    scans = int(attrs.get("num_scan_inputs", 0))
+    states = len(body.input) - scans
+    input_axes = _scan_axes(attrs, "scan_input_axes", scans)
+    planner_feeds = [planner.get(name) if index < states else _without_axis(planner.get(name), input_axes[index - states])
+                     for index, name in enumerate(node.input[:len(body.input)])]
+    profile = walk.profile(planner, planner_feeds, feeds_counted=False, fetches_counted=False)
+    state_bytes = sum(walk.table.nbytes(vi.name) or 0 for vi in body.input[:states])
+    n = length if length is not None else 3
+    buffers = state_bytes * ((n > 1) + (n > 2))
+    transposed = sum(shapes.nbytes(name) or 0 for name, axis in zip(node.input[states:], input_axes)
+                     if axis % max(len((shapes.get(name) or TensorInfo("", 0, ())).shape or ()), 1))
+    transposed += sum(shapes.nbytes(name) or 0 for name, axis in
+                      zip(node.output[states:], _scan_axes(attrs, "scan_output_axes", len(body.output) - states)) if axis)
     return BodyCost(label, "Scan", "body", "one iteration", profile.peak_bytes,
                     profile.peak_bytes + buffers + transposed, length, filled, profile.unknown_tensors)
+
+
+def _attributes(node: onnx.NodeProto) -> dict:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _scan_axes(attrs: Mapping, name: str, count: int) -> list[int]:
+    return list(attrs.get(name) or [0] * count)
 
 
 def _without_axis(info: TensorInfo | None, axis: int) -> TensorInfo | None:
@@ -303,70 +371,91 @@ def _without_axis(info: TensorInfo | None, axis: int) -> TensorInfo | None:
     return TensorInfo(info.name, info.elem_type, tuple(shape))
 
 
+def control_flow_outputs(graph: onnx.GraphProto, shapes: ShapeTable, opset: int) -> dict[str, TensorInfo]:
+    """The shapes of the outputs of `graph`'s If, Loop and Scan nodes that `shapes` leaves unknown
+    and their bodies give at its dims: an If's where its condition is decided (a constant, or
+    shape arithmetic at these dims), a Loop's and a Scan's from one iteration (shapes.py declares
+    them and infers again, so that what reads them is sized too)."""
+    nested = [node for node in graph.node
+              if ("" if node.domain == "ai.onnx" else node.domain, node.op_type) in CONTROL_FLOW_OPS
+              and any(name and shapes.nbytes(name) is None for name in node.output)]
+    if not nested:
+        return {}
+    outer = scope(graph, nested)
+    constants, outside = outer.values(shapes, opset), _Outside(opset, outer.constants)
+    found: dict[str, TensorInfo] = {}
+    for node in nested:
+        graphs = {a.name: a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH}
+        if node.op_type == "If" and {"then_branch", "else_branch"} <= graphs.keys():
+            taken = _taken(node, constants)
+            if taken is not None:  # the larger branch is a guess at which runs: its shapes are not declared
+                branch = graphs[taken]
+                walk = _body(branch, [], shapes, outside)
+                found.update(_filled(node, shapes, (walk.table.get(o.name) for o in branch.output)))
+        elif node.op_type == "Loop" and "body" in graphs and len(graphs["body"].input) >= 2:
+            found.update(_loop_body(node, graphs["body"], shapes, outside, constants)[2])
+        elif node.op_type == "Scan" and "body" in graphs:
+            found.update(_scan_body(node, graphs["body"], shapes, outside)[2])
+    return found
+
+
 class _Body:
     """One body as a model of its own: its inputs (and the outer-scope values it reads) declared at
-    the outer shapes, inferred at the bound ones (`table`) and the symbolic ones (the planner's)."""
+    the outer shapes, inferred at the bound ones (`table`); its walk inferred again at the symbolic
+    ones the planner compares (`profile`)."""
 
-    def __init__(self, graph: onnx.GraphProto, inputs: Sequence[tuple], shapes: ShapeTable,
-                 planner: Mapping[str, TensorInfo], opset: int):
-        self.feeds = [vi.name for vi, _, _ in inputs]
+    def __init__(self, graph: onnx.GraphProto, inputs: Sequence[tuple], shapes: ShapeTable, outside: _Outside):
+        self.graph, self.opset = graph, outside.opset
+        self.declared = [vi for vi, _ in inputs]
         self.outer = sorted(outer_references(graph))
-        self.outputs = [o.name for o in graph.output]
-        bound = [_value_info(vi.name, info, vi) for vi, info, _ in inputs]
-        symbolic = [_value_info(vi.name, info, vi) for vi, _, info in inputs]
-        bound += [_value_info(name, shapes.get(name)) for name in self.outer]
-        symbolic += [_value_info(name, planner.get(name)) for name in self.outer]
-        self.model = _as_model(graph, [vi for vi in bound if vi is not None], opset, declared=False)
-        self.symbolic_model = _as_model(graph, [vi for vi in symbolic if vi is not None], opset, declared=True)
-        self.symbolic_table = infer_shapes(self.symbolic_model)
-        self.table = self._resolved(infer_shapes(self.model), opset)
-        self._profiles: dict[tuple[bool, bool], object] = {}
+        # the small outer constants as the body's own initializers: inference reads their values
+        self.constants = [outside.constants[name] for name in self.outer if name in outside.constants]
+        bound = [_value_info(vi.name, info, vi) for vi, info in inputs]
+        bound += [_value_info(name, shapes.get(name)) for name in self.outer if name not in outside.constants]
+        self.model = _as_model(graph, [vi for vi in bound if vi is not None], self.opset, self.constants, declared=False)
+        self.table = infer_shapes(self.model)
+        self._profiles: dict[tuple, object] = {}
 
-    def _resolved(self, table: ShapeTable, opset: int) -> ShapeTable:
-        """`table` with the outputs onnx left unknown of the control-flow nodes in this body (an If
-        whose branches differ in rank: silero-vad's Squeeze in one, Identity in the other) taken
-        from their own bodies, declared and inferred again, so that what reads them is sized too:
-        a round per such node that reads another's output."""
-        nested = [node for node in self.model.graph.node
-                  if ("" if node.domain == "ai.onnx" else node.domain, node.op_type) in CONTROL_FLOW_OPS]
-        decided = conditions(self.model.graph, nested)
-        declared: dict[str, TensorInfo] = {}
-        for _ in range(_RESOLVE_ROUNDS):
-            constants = decided.values(table, opset)
-            learnt = {}
-            for node in nested:
-                if any(name and table.nbytes(name) is None for name in node.output):
-                    cost = body_cost(node, node.name, table, self.symbolic_table.tensors, opset, constants)
-                    # the larger branch is a guess at which runs: its shapes are not declared
-                    if cost is not None and (cost.op_type != "If" or cost.reason != "larger"):
-                        learnt.update((name, info) for name, info in cost.outputs.items() if name not in declared)
-            if not learnt:
-                break
-            declared.update(learnt)
-            # a graph output's own declaration is where inference reads it (it would hide value_info)
-            graph = self.model.graph
-            for output in graph.output:
-                if output.name in learnt:
-                    output.CopyFrom(_value_info(output.name, learnt[output.name]))
-            outputs = {o.name for o in graph.output}
-            del graph.value_info[:]
-            graph.value_info.extend(_value_info(name, info) for name, info in declared.items() if name not in outputs)
-            table = infer_shapes(self.model)
-        return table
-
-    def profile(self, feeds_counted: bool = True, fetches_counted: bool = True):
-        """The body's liveness walk. Outer-scope values, and its inputs unless `feeds_counted`,
-        are weights to it: counted by the walk outside or by the kernel's rule. Its outputs are
-        left out unless `fetches_counted` (Scan writes them into buffers counted apart)."""
+    def profile(self, planner: Mapping[str, TensorInfo], feeds: Sequence[TensorInfo | None] = (),
+                feeds_counted: bool = True, fetches_counted: bool = True):
+        """The body's liveness walk, its inputs (`feeds`) and outer-scope values at the outer
+        graph's `planner` shapes for onnxruntime's planner. Outer-scope values, and its inputs
+        unless `feeds_counted`, are weights to it: counted by the walk outside or by the kernel's
+        rule. Its outputs are left out unless `fetches_counted` (Scan writes them into buffers
+        counted apart)."""
         from fuse_cli.analysis.memory import profile_memory  # memory.py calls this module
 
-        key = (feeds_counted, fetches_counted)
+        outer = [planner.get(name) for name in self.outer]
+        key = (tuple(feeds), tuple(outer), feeds_counted, fetches_counted)
         if key not in self._profiles:
-            weights = set(self.outer) | (set() if feeds_counted else set(self.feeds))
-            absent = () if fetches_counted else self.outputs
+            symbolic = [_value_info(vi.name, info, vi) for vi, info in zip(self.declared, feeds)]
+            symbolic += [_value_info(name, info) for name, info in zip(self.outer, outer)
+                         if all(name != t.name for t in self.constants)]
+            symbolic_model = _as_model(self.graph, [vi for vi in symbolic if vi is not None], self.opset, self.constants,
+                                       declared=True)
+            weights = set(self.outer) | (set() if feeds_counted else {vi.name for vi in self.declared})
+            absent = () if fetches_counted else [o.name for o in self.graph.output]
             self._profiles[key] = profile_memory(self.model, self.table, extra_weights=weights, absent=absent,
-                                                 symbolic_shapes=self.symbolic_table)
+                                                 symbolic_shapes=infer_shapes(symbolic_model))
         return self._profiles[key]
+
+
+def _body(graph: onnx.GraphProto, inputs: Sequence[tuple], shapes: ShapeTable, outside: _Outside) -> _Body:
+    """_Body, kept for the same graph at the same outer shapes: shapes.py resolves a node's
+    outputs through its body, and the memory walk then counts the same body."""
+    names = sorted(outer_references(graph))
+    key = (graph.SerializeToString(), outside.opset, tuple((vi.name, info) for vi, info in inputs),
+           tuple(shapes.get(name) for name in names),
+           tuple(outside.constants[name].SerializeToString() for name in names if name in outside.constants))
+    body = _BODIES.get(key)
+    if body is None:
+        if len(_BODIES) >= _CACHE_KEPT:
+            _BODIES.pop(next(iter(_BODIES)))
+        body = _BODIES[key] = _Body(graph, inputs, shapes, outside)
+    return body
+
+
+_BODIES: dict[tuple, _Body] = {}
 
 
 def outer_references(graph: onnx.GraphProto) -> set[str]:
@@ -394,8 +483,8 @@ def _value_info(name: str, info: TensorInfo | None, declared: onnx.ValueInfoProt
     return helper.make_tensor_value_info(name, info.elem_type, dims)
 
 
-def _as_model(graph: onnx.GraphProto, inputs: list[onnx.ValueInfoProto], opset: int, *, declared: bool
-              ) -> onnx.ModelProto:
+def _as_model(graph: onnx.GraphProto, inputs: list[onnx.ValueInfoProto], opset: int,
+              constants: Sequence[onnx.TensorProto], *, declared: bool) -> onnx.ModelProto:
     """`graph` as a model read from `inputs`. `declared` False drops the shapes the body declares
     inside (value_info, outputs): written with the body's own symbols (`N` where the outer graph
     binds it), they would stand over the sizes inferred from the bound inputs."""
@@ -408,6 +497,7 @@ def _as_model(graph: onnx.GraphProto, inputs: list[onnx.ValueInfoProto], opset: 
         body.output.extend(helper.make_tensor_value_info(o.name, o.type.tensor_type.elem_type, None)
                            if o.type.HasField("tensor_type") else o for o in graph.output)
     body.initializer.extend(graph.initializer)
+    body.initializer.extend(constants)
     body.sparse_initializer.extend(graph.sparse_initializer)
     body.node.extend(graph.node)
     return helper.make_model(body, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)

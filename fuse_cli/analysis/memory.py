@@ -160,7 +160,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from fuse_cli.analysis.bodies import CONTROL_FLOW_OPS, BodyCost, Conditions, body_cost, conditions
+from fuse_cli.analysis.bodies import CONTROL_FLOW_OPS, BodyCost, Scope, body_cost, scope
 from fuse_cli.core.order import consumed_names, execution_order, may_hold_subgraphs, model_fingerprint, node_label
 from fuse_cli.analysis.shapes import ShapeTable, TensorInfo, element_size_bits, infer_shapes, paused_gc
 
@@ -439,7 +439,7 @@ class _Graph:
     scratch_nodes: list[tuple[int, onnx.NodeProto]]
     initializer_bytes: int
     constants: list[tuple[str, int | None]]
-    body_conditions: Conditions = field(default_factory=Conditions)  # If conditions, Loop trip counts
+    body_scope: Scope = field(default_factory=Scope)  # what control-flow nodes take from the graph
     runtime: _Setup | None = None        # onnxruntime's order
     explicit: _Setup | None = None       # the last order given (a scheduler's candidate)
     by_table: dict[int, tuple[ShapeTable, tuple]] = field(default_factory=dict)
@@ -471,10 +471,9 @@ class _Graph:
         held_scratch = {stored: size for stored, node in self.scratch_nodes if _is_variadic(node)
                         and (size := _variadic_workspace(node, shapes, output_held=True)) != scratch.get(stored, 0)}
         # A body's walk is its node's scratch; the outputs it sizes where the table could not.
-        constants = self.body_conditions.values(shapes, self.opset)
         costs = [(stored, cost) for stored, node in self.scratch_nodes if (_domain(node), node.op_type) in CONTROL_FLOW_OPS
                  and (cost := body_cost(node, self.labels[stored], shapes, self.planner_shapes, self.opset,
-                                        constants)) is not None]
+                                        self.body_scope)) is not None]
         for stored, cost in costs:
             scratch[stored] = cost.scratch_bytes
             known.update((name, size) for name, size in cost.output_bytes.items() if name not in known)
@@ -598,7 +597,7 @@ def _graph(model: onnx.ModelProto, nodes: Sequence[_Node], symbolic_shapes: Shap
         planner_keys=keys, opset=opset, count=count, graph_inputs=graph_inputs, graph_outputs=graph_outputs,
         scratch_nodes=[(i, _detached(node.proto)) for i, (kind, node) in enumerate(zip(kinds, nodes))
                        if kind in _SCRATCH_OPS or kind in CONTROL_FLOW_OPS],
-        body_conditions=conditions(graph, [node.proto for node in nodes if node.kind in CONTROL_FLOW_OPS]),
+        body_scope=scope(graph, [node.proto for node in nodes if node.kind in CONTROL_FLOW_OPS]),
         initializer_bytes=initializer_bytes,
         constants=[(node.output[0], _constant_value_bytes(node.proto)) for node in nodes
                    if node.op_type == "Constant" and node.domain in _DEFAULT_DOMAINS and node.output])
