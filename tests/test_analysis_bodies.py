@@ -296,3 +296,27 @@ def test_a_branch_reads_the_outer_graph_s_small_constants_as_values():
     padded = N * (D + 128) * 4
     assert cost.body_peak == padded + T  # Tanh in place on the Pad's output, then the Slice's
     assert_close(profile.peak_bytes, allocated(m, int_ranges={"k": (1, 2)}))
+
+
+@pytest.mark.parametrize("batch, steps, hidden, features, outputs, initial, direction", [
+    (256, 4, 128, 128, ("y", "y_h", "y_c"), True, "forward"),
+    (64, 8, 128, 96, ("y", "", ""), False, "forward"),
+    (64, 4, 128, 96, ("", "y_h"), True, "forward"),
+    (64, 8, 128, 96, ("y", "y_h", "y_c"), False, "bidirectional"),
+])
+def test_lstm_scratch_matches_the_allocator(batch, steps, hidden, features, outputs, initial, direction):
+    """The LSTM of RNN bodies (silero-vad's decoder): its gate and state buffers (memory.py's
+    _lstm_workspace) within 2% of the allocator's exact peak."""
+    directions = 2 if direction == "bidirectional" else 1
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((directions, 4 * hidden, features)) * 0.1).astype(np.float32), "W")
+    r = numpy_helper.from_array((rng.standard_normal((directions, 4 * hidden, hidden)) * 0.1).astype(np.float32), "R")
+    states = [value(name, [directions, batch, hidden]) for name in ("h0", "c0")] if initial else []
+    node_inputs = ["x", "W", "R"] + (["", "", "h0", "c0"] if initial else [])
+    m = model([helper.make_node("LSTM", node_inputs, list(outputs), hidden_size=hidden, direction=direction)],
+              [value("x", [steps, batch, features]), *states], [value(name) for name in outputs if name], [w, r])
+    estimated = profile_memory(m, infer_shapes(m)).peak_bytes
+    result = measure_peak(m)
+    if result.allocated_bytes is None:
+        pytest.skip(f"cannot count allocations here: {result.allocated_reason or result.reason}")
+    assert abs(estimated - result.allocated_bytes) <= 0.02 * result.allocated_bytes, (estimated, result.allocated_bytes)

@@ -1379,10 +1379,11 @@ def _group_query_attention_workspace(node: onnx.NodeProto, shapes: ShapeTable) -
 
 def _lstm_workspace(node: onnx.NodeProto, shapes: ShapeTable) -> int:
     """The float LSTM's buffers on the CPU provider (cpu/rnn/deep_cpu_lstm.cc), in bytes; 0 when
-    unknown: per direction, the four gates of every step [S, B, 4H] and three [B, H] states, two
-    more when initial_h/initial_c are not given (zeros are made); bidirectional also reverses the
-    input and output sequences. Measured on onnxruntime 1.31.1 (B 64-256, S 1-16, H 128-256):
-    (4 S + 3) [B, H] per direction exactly with the states given, within 4% bidirectional."""
+    unknown: per direction, the four gates of every step [S, B, 4H], three [B, H] states, and one
+    more for each of Y_h and Y_c not requested (the kernel writes them anyway); bidirectional also
+    reverses the input and output sequences. Measured on onnxruntime 1.31.1 (B 64-256, S 1-16,
+    H 128-256, with and without initial states, each output alone and all three): within 0.15
+    [B, H] of (4 S + 3 + outputs left out) per direction, bidirectional within 0.2."""
     x = shapes.get(node.input[0])
     if x is None or x.elem_type != TensorProto.FLOAT or x.shape is None or len(x.shape) != 3 \
             or not all(isinstance(d, int) for d in x.shape):
@@ -1392,9 +1393,9 @@ def _lstm_workspace(node: onnx.NodeProto, shapes: ShapeTable) -> int:
     if hidden <= 0 or int(attrs.get("layout", 0)):
         return 0
     steps, batch, features = x.shape
-    inputs = list(node.input) + [""] * 8
     directions = 2 if attrs.get("direction", b"forward") in (b"bidirectional", "bidirectional") else 1
-    states = 3 + (0 if inputs[5] else 2)
+    outputs = list(node.output) + ["", ""]
+    states = 3 + (not outputs[1]) + (not outputs[2])
     reversed_sequences = steps * batch * (features + hidden) if directions == 2 else 0
     return 4 * (directions * batch * hidden * (4 * steps + states) + reversed_sequences)
 
