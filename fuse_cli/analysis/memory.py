@@ -131,6 +131,10 @@ Workspace. Kernel scratch, live while its node runs:
   Mul; Softplus, Tanh, Mul), which hold one intermediate of the output's size: measured on
   onnxruntime 1.31.1, [16, 256, 256] float: input + output + 4 MiB (tests/test_analysis_measure.py).
 
+- LSTM on float (cpu/rnn/deep_cpu_lstm.cc): the gates of every step and the states (_lstm_workspace);
+
+- If, Loop and Scan: the body that runs, walked as a graph of its own (analysis/bodies.py).
+
 Not modelled, being small next to activations: allocator rounding (under a page per buffer),
 blocks glibc serves from its own heap, kernels' per-row scratch, thread stacks; with T intra-op
 threads the Conv tile is T tiles.
@@ -156,6 +160,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from fuse_cli.analysis.bodies import CONTROL_FLOW_OPS, BodyCost, Scope, body_cost, scope
 from fuse_cli.core.order import consumed_names, execution_order, may_hold_subgraphs, model_fingerprint, node_label
 from fuse_cli.analysis.shapes import ShapeTable, TensorInfo, element_size_bits, infer_shapes, paused_gc
 
@@ -250,6 +255,9 @@ class MemoryProfile:
     # Buffers alive at the peak with no tenant alive: the planner keeps a dead buffer allocated
     # for later tensors of the same planner shape. Biggest first.
     held_across_peak: tuple[HeldBuffer, ...] = ()
+    # The control-flow nodes whose bodies are counted at their step (analysis/bodies.py), in
+    # stored order: which branch or body, and its own peak.
+    bodies: tuple[BodyCost, ...] = ()
 
 
 def profile_memory(model: onnx.ModelProto, shapes: ShapeTable, *, extra_weights: Iterable[str] = (),
@@ -351,6 +359,7 @@ def _profile(setup: _Setup, plan: _Plan, sized: _Sized, absent: frozenset[str]) 
         weight_bytes=sized.weight_bytes,
         unavoidable_at_peak=unavoidable,
         held_across_peak=held_across_peak,
+        bodies=sized.bodies,
     )
 
 
@@ -397,6 +406,7 @@ class _Sized:
     workspace: list[int]
     weight_bytes: int
     held_workspace: dict[int, int] = field(default_factory=dict)
+    bodies: tuple[BodyCost, ...] = ()
 
 
 @dataclass
@@ -429,15 +439,16 @@ class _Graph:
     scratch_nodes: list[tuple[int, onnx.NodeProto]]
     initializer_bytes: int
     constants: list[tuple[str, int | None]]
+    body_scope: Scope = field(default_factory=Scope)  # what control-flow nodes take from the graph
     runtime: _Setup | None = None        # onnxruntime's order
     explicit: _Setup | None = None       # the last order given (a scheduler's candidate)
     by_table: dict[int, tuple[ShapeTable, tuple]] = field(default_factory=dict)
 
-    def sized(self, shapes: ShapeTable) -> tuple[dict[str, int], dict[int, int], int, dict[int, int]]:
+    def sized(self, shapes: ShapeTable) -> tuple[dict[str, int], dict[int, int], int, dict[int, int], tuple]:
         """The bytes of each activation whose size is known, the scratch of the nodes that have
-        some (by stored index), the resident weights' bytes, and the scratch of the variadic nodes
-        whose output, written into a held buffer, changes theirs (by stored index), at `shapes`:
-        shared by every order."""
+        some (by stored index), the resident weights' bytes, the scratch of the variadic nodes
+        whose output, written into a held buffer, changes theirs (by stored index), and the
+        control-flow bodies' costs, at `shapes`: shared by every order."""
         held = self.by_table.get(id(shapes))
         if held is not None and held[0] is shapes:
             return held[1]
@@ -459,9 +470,16 @@ class _Graph:
                    if (size := _workspace_bytes(node, shapes, self.opset))}
         held_scratch = {stored: size for stored, node in self.scratch_nodes if _is_variadic(node)
                         and (size := _variadic_workspace(node, shapes, output_held=True)) != scratch.get(stored, 0)}
+        # A body's walk is its node's scratch; the outputs it sizes where the table could not.
+        costs = [(stored, cost) for stored, node in self.scratch_nodes if (_domain(node), node.op_type) in CONTROL_FLOW_OPS
+                 and (cost := body_cost(node, self.labels[stored], shapes, self.planner_shapes, self.opset,
+                                        self.body_scope)) is not None]
+        for stored, cost in costs:
+            scratch[stored] = cost.scratch_bytes
+            known.update((name, size) for name, size in cost.output_bytes.items() if name not in known)
         weight_bytes = self.initializer_bytes + sum(
             size or 0 for name, fallback in self.constants for size in [shapes.nbytes(name) or fallback])
-        result = (known, scratch, weight_bytes, held_scratch)
+        result = (known, scratch, weight_bytes, held_scratch, tuple(cost for _, cost in costs))
         self.by_table[id(shapes)] = (shapes, result)  # the table is held: its id stays its own
         return result
 
@@ -485,7 +503,7 @@ class _Setup:
         held = self.by_table.get(id(shapes))
         if held is not None and held[0] is shapes:
             return held[1]
-        known, scratch, weight_bytes, held_scratch = self.graph.sized(shapes)
+        known, scratch, weight_bytes, held_scratch, bodies = self.graph.sized(shapes)
         workspace = [0] * len(self.labels)
         if scratch:
             for step, stored in enumerate(self.order):
@@ -493,7 +511,7 @@ class _Setup:
         held_workspace = ({step: held_scratch[stored] for step, stored in enumerate(self.order) if stored in held_scratch}
                           if held_scratch else {})
         unknown = () if len(known) == len(self.producer) else tuple(name for name in self.producer if name not in known)
-        result = _Sized(known, unknown, workspace, weight_bytes, held_workspace)
+        result = _Sized(known, unknown, workspace, weight_bytes, held_workspace, bodies)
         self.by_table[id(shapes)] = (shapes, result)  # the table is held: its id stays its own
         return result
 
@@ -578,7 +596,8 @@ def _graph(model: onnx.ModelProto, nodes: Sequence[_Node], symbolic_shapes: Shap
         in_place=[_INPLACE_OPS.get(kind) for kind in kinds], activations=activations, planner_shapes=planner,
         planner_keys=keys, opset=opset, count=count, graph_inputs=graph_inputs, graph_outputs=graph_outputs,
         scratch_nodes=[(i, _detached(node.proto)) for i, (kind, node) in enumerate(zip(kinds, nodes))
-                       if kind in _SCRATCH_OPS],
+                       if kind in _SCRATCH_OPS or kind in CONTROL_FLOW_OPS],
+        body_scope=scope(graph, [node.proto for node in nodes if node.kind in CONTROL_FLOW_OPS]),
         initializer_bytes=initializer_bytes,
         constants=[(node.output[0], _constant_value_bytes(node.proto)) for node in nodes
                    if node.op_type == "Constant" and node.domain in _DEFAULT_DOMAINS and node.output])
@@ -1088,7 +1107,7 @@ _SCRATCH_OPS = frozenset({
     ("", "Conv"), (_MS_DOMAIN, "FusedConv"), (_MS_DOMAIN, "BiasGelu"), (_MS_DOMAIN, "FastGelu"),
     ("", "HardSwish"), ("", "Mish"), ("", "Where"), ("", "LRN"), (_MS_DOMAIN, "MultiHeadAttention"), ("", "Dropout"),
     ("", "Sum"), ("", "Mean"), ("", "Max"), ("", "Min"),
-    (_MS_DOMAIN, "GroupQueryAttention"), (_MS_DOMAIN, "Attention"),
+    (_MS_DOMAIN, "GroupQueryAttention"), (_MS_DOMAIN, "Attention"), ("", "LSTM"),
 })
 
 
@@ -1114,6 +1133,8 @@ def _workspace_bytes(node: onnx.NodeProto, shapes: ShapeTable, opset: int) -> in
         return _group_query_attention_workspace(node, shapes)
     if domain == _MS_DOMAIN and node.op_type == "Attention":
         return _packed_attention_workspace(node, shapes)
+    if domain == "" and node.op_type == "LSTM":
+        return _lstm_workspace(node, shapes)
     if node.op_type == "Dropout" and domain == "" and opset >= 12 and (len(node.output) < 2 or not node.output[1]):
         info = shapes.get(node.input[0])
         if info is not None and info.shape is not None and all(isinstance(d, int) for d in info.shape):
@@ -1354,6 +1375,29 @@ def _group_query_attention_workspace(node: onnx.NodeProto, shapes: ShapeTable) -
     causal = int(attrs.get("causal", 1))
     probabilities = 0 if causal and any(node.output[1:3]) else batch * heads * sequence * total
     return bits // 8 * (query_copy + presents + probabilities)
+
+
+def _lstm_workspace(node: onnx.NodeProto, shapes: ShapeTable) -> int:
+    """The float LSTM's buffers on the CPU provider (cpu/rnn/deep_cpu_lstm.cc), in bytes; 0 when
+    unknown: per direction, the four gates of every step [S, B, 4H], three [B, H] states, and one
+    more for each of Y_h and Y_c not requested (the kernel writes them anyway); bidirectional also
+    reverses the input and output sequences. Measured on onnxruntime 1.31.1 (B 64-256, S 1-16,
+    H 128-256, with and without initial states, each output alone and all three): within 0.15
+    [B, H] of (4 S + 3 + outputs left out) per direction, bidirectional within 0.2."""
+    x = shapes.get(node.input[0])
+    if x is None or x.elem_type != TensorProto.FLOAT or x.shape is None or len(x.shape) != 3 \
+            or not all(isinstance(d, int) for d in x.shape):
+        return 0
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    hidden = int(attrs.get("hidden_size", 0))
+    if hidden <= 0 or int(attrs.get("layout", 0)):
+        return 0
+    steps, batch, features = x.shape
+    directions = 2 if attrs.get("direction", b"forward") in (b"bidirectional", "bidirectional") else 1
+    outputs = list(node.output) + ["", ""]
+    states = 3 + (not outputs[1]) + (not outputs[2])
+    reversed_sequences = steps * batch * (features + hidden) if directions == 2 else 0
+    return 4 * (directions * batch * hidden * (4 * steps + states) + reversed_sequences)
 
 
 def _conv_pads(attrs: Mapping, spatial_in: Sequence[int], spatial_out: Sequence[int],

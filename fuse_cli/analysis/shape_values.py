@@ -88,6 +88,11 @@ def evaluate_shape_values(nodes: list[onnx.NodeProto], shape_of: Callable[[str],
     return added
 
 
+def evaluates(op_type: str) -> bool:
+    """Whether evaluate_shape_values has a rule for this (default-domain) operator."""
+    return op_type in _RULES
+
+
 def _known_args(names, values: Mapping[str, np.ndarray]) -> list | None:
     """Each input's value, or None at the first unknown one (no weight after it is read)."""
     args = []

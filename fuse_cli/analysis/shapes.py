@@ -187,6 +187,7 @@ def _infer_shapes(model: onnx.ModelProto, dims: Mapping[str, int], input_shapes:
         if resolved is not None:
             inferred, placeholders = resolved, {}
             tensors = _collect(model.graph, inferred.graph, bindings, declared, placeholders)
+    tensors = _with_control_flow_outputs(model, copy, tensors, bindings, declared, data_propagation)
     table = ShapeTable(
         tensors=MappingProxyType(tensors),
         unknown_dims=_all_unknown_dims(tensors),
@@ -196,6 +197,42 @@ def _infer_shapes(model: onnx.ModelProto, dims: Mapping[str, int], input_shapes:
         placeholders=MappingProxyType(placeholders),
     )
     return with_runtime_dims(model, table, input_shapes) if symbolic else table
+
+
+def _with_control_flow_outputs(model: onnx.ModelProto, copy: onnx.ModelProto, tensors: dict[str, TensorInfo],
+                               bindings: Mapping[str, int], declared: set[str], data_propagation: bool
+                               ) -> dict[str, TensorInfo]:
+    """`tensors` with the outputs of If, Loop and Scan nodes that onnx leaves unknown (a Loop's;
+    an If's whose branches differ in rank) taken from the body that runs at these dims
+    (analysis/bodies.py), declared in `copy` and inferred again, so that what reads them is sized
+    too; a round per control-flow node that reads another's output."""
+    if not any(node.op_type in _CONTROL_FLOW for node in model.graph.node):
+        return tensors
+    from fuse_cli.analysis.bodies import control_flow_outputs  # bodies infers each body through this module
+
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    known: set[str] = set()
+    for _ in range(_CONTROL_FLOW_ROUNDS):
+        table = ShapeTable(MappingProxyType(tensors), ())
+        found = {name: info for name, info in control_flow_outputs(model.graph, table, opset).items() if name not in known}
+        if not found:
+            break
+        known.update(found)
+        # a graph output's own declaration is the one inference reads (it hides value_info)
+        for output in copy.graph.output:
+            if output.name in found:
+                output.CopyFrom(helper.make_tensor_value_info(output.name, found[output.name].elem_type,
+                                                              list(found[output.name].shape)))
+        outputs = {output.name for output in copy.graph.output}
+        copy.graph.value_info.extend(helper.make_tensor_value_info(name, info.elem_type, list(info.shape))
+                                     for name, info in found.items() if name not in outputs)
+        inferred, _ = _run_inference(copy, data_propagation)
+        tensors = _collect(model.graph, inferred.graph, bindings, declared)
+    return tensors
+
+
+_CONTROL_FLOW = frozenset({"If", "Loop", "Scan"})
+_CONTROL_FLOW_ROUNDS = 8
 
 
 def with_runtime_dims(model: onnx.ModelProto, table: ShapeTable,

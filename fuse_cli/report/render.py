@@ -13,6 +13,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from fuse_cli.analysis.bodies import BodyCost
 from fuse_cli.report.model import SCHEMA_VERSION, Report, describe_rolled_back
 from fuse_cli.report.text import markdown, plain, terminal
 from fuse_cli.report.upgrade_hint import upgrade_hint_lines
@@ -155,11 +156,24 @@ def memory_lines(report: Report) -> list[str]:
     if report.removed_bytes and a.peak_bytes - b.peak_bytes > -report.removed_bytes:
         lines.append("A removed intermediate lowers the peak only if it was alive at the peak; "
                      "the others save traffic, not peak.")
+    lines += [body_note(cost) for cost in a.bodies or b.bodies]
     if b.unknown_tensors or a.unknown_tensors:
         names = ", ".join(b.unknown_tensors[:5]) + (" ..." if len(b.unknown_tensors) > 5 else "")
         lines.append(f"Unknown size, left out of the sums: {len(b.unknown_tensors)} tensors before"
                      f"{' (' + names + ')' if names else ''}, {len(a.unknown_tensors)} after")
     return lines
+
+
+def body_note(cost: BodyCost) -> str:
+    """Which body of a control-flow node the estimate counted, and its own peak."""
+    if cost.op_type == "If":
+        return (f"If {cost.node!r}: counted {cost.counted} ({cost.reason}, {human_bytes(cost.body_peak)}; "
+                f"the other branch {human_bytes(cost.other_peak)})")
+    if cost.iterations is None:
+        return (f"{cost.op_type} {cost.node!r}: counted one iteration of its body ({human_bytes(cost.body_peak)}); "
+                "the iteration count is unknown, so its scan outputs are not")
+    return (f"{cost.op_type} {cost.node!r}: counted one iteration of its body ({human_bytes(cost.body_peak)}) "
+            f"and the buffers of {cost.iterations} iterations")
 
 
 def sparkline(timeline: tuple[int, ...], width: int = 60, scale: int | None = None) -> str:
@@ -344,6 +358,9 @@ def _memory_json(report: Report) -> dict[str, Any] | None:
             "by_op_type": dict(p.by_op_type),
             "unknown_tensors": list(p.unknown_tensors),
             "timeline": list(p.timeline),
+            "bodies": [{"node": c.node, "op_type": c.op_type, "counted": c.counted, "reason": c.reason,
+                        "body_peak_bytes": c.body_peak, "added_bytes": c.scratch_bytes, "iterations": c.iterations}
+                       for c in p.bodies],
         }
 
     return {
