@@ -158,8 +158,23 @@ def node_cell(row: ToolRow | None) -> str:
     return f"{row.nodes}, does not load" if row.error else str(row.nodes)
 
 
+def _usable_nodes(row: ToolRow | None) -> int | None:
+    return None if row is None or row.error else row.nodes
+
+
+def node_goal(model: ModelRow, fuse_tool: str, rivals: Sequence[str]) -> str:
+    """Issue 29's node goal for one target: fuse's loadable output at or below the best rival's
+    loadable output ("no rival" when none of them wrote one)."""
+    ours = _usable_nodes(model.tool(fuse_tool))
+    theirs = [n for n in (_usable_nodes(model.tool(r)) for r in rivals) if n is not None]
+    if not theirs:
+        return "no rival"
+    return "no" if ours is None or ours > min(theirs) else "yes"
+
+
 def nodes_rows(models: Sequence[ModelRow]) -> list[list[str]]:
     return [[m.name, m.control_flow, f"{m.nodes} ({m.nodes_top} top)"] + [node_cell(m.tool(t)) for t in TOOLS]
+            + [f"{node_goal(m, 'fuse-onnx', ('onnxslim', 'onnxsim'))} / {node_goal(m, 'fuse-ort-cpu', ('ort-extended',))}"]
             for m in models]
 
 
@@ -208,7 +223,8 @@ def markdown(run: Mapping[str, Any], models: Sequence[ModelRow]) -> str:
            f"onnx {run['machine']['onnx']}, onnxruntime {run['machine']['onnxruntime']}; "
            + ", ".join(f"{k} {v}" for k, v in run["versions"].items()) + ".", "",
            "## Nodes, every subgraph counted", "",
-           md_table(("Model", "Control flow", "Original") + TOOLS, nodes_rows(models), right=range(2, 8)), "",
+           md_table(("Model", "Control flow", "Original") + TOOLS + ("At or below the best peer (onnx / ort-cpu)",),
+                    nodes_rows(models), right=range(2, 8)), "",
            "## fuse: exit code and verification", "",
            md_table(("Model", "Target", "Exit", "Verification", "Seconds", "Max abs diff", "Error"),
                     fuse_rows(models), right=(2, 4, 5)), "",
@@ -227,7 +243,9 @@ def markdown(run: Mapping[str, Any], models: Sequence[ModelRow]) -> str:
 
 NOTES = (
     "Nodes: every node of the graph and, recursively, of every If branch and Loop/Scan body. "
-    "\"does not load\": the tool wrote a file that onnxruntime refuses or cannot run at the binding.",
+    "\"does not load\": the tool wrote a file that onnxruntime refuses or cannot run at the binding. "
+    "Last column: fuse --target onnx against the better of onnxslim and onnx-simplifier, --target ort-cpu "
+    "against onnxruntime's extended level, counting only outputs that load and run (a fuse output that does not is \"no\").",
     "fuse: `fuse optimize MODEL -o OUT --target T --json -` with the binding's --dim/--input-shape/--int-range, "
     "verification on (the default); exit code and `verification.status` from its JSON report "
     "(\"-\": no report, see Error). A file left at the output path after a non-zero exit is loaded and counted.",

