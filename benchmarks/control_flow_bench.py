@@ -40,6 +40,7 @@ import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 
 from fuse_cli.bench import QUICK, feeds_for, make_session, random_inputs_for, time_sessions  # noqa: E402
+from fuse_cli.input_domain import integer_ranges, with_computed_dims  # noqa: E402
 from fuse_cli.verify import compare_outputs, run as run_session  # noqa: E402
 
 REPO = peers.REPO
@@ -310,10 +311,19 @@ def run_peer(tool: str, model: Path, destination: Path) -> ToolRow:
     return ToolRow(tool, error=done.get("error"), seconds=done.get("seconds"))
 
 
-def feeds_at(session, binding: Mapping[str, Any], seed: int = 0) -> dict[str, np.ndarray]:
+def feed_settings(model: onnx.ModelProto, binding: Mapping[str, Any]) -> tuple[dict[str, int], dict[str, Any]]:
+    """(dims, integer ranges) for the feeds, as fuse's verification takes them: the binding's dims
+    plus the input dims written as arithmetic of them (`past_sequence_length + sequence_length`);
+    the ranges the graph implies (an embedding's rows), the binding's where it gives one."""
+    dims = with_computed_dims(model, binding.get("dims", {}))
+    ranges = {**integer_ranges(model), **{name: tuple(span) for name, span in binding.get("int_ranges", {}).items()}}
+    return dims, ranges
+
+
+def feeds_at(session, dims: Mapping[str, int], ranges: Mapping[str, Any], binding: Mapping[str, Any],
+             seed: int = 0) -> dict[str, np.ndarray]:
     """Seeded inputs at the binding: dims bound by name, whole shapes where the dims have no names."""
-    ranges = {name: tuple(span) for name, span in binding.get("int_ranges", {}).items()}
-    feeds = random_inputs_for(session, dims=binding.get("dims", {}), seed=seed, int_ranges=ranges)
+    feeds = random_inputs_for(session, dims=dims, seed=seed, int_ranges=ranges)
     rng = np.random.default_rng(seed)
     for name, shape in binding.get("input_shapes", {}).items():
         if name in feeds and np.issubdtype(feeds[name].dtype, np.floating):
@@ -368,19 +378,19 @@ def time_outputs(path: Path, model: ModelRow, outputs: Mapping[str, Path], timin
     """Run each output at the binding against the original, then time the ones that ran at both levels."""
     binding = model.binding
     try:
+        dims, ranges = feed_settings(onnx.load(str(path), load_external_data=False), binding)
         reference = make_session(path)
-        feeds = feeds_at(reference, binding)
+        feeds = feeds_at(reference, dims, ranges, binding)
         expected = run_session(reference, feeds)
     except Exception as exc:  # noqa: BLE001 - the original not running is the row's note
         model.error = last_line(str(exc)) or type(exc).__name__
         return
-    ranges = {name: tuple(span) for name, span in binding.get("int_ranges", {}).items()}
     ready: dict[str, Path] = {"original": path}
     for tool, output in outputs.items():
         row = model.tool(tool)
         try:
             session = make_session(output)
-            got = run_session(session, feeds_for(session, feeds, dims=binding.get("dims", {}), int_ranges=ranges))
+            got = run_session(session, feeds_for(session, feeds, dims=dims, int_ranges=ranges))
             row.max_abs_diff = max((o.max_abs_diff for o in compare_outputs(expected, got).outputs), default=0.0)
             ready[tool] = output
         except Exception as exc:  # noqa: BLE001 - a model that does not load or run is a cell
@@ -395,7 +405,7 @@ def time_outputs(path: Path, model: ModelRow, outputs: Mapping[str, Path], timin
         if "original" not in sessions:
             model.cpu_ms[level] = None
             continue
-        latencies = time_sessions(sessions, {n: feeds_for(s, feeds, dims=binding.get("dims", {}), int_ranges=ranges)
+        latencies = time_sessions(sessions, {n: feeds_for(s, feeds, dims=dims, int_ranges=ranges)
                                              for n, s in sessions.items()}, timing[level])
         base = latencies["original"].cpu_median_ms
         model.cpu_ms[level] = base

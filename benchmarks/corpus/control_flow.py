@@ -65,10 +65,8 @@ WHEELS = (
     }),
 )
 
-# merge_decoders names the merged attention_mask's length `sequence_length`, input_ids' name, while
-# the cache branch needs it past + sequence long: the one binding that runs both branches is the
-# first step's, an empty cache (checked in onnxruntime: past 1 or 8 fails in a Gather of the cache branch).
-DECODER_BENCH = {"dims": {"batch_size": 1, "sequence_length": 8, "past_sequence_length": 0}}
+# One decode step after 8 cached tokens; attention_mask covers both (see merged_mask_dims).
+DECODER_BENCH = {"dims": {"batch_size": 1, "sequence_length": 1, "past_sequence_length": 8}}
 # T5's names are right: one decoder step after 8 cached tokens, over 16 encoder positions
 T5_BENCH = {"dims": {"batch_size": 1, "decoder_sequence_length": 1, "past_decoder_sequence_length": 8,
                      "encoder_sequence_length": 16}}
@@ -158,11 +156,28 @@ def build_optimum(out: Path, scratch: Path) -> dict[str, tuple[str, dict]]:
                step)
         merged = scratch / f"{name}-merged.onnx"
         merge_decoders(str(first), str(step), save_path=str(merged))
+        merged_mask_dims(merged, step)
         atomic_copy(merged, out / f"{name}-decoder-merged.onnx")
         made[f"{name}-decoder-merged.onnx"] = (
             f"optimum export(use_past_in_inputs False / True) + merge_decoders: {type(model.config).__name__}"
             "(hidden 64, 2 layers, 4 heads, vocab 1000)", DECODER_BENCH)
     return made
+
+
+def merged_mask_dims(merged: Path, step: Path) -> None:
+    """Give the merged model's inputs the with-past decoder's dim names. merge_decoders keeps the
+    first decoder's, so attention_mask's length was `sequence_length`, input_ids' name, while the
+    cache branch needs `past_sequence_length + sequence_length`: no binding of those names ran the
+    cache branch with a cache (onnxruntime: a Gather out of bounds at past 1 and 8). With the
+    with-past names both branches run at any past (checked at past 1 and 8, sequence 1 and 8)."""
+    import onnx
+
+    model, with_past = onnx.load(str(merged)), onnx.load(str(step), load_external_data=False)
+    names = {i.name: i.type.tensor_type.shape for i in with_past.graph.input}
+    for value in model.graph.input:
+        if value.name in names:
+            value.type.tensor_type.shape.CopyFrom(names[value.name])
+    onnx.save(model, str(merged))
 
 
 # ---- torch --------------------------------------------------------------------------------------
