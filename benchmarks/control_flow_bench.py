@@ -115,7 +115,8 @@ def times(value: float | None) -> str:
 class ToolRow:
     tool: str
     nodes: int | None = None
-    error: str | None = None  # the tool failed, or its output does not load or run: the cell says how
+    error: str | None = None  # the tool failed (fuse: exited non-zero): the cell says how
+    load_error: str | None = None  # the file it wrote does not load or run at the binding
     seconds: float | None = None
     exit_code: int | None = None  # fuse only
     verification: str | None = None  # fuse only: match / mismatch / inconclusive / unverifiable / off
@@ -155,12 +156,15 @@ def node_cell(row: ToolRow | None) -> str:
     if row is None:
         return "not run"
     if row.nodes is None:
-        return f"failed: {short(row.error, 60)}"
-    return f"{row.nodes}, does not load" if row.error else str(row.nodes)
+        return f"failed: {short(row.error or row.load_error, 60)}"
+    if row.load_error:
+        return f"{row.nodes}, does not load"
+    return f"{row.nodes}, exit {row.exit_code}" if row.exit_code not in (0, None) else str(row.nodes)
 
 
 def _usable_nodes(row: ToolRow | None) -> int | None:
-    return None if row is None or row.error else row.nodes
+    """A count that meets the goal's terms: the file loads and runs, and fuse exited 0."""
+    return None if row is None or row.error or row.load_error else row.nodes
 
 
 def node_goal(model: ModelRow, fuse_tool: str, rivals: Sequence[str]) -> str:
@@ -188,7 +192,8 @@ def fuse_rows(models: Sequence[ModelRow]) -> list[list[str]]:
                 continue
             rows.append([m.name, target, "-" if r.exit_code is None else str(r.exit_code), r.verification or "-",
                          "-" if r.seconds is None else f"{r.seconds:.1f}",
-                         "-" if r.max_abs_diff is None else f"{r.max_abs_diff:.2g}", short(r.error, 240)])
+                         "-" if r.max_abs_diff is None else f"{r.max_abs_diff:.2g}",
+                         short("; ".join(e for e in (r.error, r.load_error and f"output: {r.load_error}") if e), 240)])
     return rows
 
 
@@ -363,12 +368,13 @@ def bench_model(path: Path, binding: Mapping[str, Any], timing: Mapping[str, Any
                     row.nodes = count_nodes(onnx.load(str(destination), load_external_data=False).graph)
                     outputs[tool] = destination
                 except Exception as exc:  # noqa: BLE001 - an unreadable file is a cell
-                    row.error = f"onnx cannot read it: {type(exc).__name__}: {last_line(str(exc))}"
+                    row.load_error = f"onnx cannot read it: {type(exc).__name__}: {last_line(str(exc))}"
             model.tools.append(row)
         progress(f"  {model.name}: onnxruntime, both levels")
         time_outputs(path, model, outputs, timing)
         for row in model.tools:  # the scratch folder's name says nothing and changes every run
             row.error = row.error and row.error.replace(f"{tmp}{os.sep}", "")
+            row.load_error = row.load_error and row.load_error.replace(f"{tmp}{os.sep}", "")
     progress(f"  {model.name}: fuse report --measure")
     model.memory = measure_memory(path, binding, timeout)
     return model
@@ -394,7 +400,7 @@ def time_outputs(path: Path, model: ModelRow, outputs: Mapping[str, Path], timin
             row.max_abs_diff = max((o.max_abs_diff for o in compare_outputs(expected, got).outputs), default=0.0)
             ready[tool] = output
         except Exception as exc:  # noqa: BLE001 - a model that does not load or run is a cell
-            row.error = (row.error + "; " if row.error else "") + (last_line(str(exc)) or type(exc).__name__)
+            row.load_error = last_line(str(exc)) or type(exc).__name__
     for level in LEVELS:
         sessions, refused = {}, {}
         for name, file in ready.items():
@@ -415,7 +421,7 @@ def time_outputs(path: Path, model: ModelRow, outputs: Mapping[str, Path], timin
         for name, why in refused.items():
             if name != "original":
                 row = model.tool(name)
-                row.error = (row.error + "; " if row.error else "") + f"at {level}: {why}"
+                row.load_error = f"at {level}: {why}"
         del sessions
 
 

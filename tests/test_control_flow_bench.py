@@ -86,8 +86,8 @@ def made_up_row() -> "control_flow_bench.ModelRow":
     bench = control_flow_bench
     model = bench.ModelRow("vad", "If 25", 689, 5, {"dims": {"batch": 1}}, cpu_ms={"disabled": 2.0, "all": 1.5})
     model.tools = [
-        bench.ToolRow("fuse-onnx", nodes=686, error="INVALID_GRAPH | topologically sorted", exit_code=1,
-                      verification="mismatch", seconds=12.25),
+        bench.ToolRow("fuse-onnx", nodes=686, error="exit 1, left a file", load_error="INVALID_GRAPH | sorted",
+                      exit_code=1, verification="mismatch", seconds=12.25),
         bench.ToolRow("fuse-ort-cpu", error="ran past 600 s", exit_code=None),
         bench.ToolRow("onnxslim", nodes=152, seconds=1.0, max_abs_diff=2e-7,
                       cpu_ratio={"disabled": 0.67, "all": 0.9}),
@@ -103,7 +103,7 @@ def test_each_failure_is_a_cell_and_the_tables_render():
                                         "notes": ["a note"]}, [made_up_row()])
     assert ("| vad | If 25 | 689 (5 top) | 686, does not load | failed: ran past 600 s | 152 | not run | not run "
             "| no / no rival |" in text)
-    assert "| vad | onnx | 1 | mismatch | 12.2 | - | INVALID_GRAPH \\| topologically sorted |" in text
+    assert "| vad | onnx | 1 | mismatch | 12.2 | - | exit 1, left a file; output: INVALID_GRAPH \\| sorted |" in text
     assert "| vad | ort-cpu | - | - | - | - | ran past 600 s |" in text
     assert "| vad | original (ms) | 2.000 / 1.500 |  |" in text
     assert "| vad | fuse-onnx | - | does not load or run |" in text
@@ -115,12 +115,17 @@ def test_each_failure_is_a_cell_and_the_tables_render():
 
 def test_the_node_goal_counts_only_outputs_that_load():
     model = made_up_row()
+    fuse = model.tool("fuse-onnx")
+    fuse.nodes = 100
     assert control_flow_bench.node_goal(model, "fuse-onnx", ("onnxslim", "onnxsim")) == "no"
-    model.tool("fuse-onnx").error = None
-    assert control_flow_bench.node_goal(model, "fuse-onnx", ("onnxslim", "onnxsim")) == "no"  # 686 > 152
-    model.tool("fuse-onnx").nodes = 152
+    fuse.load_error = None
+    assert control_flow_bench.node_goal(model, "fuse-onnx", ("onnxslim", "onnxsim")) == "no"  # exit 1
+    assert control_flow_bench.node_cell(fuse) == "100, exit 1"
+    fuse.error, fuse.exit_code = None, 0
     assert control_flow_bench.node_goal(model, "fuse-onnx", ("onnxslim", "onnxsim")) == "yes"
-    model.tool("onnxslim").error = "INVALID_GRAPH"
+    fuse.nodes = 153
+    assert control_flow_bench.node_goal(model, "fuse-onnx", ("onnxslim", "onnxsim")) == "no"  # onnxslim: 152
+    model.tool("onnxslim").load_error = "INVALID_GRAPH"
     assert control_flow_bench.node_goal(model, "fuse-onnx", ("onnxslim", "onnxsim")) == "no rival"
 
 
