@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 FUZZ_EXAMPLES ?= 500
 
-.PHONY: install demo test fuzz bench bench-corpus memory-truth schedule-bench llm-bench near-miss-corpus verify-corpus sample-models clean
+.PHONY: install demo test fuzz bench bench-corpus memory-truth schedule-bench llm-bench near-miss-corpus verify-corpus sample-models clean control-flow-corpus control-flow-bench
 
 install: $(STAMP)
 
@@ -33,7 +33,7 @@ test: $(STAMP)
 fuzz: $(STAMP)
 	FUSE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q -n 2 tests/test_fuzz.py
 
-bench: $(BENCH_STAMP) memory-truth schedule-bench llm-bench near-miss-corpus
+bench: $(BENCH_STAMP) memory-truth schedule-bench llm-bench near-miss-corpus control-flow-bench
 	$(BIN)/python benchmarks/run.py   # also reads the folder in $$MODELS, when set
 	$(BIN)/python benchmarks/deep_floor.py | tee benchmarks/results/deep_floor.txt
 	$(BIN)/python benchmarks/big_models.py --json benchmarks/results/big_models.json > benchmarks/results/big_models.txt; \
@@ -60,6 +60,11 @@ near-miss-corpus: $(STAMP)
 llm-bench: $(STAMP)
 	$(BIN)/python benchmarks/llm_bench.py --models $(DECODER_MODELS) --anchor-python $(CORPUS_VENV)/bin/python \
 		--out benchmarks/results/llm.md --json benchmarks/results/llm.json
+
+# The control-flow table (issue 29): nodes with subgraphs, verification, CPU time and the memory
+# estimate for fuse and its peers on every model `make bench-corpus` put in $(CF_MODELS).
+control-flow-bench: $(BENCH_STAMP)
+	$(BIN)/python benchmarks/control_flow_bench.py --models $(CF_MODELS)
 
 verify-corpus: $(STAMP)
 	$(BIN)/python benchmarks/verify_corpus.py benchmarks/corpus/models benchmarks/corpus/heldout-models --backend \
@@ -89,3 +94,30 @@ bench-corpus: $(CORPUS_STAMP)
 	$(CORPUS_VENV)/bin/python benchmarks/corpus/export.py --out $(CORPUS_MODELS)
 	$(CORPUS_VENV)/bin/python benchmarks/corpus/heldout.py --out benchmarks/corpus/heldout-models
 	$(CORPUS_VENV)/bin/python benchmarks/corpus/decoders.py --out $(DECODER_MODELS)
+	$(MAKE) control-flow-corpus
+
+# The control-flow corpus (benchmarks/corpus/README.md): optimum's merged decoders, torch.cond and a
+# scripted loop in .venv-cf (optimum pins transformers 4.57); tf2onnx's Scan and Loop in .venv-tf
+# (tensorflow wants protobuf 3.20, so onnxruntime 1.17 there); silero-vad's wheel unzipped. A
+# venv that will not install skips its part, said so; the other parts still run.
+CF_VENV ?= .venv-cf
+TF_VENV ?= .venv-tf
+CF_MODELS ?= benchmarks/corpus/control-flow-models
+CF_PACKAGES := torch==2.14.1 optimum-onnx[onnxruntime]==0.1.0 optimum==2.1.0 transformers==4.57.6 onnx==1.23.2 onnxscript==0.7.2 onnxruntime==1.32.0
+TF_PACKAGES := tensorflow-cpu==2.15.1 tf2onnx==1.16.1 onnxruntime==1.17.3 protobuf==3.20.3
+
+$(CF_VENV)/.installed:
+	$(PYTHON) -m venv $(CF_VENV)
+	$(CF_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(CF_VENV)/bin/python -m pip install --quiet $(CF_PACKAGES)
+	touch $@
+
+$(TF_VENV)/.installed:
+	$(PYTHON) -m venv $(TF_VENV)
+	$(TF_VENV)/bin/python -m pip install --quiet $(TF_PACKAGES)
+	touch $@
+
+control-flow-corpus: $(CF_VENV)/.installed
+	HF_HUB_OFFLINE=1 $(CF_VENV)/bin/python benchmarks/corpus/control_flow.py --out $(CF_MODELS) --parts optimum,torch,wheels
+	if $(MAKE) $(TF_VENV)/.installed; then $(TF_VENV)/bin/python benchmarks/corpus/control_flow.py --out $(CF_MODELS) \
+		--parts tensorflow; else echo "control-flow corpus: tensorflow: skipped, $(TF_PACKAGES) did not install"; fi
