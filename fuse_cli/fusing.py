@@ -16,7 +16,7 @@ from fuse_cli.analysis.body_shapes import body_shapes
 from fuse_cli.analysis.shapes import ShapeTable
 from fuse_cli.config import FuseConfig
 from fuse_cli.core import heap
-from fuse_cli.graph.edit import GraphEditor, model_names, subgraphs, toposort
+from fuse_cli.graph.edit import GraphEditor, model_names, subgraphs, toposort, unique_name
 from fuse_cli.graph.io import LoadedModel, assemble_model, load_graph, unload_unchanged_weights
 from fuse_cli.graph.weights import ParkingLot, mapped_weights_alive
 from fuse_cli.graph.opset import default_opset, ensure_domain_imports
@@ -122,11 +122,31 @@ def _run_in_bodies(graph: gs.Graph, editor, passes: list[Pass], size_of) -> tupl
             # and opsets, not onnx's newest defaults, which onnxruntime refuses (IR 14)
             body.ir_version, body.opset = graph.ir_version, graph.opset
             body.import_domains = body.import_domains or graph.import_domains
+            returned = [t.name for t in body.outputs]
             made, missed = run_pipeline(editor(body), passes, size_of)
+            _returns_its_own(body, returned)
             nested, nested_missed = _run_in_bodies(body, editor, passes, size_of)
             fusions += made + nested
             near_misses += missed + nested_missed
     return fusions, near_misses
+
+
+def _returns_its_own(body: gs.Graph, names: list[str]) -> None:
+    """A body returns values it computes (onnxruntime refuses a branch output that is an outer
+    value, or a weight): where a rewrite left an output read straight from the enclosing graph
+    (graphsurgeon's folder drops an Identity of an outer tensor), an Identity computes it again,
+    under the output's old name where that is free."""
+    inside = {id(n) for n in body.nodes}
+    own_inputs = {id(t) for t in body.inputs}
+    taken = {t.name for t in body.tensors().values()}
+    for i, tensor in enumerate(body.outputs):
+        if id(tensor) in own_inputs or (tensor.inputs and id(tensor.inputs[0]) in inside):
+            continue
+        name = unique_name(names[i] if i < len(names) else tensor.name, taken)
+        returned = gs.Variable(name, dtype=tensor.dtype, shape=tensor.shape)
+        body.nodes.append(gs.Node("Identity", name=unique_name(f"{name}_returned", taken), inputs=[tensor],
+                                  outputs=[returned]))
+        body.outputs[i] = returned
 
 
 RUNTIME_TARGET = "ort"

@@ -248,3 +248,4 @@ def test_constants_fold_inside_a_branch(tmp_path):
     for cond in (True, False):
         for want, got in zip(_outputs(model, cond), _outputs(result.model, cond)):
             np.testing.assert_array_equal(got, want)
+

@@ -25,21 +25,35 @@ def body_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, tuple[Dim, ...] 
     without bodies. Inference failing leaves what the bodies themselves declare."""
     if not has_bodies(model.graph):
         return {}
+    # What an exporter declares inside a body is not evidence: torch writes the sizes of the trace
+    # it exported (batch 1 where the model takes any batch: a Squeeze of that dim would pass for
+    # exact). Only what onnx infers from the graph's own inputs is kept.
+    undeclared = onnx.ModelProto()
+    undeclared.CopyFrom(model)
+    for body in _bodies(undeclared.graph):
+        del body.value_info[:]
+        for output in body.output:
+            if output.type.HasField("tensor_type"):
+                output.type.tensor_type.ClearField("shape")
     try:
         # No data propagation: it may materialize computed values (a ConstantOfShape of a large
         # computed shape), and body checks need types, not values.
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=False).graph
+        inferred = onnx.shape_inference.infer_shapes(undeclared, strict_mode=False, data_prop=False).graph
     except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, RuntimeError, ValueError):
         inferred = model.graph
     declared = {d.dim_param for vi in model.graph.input for d in vi.type.tensor_type.shape.dim if d.dim_param}
     found: dict[str, tuple[int, tuple[Dim, ...] | None]] = {}
+    ambiguous: set[str] = set()
     for body in _bodies(inferred):
-        for vi in (*body.input, *body.output, *body.value_info):
-            if vi.type.HasField("tensor_type"):
-                found[vi.name] = (vi.type.tensor_type.elem_type, _shape(vi.type.tensor_type, declared))
-        for tensor in body.initializer:
-            found[tensor.name] = (tensor.data_type, tuple(tensor.dims))
-    return found
+        seen = {vi.name: (vi.type.tensor_type.elem_type, _shape(vi.type.tensor_type, declared))
+                for vi in (*body.input, *body.output, *body.value_info) if vi.type.HasField("tensor_type")}
+        seen.update((t.name, (t.data_type, tuple(t.dims))) for t in body.initializer)
+        for name, info in seen.items():
+            # sibling bodies may use one name for different values (optimum's merged decoders:
+            # the same decoder with and without a cache in the two branches): no proof for either
+            if found.setdefault(name, info) != info:
+                ambiguous.add(name)
+    return {name: (found[name][0], None) if name in ambiguous else found[name] for name in found}
 
 
 def _shape(tensor_type: onnx.TypeProto.Tensor, declared: set[str]) -> tuple[Dim, ...] | None:

@@ -465,6 +465,12 @@ def assemble_model(original: LoadedModel, exported: onnx.ModelProto, provenance:
     _copy_shell(original.model, model)
     graph = model.graph
     _hoist_outer_initializers(graph, _declared_names(original.model.graph) | _declared_names(graph))
+    for body in _all_graphs(graph):
+        if body is not graph:
+            # an exporter's declarations inside a body are the sizes of its trace (torch: batch 1),
+            # which onnxruntime checks against the rewritten body (a Squeeze now reading a tensor
+            # declared [1, ..]); onnxruntime infers a body's shapes itself
+            del body.value_info[:]
     used = _tensor_names_read(graph)
     for name, tensor in original.input_defaults.items():
         if name in used or name in {o.name for o in graph.output}:
@@ -505,10 +511,16 @@ def _copied(tensor: onnx.TensorProto) -> onnx.TensorProto:
 
 
 def _declared_names(graph: onnx.GraphProto) -> set[str]:
-    """The names a graph itself declares: its inputs, initializers and node outputs."""
+    """The names a graph itself declares: its inputs, initializers and node outputs, less the
+    outputs of If/Loop/Scan nodes, which a body may use for its own values too (optimum's merged
+    decoders name a branch's outputs after the If's: a branch's constant of that name is its own)."""
     names = {i.name for i in graph.input} | {t.name for t in graph.initializer}
     names |= {t.values.name for t in graph.sparse_initializer}
-    return names | {out for node in graph.node for out in node.output}
+    return names | {out for node in graph.node if not _holds_bodies(node) for out in node.output}
+
+
+def _holds_bodies(node: onnx.NodeProto) -> bool:
+    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
 
 
 def _copy_shell(model: onnx.ModelProto, into: onnx.ModelProto) -> None:
