@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ast
 import itertools
+import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
 
@@ -447,12 +448,15 @@ def integer_ranges(model: onnx.ModelProto) -> dict[str, tuple[int, int] | None]:
                  if int(np.prod(t.dims)) == 1 and t.data_location != onnx.TensorProto.EXTERNAL}
     tables = {name: list(t.dims) for name, t in tensors.items()}
     ranges: dict[str, tuple[int, int] | None] = {}
+    selecting = branch_selecting_values(model)
     for value in graph.input:
         if value.name in initializers or not _is_integer(value):
             continue
         bound = _gather_bound(value.name, consumers, constants, tables)
         lowered = value.name.lower()
-        if bound is not None:
+        if value.name in selecting:  # the value an If's condition names: the branch the model is for
+            ranges[value.name] = (selecting[value.name], selecting[value.name] + 1)
+        elif bound is not None:
             ranges[value.name] = bound
         elif "mask" in lowered:
             ranges[value.name] = MASK_RANGE
@@ -521,3 +525,39 @@ def _rows(node: onnx.NodeProto, tables: Mapping[str, list[int]]) -> int | None:
     axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
     axis += len(dims) if axis < 0 else 0
     return dims[axis] if 0 <= axis < len(dims) and dims[axis] > 0 else None
+
+
+_INTEGER_TYPES = frozenset({onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.INT16,
+                            onnx.TensorProto.INT8, onnx.TensorProto.UINT8})
+
+
+def branch_selecting_values(model: onnx.ModelProto) -> dict[str, int]:
+    """Integer inputs that an If's condition compares with a constant (silero-vad's
+    If(Equal(sr, 16000))), each with that constant: the branch the model names by a value. Fed at
+    random (0..9), such an input takes the other branch, which may not run at the shapes measured
+    (silero-vad's 8 kHz branch at a 16 kHz window: onnxruntime fails, the measurement with it)."""
+    graph = model.graph
+    integers = {vi.name for vi in graph.input if vi.type.tensor_type.elem_type in _INTEGER_TYPES}
+    producer = {name: node for node in graph.node for name in node.output}
+    constants = {t.name: t for t in graph.initializer}
+    constants.update((node.output[0], next((a.t for a in node.attribute if a.name == "value"), None))
+                     for node in graph.node if node.op_type == "Constant" and node.output)
+    values: dict[str, int] = {}
+    for node in graph.node:
+        if node.op_type != "If" or not node.input:
+            continue
+        condition = producer.get(node.input[0])
+        while condition is not None and condition.op_type in ("Not", "Cast", "Identity"):
+            condition = producer.get(condition.input[0])
+        if condition is None or condition.op_type != "Equal" or len(condition.input) != 2:
+            continue
+        first, second = condition.input
+        for name, other in ((first, second), (second, first)):
+            constant = constants.get(other)
+            if name in integers and constant is not None and math.prod(constant.dims) == 1:
+                values[name] = int(numpy_helper.to_array(constant).reshape(-1)[0])
+    return values
+
+
+_INTEGER_TYPES = frozenset({onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.INT16,
+                            onnx.TensorProto.INT8, onnx.TensorProto.UINT8})

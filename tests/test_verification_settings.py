@@ -339,3 +339,22 @@ def test_unverifiable_says_the_derived_settings_failed_too():
     assert result.reason.startswith("the original model cannot run at batch=")
     assert result.reason.endswith(f"; nor at any of {len(derived_settings(model))} settings derived from the model "
                                   "(its strides, declared and common sizes)")
+
+
+def test_an_integer_an_if_compares_is_fed_that_value():
+    """silero-vad's If(Equal(sr, 16000)): verification feeds the value the model names (at random,
+    sr took the other branch, which fails on a 16 kHz window, and the model was unverifiable)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from fuse_cli.input_domain import integer_ranges
+    then = helper.make_graph([helper.make_node("Relu", ["x"], ["t"])], "then", [],
+                             [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)])
+    other = helper.make_graph([helper.make_node("Neg", ["x"], ["e"])], "else", [],
+                              [helper.make_tensor_value_info("e", TensorProto.FLOAT, None)])
+    graph = helper.make_graph(
+        [helper.make_node("Equal", ["sr", "rate"], ["is_rate"]),
+         helper.make_node("If", ["is_rate"], ["y"], then_branch=then, else_branch=other)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4]), helper.make_tensor_value_info("sr", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+        [numpy_helper.from_array(np.array(16000, np.int64), "rate")])
+    assert integer_ranges(helper.make_model(graph))["sr"] == (16000, 16001)

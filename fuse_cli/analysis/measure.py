@@ -40,7 +40,6 @@ tensor's first write only, so it is what the liveness estimate models.
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -51,11 +50,10 @@ from pathlib import Path
 from types import MappingProxyType
 
 import onnx
-from onnx import numpy_helper
 
 from fuse_cli.core.isolation import crash_description
 from fuse_cli.errors import FuseError
-from fuse_cli.input_domain import binding, input_dim_keys, input_shapes_at
+from fuse_cli.input_domain import binding, branch_selecting_values, input_dim_keys, input_shapes_at
 
 CLEAR_REFS = "/proc/self/clear_refs"
 STATUS = "/proc/self/status"
@@ -144,38 +142,6 @@ def concrete_input_shapes(model: onnx.ModelProto, dims: Mapping[str, int],
         raise ValueError("cannot measure with unbound input dims: " + ", ".join(missing)
                          + "; bind them with dims or input_shapes")
     return shapes
-
-
-def branch_selecting_values(model: onnx.ModelProto) -> dict[str, int]:
-    """Integer inputs that an If's condition compares with a constant (silero-vad's
-    If(Equal(sr, 16000))), each with that constant: the branch the model names by a value. Fed at
-    random (0..9), such an input takes the other branch, which may not run at the shapes measured
-    (silero-vad's 8 kHz branch at a 16 kHz window: onnxruntime fails, the measurement with it)."""
-    graph = model.graph
-    integers = {vi.name for vi in graph.input if vi.type.tensor_type.elem_type in _INTEGER_TYPES}
-    producer = {name: node for node in graph.node for name in node.output}
-    constants = {t.name: t for t in graph.initializer}
-    constants.update((node.output[0], next((a.t for a in node.attribute if a.name == "value"), None))
-                     for node in graph.node if node.op_type == "Constant" and node.output)
-    values: dict[str, int] = {}
-    for node in graph.node:
-        if node.op_type != "If" or not node.input:
-            continue
-        condition = producer.get(node.input[0])
-        while condition is not None and condition.op_type in ("Not", "Cast", "Identity"):
-            condition = producer.get(condition.input[0])
-        if condition is None or condition.op_type != "Equal" or len(condition.input) != 2:
-            continue
-        first, second = condition.input
-        for name, other in ((first, second), (second, first)):
-            constant = constants.get(other)
-            if name in integers and constant is not None and math.prod(constant.dims) == 1:
-                values[name] = int(numpy_helper.to_array(constant).reshape(-1)[0])
-    return values
-
-
-_INTEGER_TYPES = frozenset({onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.INT16,
-                            onnx.TensorProto.INT8, onnx.TensorProto.UINT8})
 
 
 def _run_child(request: dict) -> dict:
