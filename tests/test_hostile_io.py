@@ -202,3 +202,21 @@ def test_verify_input_files_naming_external_data_are_refused(home, monkeypatch):
     code, stdout, stderr = run_fuse("verify", "models/m.onnx", "models/m.onnx", "--inputs", "models/feeds", cwd=home,
                                     monkeypatch=monkeypatch)
     assert code == 2 and len(stderr.strip().splitlines()) == 1 and "external data" in stderr, stderr
+
+
+def test_the_memory_cap_counts_the_onnxruntime_worker(tmp_path):
+    """Verification runs the model in the worker process: a 512 MB intermediate there (its output
+    one number, so fuse's own process stays small) is the run's memory too."""
+    import subprocess
+    import sys
+    shape = numpy_helper.from_array(np.array([2**27], np.int64), "shape")
+    graph = helper.make_graph([helper.make_node("Expand", ["x", "shape"], ["big"], name="expand"),
+                               helper.make_node("ReduceSum", ["big"], ["y"], name="sum", keepdims=0)], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])], [shape])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION),
+              tmp_path / "m.onnx")
+    done = subprocess.run([sys.executable, "-m", "fuse_cli", "optimize", "m.onnx", "-o", "out.onnx", "--max-memory",
+                           "300"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "memory use reached --max-memory (300 MB)" in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "out.onnx").exists()

@@ -55,6 +55,12 @@ def start() -> None:
         _WORKER.ensure()
 
 
+def worker_pid() -> int | None:
+    """The running worker's process id (None: none running), for the run's memory cap."""
+    process = _WORKER.process
+    return process.pid if process is not None and process.poll() is None else None
+
+
 def crash_description(returncode: int) -> str:
     """"SIGSEGV" for a process a signal killed, else "exit status N"."""
     if returncode < 0:

@@ -39,15 +39,24 @@ def default_cap_bytes() -> int:
     return int(total_ram_bytes() * DEFAULT_FRACTION)
 
 
-def anonymous_rss_bytes() -> int | None:
+def anonymous_rss_bytes(pid: int | str = "self") -> int | None:
     try:
-        with open("/proc/self/status", "rb") as status:
+        with open(f"/proc/{pid}/status", "rb") as status:
             for line in status:
                 if line.startswith(b"RssAnon:"):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
     return None
+
+
+def _held_by_run() -> int:
+    """This process's anonymous memory and its onnxruntime worker's (core/isolation.py), where
+    verification builds the model's activations: the cap is the run's, not one process's."""
+    from fuse_cli.core import isolation
+
+    worker = isolation.worker_pid()
+    return (anonymous_rss_bytes() or 0) + ((anonymous_rss_bytes(worker) or 0) if worker is not None else 0)
 
 
 _started: list[threading.Thread] = []
@@ -73,7 +82,7 @@ def _watch(cap: int, message: str) -> None:
     crossed_at = None
     while True:
         time.sleep(POLL_S)
-        held = anonymous_rss_bytes() or 0
+        held = _held_by_run()
         if held <= cap:
             crossed_at = None
             continue
@@ -81,6 +90,11 @@ def _watch(cap: int, message: str) -> None:
             crossed_at = time.monotonic()
             signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
         elif held > cap * 1.5 or time.monotonic() - crossed_at > GRACE_S:
+            from fuse_cli.core import isolation
+
+            worker = isolation.worker_pid()
+            if worker is not None:  # it would run on, holding its memory, until its call returns
+                os.kill(worker, signal.SIGKILL)
             sys.stderr.write(f"fuse: error: {message}\n")
             sys.stderr.flush()
             os._exit(2)
