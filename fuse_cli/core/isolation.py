@@ -144,7 +144,13 @@ def _serve() -> None:
         except EOFError:
             return
         try:
-            os.chdir(folder)
+            try:
+                os.chdir(folder)
+            except OSError:
+                # the caller's working folder is gone: its shape inference works in a scratch folder
+                # for a moment, and a call from another thread (verification's reference runs, beside
+                # the pipeline) reads that as the process's; what the worker loads names absolute paths
+                pass
             answer = (True, function(*args, **kwargs))
         except Exception as exc:  # the caller decides what it means
             answer = (False, exc)
