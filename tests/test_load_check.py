@@ -39,7 +39,7 @@ def test_a_pass_that_breaks_loading_is_dropped(verify, conv_bn_writes_an_unknown
 def bodies_lose_outer_weights(monkeypatch):
     """The bug this guards against: a weight read only inside a branch left out of the output."""
     monkeypatch.setattr(graph.io, "_hoist_outer_initializers", lambda g, outer: [
-        body.ClearField("initializer") for body in graph.io._all_graphs(g) if body is not g])
+        body.ClearField("initializer") for body in graph.io.all_graphs(g) if body is not g])
 
 
 @pytest.mark.parametrize("verify", ["--verify", "--no-verify"])

@@ -53,7 +53,7 @@ from onnx import TensorProto, helper
 
 from fuse_cli.analysis.shape_values import MAX_ELEMENTS, evaluate_shape_values, evaluates, initial_values
 from fuse_cli.analysis.shapes import ShapeTable, TensorInfo, infer_shapes
-from fuse_cli.core.order import consumed_names
+from fuse_cli.core.order import consumed_names, outer_references
 
 # (domain, op_type) of the nodes whose bodies are counted
 CONTROL_FLOW_OPS = frozenset({("", "If"), ("", "Loop"), ("", "Scan")})
@@ -456,17 +456,6 @@ def _body(graph: onnx.GraphProto, inputs: Sequence[tuple], shapes: ShapeTable, o
 
 
 _BODIES: dict[tuple, _Body] = {}
-
-
-def outer_references(graph: onnx.GraphProto) -> set[str]:
-    """Names `graph` (nested graphs included) reads and does not define: ONNX forbids shadowing."""
-    defined = {vi.name for vi in graph.input} | {t.name for t in graph.initializer}
-    defined |= {t.values.name for t in graph.sparse_initializer}
-    used = {vi.name for vi in graph.output}
-    for node in graph.node:
-        defined.update(node.output)
-        used |= consumed_names(node)
-    return used - defined - {""}
 
 
 def _value_info(name: str, info: TensorInfo | None, declared: onnx.ValueInfoProto | None = None

@@ -78,7 +78,7 @@ def consumed_names(node: onnx.NodeProto) -> set[str]:
     names.discard("")
     if may_hold_subgraphs(node.op_type, node.domain) and node.attribute:
         for graph in _subgraphs(node):
-            names |= _outer_references(graph)
+            names |= outer_references(graph)
     return names
 
 
@@ -102,7 +102,7 @@ def _subgraphs(node: onnx.NodeProto) -> Sequence[onnx.GraphProto]:
     return graphs
 
 
-def _outer_references(graph: onnx.GraphProto) -> set[str]:
+def outer_references(graph: onnx.GraphProto) -> set[str]:
     """Names used in `graph` (and graphs nested in it) that it does not define itself. ONNX
     forbids shadowing, so set difference is exact. Recursion depth is the nesting depth."""
     defined = {vi.name for vi in graph.input}

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
 from fuse_cli.errors import ModelLoadError
+from fuse_cli.graph.walk import all_graphs
 
 # numpy's most dimensions (onnxruntime's kernels and our random inputs go through numpy arrays)
 MAX_RANK = 64
@@ -26,7 +26,7 @@ MAX_DENSIFIED_BYTES = 64 * 2**20
 
 def check_model(model: onnx.ModelProto, path: str | os.PathLike) -> None:
     """Refuse what no run could hold, and densify Constant nodes' sparse values (in place)."""
-    for graph in _graphs(model.graph):
+    for graph in all_graphs(model.graph):
         for node in graph.node:
             own = set(node.input) & {name for name in node.output if name}
             if own:
@@ -87,14 +87,3 @@ def dense_from_sparse(sparse: onnx.SparseTensorProto) -> np.ndarray:
     dense = np.zeros(math.prod(dims), values.dtype)
     dense[flat] = values
     return dense.reshape(dims)
-
-
-def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    yield graph
-    for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH:
-                yield from _graphs(attribute.g)
-            elif attribute.type == onnx.AttributeProto.GRAPHS:
-                for sub in attribute.graphs:
-                    yield from _graphs(sub)

@@ -36,6 +36,7 @@ from fuse_cli.core.domains import default_opset_or_none, is_default_domain
 from fuse_cli.errors import FuseError, ModelLoadError
 from fuse_cli.graph import weights
 from fuse_cli.graph.checks import check_model, check_tensor_size, dense_from_sparse
+from fuse_cli.graph.walk import all_graphs
 from fuse_cli.graph.edit import every_tensor
 from fuse_cli.graph.weights import LoadedValues, MappedValues, encode_varint, length_delimited
 
@@ -111,7 +112,7 @@ def _densify_sparse_initializers(model: onnx.ModelProto, path: Path) -> None:
     float64 tensor (onnxruntime then refuses Add(float, double)); dense, every pass can read it.
     Their values are in memory by now (_load_external_data read any external ones, from the
     model's folder only). A Constant's sparse_value is graph/checks.py's."""
-    for graph in _all_graphs(model.graph):
+    for graph in all_graphs(model.graph):
         for sparse in graph.sparse_initializer:
             name = sparse.values.name
             check_tensor_size(name, list(sparse.dims), path)
@@ -344,7 +345,7 @@ def _check_external_data_locations(model: onnx.ModelProto, path: Path) -> tuple[
 
 def _all_initializers(model: onnx.ModelProto):
     """Initializers of the main graph and of every subgraph (If/Loop/Scan bodies)."""
-    return (t for graph in _all_graphs(model.graph) for t in graph.initializer)
+    return (t for graph in all_graphs(model.graph) for t in graph.initializer)
 
 
 def _all_tensors(model: onnx.ModelProto, *, main_initializers: bool = True):
@@ -352,7 +353,7 @@ def _all_tensors(model: onnx.ModelProto, *, main_initializers: bool = True):
     and sparse initializers (a sparse one's values and indices are tensors of their own) and node
     attribute tensors, dense and sparse (a superset of what onnx.load_external_data_for_model
     reads)."""
-    graphs = _all_graphs(model.graph)
+    graphs = all_graphs(model.graph)
     main = next(graphs)
     if main_initializers:
         yield from main.initializer
@@ -360,7 +361,7 @@ def _all_tensors(model: onnx.ModelProto, *, main_initializers: bool = True):
     for graph in graphs:
         yield from graph.initializer
         yield from _sparse_parts(graph.sparse_initializer)
-    for body in _all_graphs(model.graph, *model.functions):
+    for body in all_graphs(model.graph, *model.functions):
         for node in body.node:
             for attr in node.attribute:
                 if attr.HasField("t"):
@@ -379,19 +380,7 @@ def _sparse_parts(sparse_tensors):
 
 def node_count(graph: onnx.GraphProto) -> int:
     """Nodes of `graph` and of every If/Loop/Scan body in it (a model may be one If around all)."""
-    return sum(len(body.node) for body in _all_graphs(graph))
-
-
-def _all_graphs(*bodies):
-    """The given graphs (or functions) and every subgraph nested in their nodes."""
-    for body in bodies:
-        yield body
-        for node in body.node:
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    yield from _all_graphs(attr.g)
-                elif attr.type == onnx.AttributeProto.GRAPHS:
-                    yield from _all_graphs(*attr.graphs)
+    return sum(len(body.node) for body in all_graphs(graph))
 
 
 def _check_opsets(model: onnx.ModelProto, path: Path) -> None:
@@ -465,7 +454,7 @@ def assemble_model(original: LoadedModel, exported: onnx.ModelProto, provenance:
     _copy_shell(original.model, model)
     graph = model.graph
     _hoist_outer_initializers(graph, _declared_names(original.model.graph) | _declared_names(graph))
-    for body in _all_graphs(graph):
+    for body in all_graphs(graph):
         if body is not graph:
             # an exporter's declarations inside a body are the sizes of its trace (torch: batch 1),
             # which onnxruntime checks against the rewritten body (a Squeeze now reading a tensor
@@ -491,7 +480,7 @@ def _hoist_outer_initializers(graph: onnx.GraphProto, outer: set[str]) -> None:
     would be copied into every branch, or lost where the body is written over. Each such weight
     goes back to the main graph, once; a body's own weights (an LSTM's in each branch) stay."""
     hoisted: dict[str, onnx.TensorProto] = {}
-    for body in _all_graphs(graph):
+    for body in all_graphs(graph):
         if body is graph or not any(t.name in outer for t in body.initializer):
             continue
         for tensor in body.initializer:
