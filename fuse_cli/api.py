@@ -83,7 +83,7 @@ def _optimize(source: Path, config: FuseConfig, target_path: Path, *, dry_run: b
     estimate = PeakEstimate(loaded, tables.bound, tables.planner, config)
 
     def run(selected: list[Pass]) -> Fused:
-        return fuse(loaded, selected, tables.proofs, tables.bound, config, writer.lot,
+        return fuse(loaded, selected, tables, config, writer.lot,
                     estimate.estimates(config.schedule_rules))
     try:
         fused, verification, rolled_back, declined = keep_promises(source, loaded, passes, run, estimate, config)
@@ -92,7 +92,7 @@ def _optimize(source: Path, config: FuseConfig, target_path: Path, *, dry_run: b
             fused, unloadable = loadable(source, fused, [p for p in passes if p.name not in dropped], run)
             rolled_back += unloadable
         # The audit (a dry run) says what portability costs; `optimize` does not run the pipeline twice.
-        runtime_extra = (what_runtime_target_adds(loaded, tables.proofs, tables.bound, config)
+        runtime_extra = (what_runtime_target_adds(loaded, tables, config)
                          if config.target == "onnx" and dry_run else ())
         written = tuple(str(p) for p in writer.settle(fused.model))
     finally:

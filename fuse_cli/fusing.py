@@ -12,8 +12,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from fuse_cli import __version__
-from fuse_cli.analysis.body_shapes import body_shapes
-from fuse_cli.analysis.shapes import ShapeTable
+from fuse_cli.shape_tables import ShapeTables
 from fuse_cli.config import FuseConfig
 from fuse_cli.core import heap
 from fuse_cli.graph.edit import GraphEditor, model_names, subgraphs, toposort, unique_name
@@ -34,18 +33,19 @@ class Fused:
     orders: tuple[OrderRecord, ...] = ()
 
 
-def fuse(loaded: LoadedModel, passes: list[Pass], proofs: ShapeTable, bound: ShapeTable, config: FuseConfig,
+def fuse(loaded: LoadedModel, passes: list[Pass], tables: ShapeTables, config: FuseConfig,
          lot: ParkingLot, estimates: Estimates | None = None) -> Fused:
     """One run of the pipeline on a fresh import of the loaded model: the graph passes to their
     fixpoint, cleanup, export, then the model passes once each (they need the memory model's
-    `estimates`; without them they do not run). proofs: the shapes checks may rely on; bound:
-    the sizes removed intermediates are counted at (shape_tables.py). The new big weights the
+    `estimates`; without them they do not run). tables (shape_tables.py, built once per run):
+    `proofs` and `inside` the shapes checks may rely on, in the main graph and in bodies;
+    `bound` the sizes removed intermediates are counted at. The new big weights the
     passes computed are parked in `lot`: the model holds them by reference."""
     model_passes = [p for p in passes if isinstance(p, ModelPass)]
     passes_on_graph = [p for p in passes if not isinstance(p, ModelPass)]
     # onnx-graphsurgeon's logger print()s its warnings: keep stdout for results (`--json -`).
     with contextlib.redirect_stdout(sys.stderr):
-        graph, fusions, near_misses = _run_passes(loaded, passes_on_graph, proofs, bound, config, lot)
+        graph, fusions, near_misses = _run_passes(loaded, passes_on_graph, tables, config, lot)
         graph.cleanup(remove_unused_graph_inputs=False, recurse_subgraphs=False)
         toposort(graph)
         unload_unchanged_weights(graph)
@@ -72,8 +72,8 @@ def fuse(loaded: LoadedModel, passes: list[Pass], proofs: ShapeTable, bound: Sha
     return Fused(model, fusions, near_misses, tuple(orders))
 
 
-def _run_passes(loaded: LoadedModel, passes: list[Pass], proofs: ShapeTable, bound: ShapeTable,
-                config: FuseConfig, lot: ParkingLot | None = None
+def _run_passes(loaded: LoadedModel, passes: list[Pass], tables: ShapeTables, config: FuseConfig,
+                lot: ParkingLot | None = None
                 ) -> tuple[gs.Graph, list[FusionRecord], list[NearMiss]]:
     """The passes to their fixpoint on the main graph, then inside every If branch and Loop/Scan
     body (outermost first), then on the main graph again where a body changed: a body that stops
@@ -83,11 +83,10 @@ def _run_passes(loaded: LoadedModel, passes: list[Pass], proofs: ShapeTable, bou
     # the order stays topological without re-sorting per match.
     toposort(graph)
     names = model_names(graph)  # one set for every scope: a new name is new in the whole model
-    inside = body_shapes(loaded.model)
-    shapes = {name: shape for name, (_, shape) in inside.items()}
-    shapes.update((name, info.shape) for name, info in proofs.tensors.items())
-    dtypes = {name: elem_type for name, (elem_type, _) in inside.items()}
-    dtypes.update((name, info.elem_type) for name, info in proofs.tensors.items())
+    shapes = {name: shape for name, (_, shape) in tables.inside.items()}
+    shapes.update((name, info.shape) for name, info in tables.proofs.tensors.items())
+    dtypes = {name: elem_type for name, (elem_type, _) in tables.inside.items()}
+    dtypes.update((name, info.elem_type) for name, info in tables.proofs.tensors.items())
 
     def editor(scope: gs.Graph) -> GraphEditor:
         enclosed = scope is not graph
@@ -105,15 +104,16 @@ def _run_passes(loaded: LoadedModel, passes: list[Pass], proofs: ShapeTable, bou
             names=names,
             enclosed=enclosed,
         )
-    fusions, near_misses = run_pipeline(editor(graph), passes, bound.nbytes)
-    in_bodies, body_misses = _run_in_bodies(graph, editor, passes, bound.nbytes)
+    fusions, near_misses = run_pipeline(editor(graph), passes, tables.bound.nbytes)
+    in_bodies, body_misses = _run_in_bodies(graph, editor, passes, tables.bound.nbytes, names)
     if in_bodies:
-        more, near_misses = run_pipeline(editor(graph), passes, bound.nbytes)
+        more, near_misses = run_pipeline(editor(graph), passes, tables.bound.nbytes)
         fusions += more
     return graph, fusions + in_bodies, near_misses + body_misses
 
 
-def _run_in_bodies(graph: gs.Graph, editor, passes: list[Pass], size_of) -> tuple[list[FusionRecord], list[NearMiss]]:
+def _run_in_bodies(graph: gs.Graph, editor, passes: list[Pass], size_of, names: set[str]
+                   ) -> tuple[list[FusionRecord], list[NearMiss]]:
     fusions: list[FusionRecord] = []
     near_misses: list[NearMiss] = []
     for node in list(graph.nodes):
@@ -124,36 +124,38 @@ def _run_in_bodies(graph: gs.Graph, editor, passes: list[Pass], size_of) -> tupl
             body.import_domains = body.import_domains or graph.import_domains
             returned = [t.name for t in body.outputs]
             made, missed = run_pipeline(editor(body), passes, size_of)
-            _returns_its_own(body, returned)
-            nested, nested_missed = _run_in_bodies(body, editor, passes, size_of)
+            _returns_its_own(body, returned, names)
+            nested, nested_missed = _run_in_bodies(body, editor, passes, size_of, names)
             fusions += made + nested
             near_misses += missed + nested_missed
     return fusions, near_misses
 
 
-def _returns_its_own(body: gs.Graph, names: list[str]) -> None:
+def _returns_its_own(body: gs.Graph, old_names: list[str], taken: set[str]) -> None:
     """A body returns values it computes (onnxruntime refuses a branch output that is an outer
     value, or a weight): where a rewrite left an output read straight from the enclosing graph
     (graphsurgeon's folder drops an Identity of an outer tensor), an Identity computes it again,
-    under the output's old name where that is free."""
+    under the output's old name while no tensor of the body holds it, else a new name (`taken`:
+    the model's names, shared by every scope)."""
     inside = {id(n) for n in body.nodes}
     own_inputs = {id(t) for t in body.inputs}
-    taken = {t.name for t in body.tensors().values()}
+    in_use = set(body.tensors())
     for i, tensor in enumerate(body.outputs):
         if id(tensor) in own_inputs or (tensor.inputs and id(tensor.inputs[0]) in inside):
             continue
-        name = unique_name(names[i] if i < len(names) else tensor.name, taken)
-        returned = gs.Variable(name, dtype=tensor.dtype, shape=tensor.shape)
+        old = old_names[i] if i < len(old_names) else tensor.name
+        name = old if old not in in_use else unique_name(old, taken)
+        value = gs.Variable(name, dtype=tensor.dtype, shape=tensor.shape)
         body.nodes.append(gs.Node("Identity", name=unique_name(f"{name}_returned", taken), inputs=[tensor],
-                                  outputs=[returned]))
-        body.outputs[i] = returned
+                                  outputs=[value]))
+        body.outputs[i] = value
+        in_use.add(name)
 
 
 RUNTIME_TARGET = "ort"
 
 
-def what_runtime_target_adds(loaded: LoadedModel, proofs: ShapeTable, bound: ShapeTable,
-                              config: FuseConfig) -> tuple[tuple[str, int], ...]:
+def what_runtime_target_adds(loaded: LoadedModel, tables: ShapeTables, config: FuseConfig) -> tuple[tuple[str, int], ...]:
     """The cost of portability: fusions only an onnxruntime target would make, by pattern. Only
     the fusion records are needed, so the graph is never exported."""
     portable = set(resolve("onnx", None, config.disable))
@@ -162,7 +164,7 @@ def what_runtime_target_adds(loaded: LoadedModel, proofs: ShapeTable, bound: Sha
     if not extra:
         return ()
     with contextlib.redirect_stdout(sys.stderr):
-        _, fusions, _ = _run_passes(loaded, runtime, proofs, bound, dataclasses.replace(config, target=RUNTIME_TARGET))
+        _, fusions, _ = _run_passes(loaded, runtime, tables, dataclasses.replace(config, target=RUNTIME_TARGET))
     counts: dict[str, int] = {}
     for record in fusions:
         if record.pass_name in extra:

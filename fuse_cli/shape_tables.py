@@ -11,10 +11,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import onnx
 
+from fuse_cli.analysis.body_shapes import body_shapes
 from fuse_cli.analysis.shapes import ShapeTable, infer_shapes, with_runtime_dims
 from fuse_cli.config import UNBOUND_DIM, FuseConfig
 from fuse_cli.errors import UsageError
@@ -29,6 +31,9 @@ class ShapeTables:
     proofs: ShapeTable
     bound: ShapeTable
     assumed: tuple[str, ...]  # symbols nobody bound, taken as 1 in `bound`
+    # (element type, shape) of the tensors inside If/Loop/Scan bodies, for the checks of passes
+    # that run there (analysis/body_shapes.py); the tables above hold the main graph's
+    inside: Mapping[str, tuple[int, tuple | None]] = field(default_factory=dict)
 
 
 def build_shape_tables(model: onnx.ModelProto, config: FuseConfig) -> ShapeTables:
@@ -41,7 +46,7 @@ def build_shape_tables(model: onnx.ModelProto, config: FuseConfig) -> ShapeTable
         for name, info in table.tensors.items():
             if info.shape is not None:
                 check_tensor_size(name, [d if isinstance(d, int) else None for d in info.shape], "shape inference")
-    return ShapeTables(planner, proofs, bound, assumed)
+    return ShapeTables(planner, proofs, bound, assumed, body_shapes(model))
 
 
 def _bound_shapes(model: onnx.ModelProto, config: FuseConfig, assumed: tuple[str, ...] | None = None, *,

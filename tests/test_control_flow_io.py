@@ -249,3 +249,19 @@ def test_constants_fold_inside_a_branch(tmp_path):
         for want, got in zip(_outputs(model, cond), _outputs(result.model, cond)):
             np.testing.assert_array_equal(got, want)
 
+
+
+def test_a_branch_still_computes_what_it_returns(tmp_path):
+    """A branch returning Identity(W), W a weight of the main graph (T5's merged decoder returns
+    its cross-attention cache so): folded, the branch would return a weight, which onnxruntime
+    refuses; an Identity computes it again."""
+    then = _branch("then", [helper.make_node("Identity", ["W"], ["kept"], name="then_id")], "kept")
+    other = _branch("else", [helper.make_node("Relu", ["W"], ["e"], name="else_relu")], "e")
+    model = _model([helper.make_node("If", ["c"], ["y"], name="if", then_branch=then, else_branch=other)],
+                   [_value("c", [], TensorProto.BOOL)], [_value("y", [BIG, BIG])], [_weight("W")])
+    result = optimize_model(model, tmp_path)
+    branches = {a.name: a.g for a in result.model.graph.node[0].attribute}
+    assert [n.op_type for n in branches["then_branch"].node] == ["Identity"]
+    for cond in (True, False):
+        want = make_session(model).run(None, {"c": np.array(cond)})[0]
+        np.testing.assert_array_equal(make_session(result.model).run(None, {"c": np.array(cond)})[0], want)
