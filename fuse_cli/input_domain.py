@@ -290,7 +290,8 @@ def derived_settings(model: onnx.ModelProto, bound: Mapping[str, int] | None = N
     strides along its deepest path), sizes it declares (a Reshape's window, numbers in its
     metadata), the user's bound sizes, then common sizes; the other free dims (batch) distinct
     primes. Each setting gives distinct extent symbols distinct sizes; after them, one size for
-    every extent at once (a model that needs height == width); last, the other dims at 1."""
+    every extent at once (a model that needs height == width); the other dims at 1; last, one size
+    for every free dim (unnamed dims the graph equates)."""
     bound = dict(bound or {})
     keys = input_dim_keys(model)
     free = [key for key in free_symbols(model) if key not in bound]
@@ -322,11 +323,16 @@ def derived_settings(model: onnx.ModelProto, bound: Mapping[str, int] | None = N
         for index, group in enumerate(distinct + square):
             batch = dict(zip(others, primes[(index % 2) * len(others):]))
             candidates.append(({**bound, **batch, **dict(zip(extents, group))}, f"derived from the model: {origin}"))
-    # last, the other dims at 1 (a model that takes one image at a time)
+    # then the other dims at 1 (a model that takes one image at a time)
     candidates += [({**setting, **dict.fromkeys(others, 1)}, origin) for setting, origin in candidates[::3]
                    if others]
+    # last, one size for every free dim: dims with neither a name nor a value that the graph
+    # equates (silero's input [?, ?] and state [2, ?, 128] share a batch) take the same size
+    # only this way; a slot is kept for them, since they are the only ones such a model runs
+    uniform = [({**bound, **dict.fromkeys(free, sizes[0])}, f"derived from the model: {origin}, one size for every dim")
+               for origin, sizes in sources if len(free) > 1][:_UNIFORM_SLOTS]
     settings: list[tuple[dict[str, int], str]] = []
-    for setting, origin in candidates:
+    for setting, origin in [*candidates[:_MAX_DERIVED - len(uniform)], *uniform, *candidates[_MAX_DERIVED - len(uniform):]]:
         setting = with_computed_dims(model, setting)
         if all(setting != known for known, _ in settings):
             settings.append((setting, origin))
@@ -334,6 +340,7 @@ def derived_settings(model: onnx.ModelProto, bound: Mapping[str, int] | None = N
 
 
 _MAX_DERIVED = 12  # each candidate tried costs one run of the original
+_UNIFORM_SLOTS = 2
 _SMALL_PRIMES = (3, 5, 7, 11, 13, 17)
 
 

@@ -358,3 +358,29 @@ def test_an_integer_an_if_compares_is_fed_that_value():
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
         [numpy_helper.from_array(np.array(16000, np.int64), "rate")])
     assert integer_ranges(helper.make_model(graph))["sr"] == (16000, 16001)
+
+
+def unnamed_batch_shared_with_a_state() -> onnx.ModelProto:
+    """silero-vad's form: audio [?, ?] and a state [2, ?, 4] whose dims have neither a name nor a
+    value; the graph concatenates per-row values of both, so audio's first dim must equal the
+    state's second, and the reflect pad needs more than 64 samples."""
+    b = GraphBuilder(opset=17)
+    audio = b.input("audio", [None, None])
+    state = b.input("state", [2, None, 4])
+    padded = b.op("Pad", audio, b.const(np.array([0, 64, 0, 64], np.int64)), mode="reflect")
+    energy = b.op("ReduceSum", b.op("Mul", padded, padded), b.const(np.array([1], np.int64)), keepdims=1)
+    carried = b.op("Transpose", b.op("ReduceSum", state, b.const(np.array([0], np.int64)), keepdims=0), perm=[0, 1])
+    joined = b.op("Concat", energy, carried, axis=1)
+    y = b.op("Add", b.op("Mul", joined, b.const(np.float32(0.5))), b.const(b.rand(5)))
+    return b.build(y, output_names=["y"])
+
+
+def test_unnamed_dims_the_graph_equates_take_one_size_and_verify(tmp_path):
+    model = unnamed_batch_shared_with_a_state()
+    report = optimize(tmp_path, model)
+    result = report.verification
+    assert result.status == MATCH, result.reason
+    setting = dict(result.settings[0])
+    assert setting["audio.dim0"] == setting["state.dim1"] and setting["audio.dim1"] > 64
+    assert "one size for every dim" in result.settings_note
+    assert report.exit_code == 0
