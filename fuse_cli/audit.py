@@ -1,6 +1,6 @@
 """The memory side of one optimize run: the estimated peak activation memory of the original and
 of each candidate, the peak guard (fuse never writes a model whose estimated peak exceeds the
-original's unless asked), and the memory audit in the report.
+original's by more than max(0.5%, 4 KiB) unless asked), and the memory audit in the report.
 
 The guard judges two shape settings: the bound one (the user's --dim, unbound symbols at 1) and a
 larger one (every symbol at LARGER times its bound value, at least LARGER_AT_LEAST), because which tensors are alive at the
@@ -31,6 +31,16 @@ from fuse_cli.report.model import MeasuredPeaks, MemoryAudit, PeakGrowth
 # The second setting: every symbol LARGER times its bound value, and at least LARGER_AT_LEAST
 # (unbound symbols count as 1, where kernels' fixed scratch dwarfs the activations).
 LARGER, LARGER_AT_LEAST = 4, 64
+
+# The guard's tolerance at each setting: growth within max(0.5% of the original's peak, 4 KiB) is
+# noise of the estimate (alignment, an 8-byte shape tensor alive a step longer), not a promise
+# broken; strict to the byte, it dropped attention for 8 bytes and CSE for 32.
+PEAK_TOLERANCE_FRACTION, PEAK_TOLERANCE_MIN_BYTES = 0.005, 4096
+
+
+def peak_tolerance(before_bytes: int) -> int:
+    """Bytes the estimated peak may grow by at one setting without the guard leaving a pass out."""
+    return max(int(before_bytes * PEAK_TOLERANCE_FRACTION), PEAK_TOLERANCE_MIN_BYTES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,13 +179,15 @@ class PeakEstimate:
         return filled
 
     def growth(self, model: onnx.ModelProto) -> tuple[PeakGrowth, ...]:
-        """Where the candidate's estimated peak is above the original's (empty: never worse)."""
+        """Where the candidate's estimated peak is above the original's by more than the tolerance
+        (empty: never worse beyond it)."""
         grown = []
         for setting, after in zip(self.settings, self.profiles(model)):
-            if after.peak_bytes > setting.before.peak_bytes:
+            tolerance = peak_tolerance(setting.before.peak_bytes)
+            if after.peak_bytes > setting.before.peak_bytes + tolerance:
                 alive = tuple(t.name for t in sorted(after.live_at_peak, key=lambda t: -(t.nbytes or 0))[:3])
                 grown.append(PeakGrowth(tuple(sorted(setting.dims.items())), setting.before.peak_bytes,
-                                        after.peak_bytes, after.peak_node, alive))
+                                        after.peak_bytes, after.peak_node, alive, tolerance))
         return tuple(grown)
 
 

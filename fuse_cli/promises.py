@@ -101,5 +101,6 @@ def declined_near_miss(decline: PeakDecline) -> NearMiss:
     return NearMiss(decline.pass_name, decline.pattern, (), (
         f"raises the estimated peak activation memory by {human_bytes(worst.after_bytes - worst.before_bytes)} "
         f"({human_bytes(worst.before_bytes)} -> {human_bytes(worst.after_bytes)}) at {dims}: the new peak is at "
-        f"{worst.peak_node}, where {alive} are alive; pass --allow-peak-growth to keep it"))
+        f"{worst.peak_node}, where {alive} are alive (the guard lets {human_bytes(worst.tolerance_bytes)} pass there: "
+        f"max(0.5% of the original's peak, 4 KiB)); pass --allow-peak-growth to keep it"))
 

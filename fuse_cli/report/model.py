@@ -58,6 +58,7 @@ class PeakGrowth:
     after_bytes: int
     peak_node: str
     alive: tuple[str, ...]  # the largest tensors alive at the candidate's peak
+    tolerance_bytes: int = 0  # the growth the guard let pass at this setting
 
 
 @dataclass(frozen=True)
@@ -155,6 +156,7 @@ class Report:
     measured: MeasuredPeaks | None = None
     peak_guard: tuple[PeakDecline, ...] = ()  # passes left out because they raised the estimated peak
     peak_settings: tuple[tuple[tuple[str, int], ...], ...] = ()  # the dims the guard judged (empty: it was off)
+    peak_tolerances: tuple[int, ...] = ()  # bytes the estimated peak may grow by at each of peak_settings
     orders: tuple[OrderRecord, ...] = ()  # what the `schedule` pass did (empty: it did not run)
 
     def rows(self) -> list[FusionRow]:

@@ -323,6 +323,7 @@ def to_json_dict(report: Report) -> dict[str, Any]:
         "peak_guard": [{"pass": d.pass_name, "pattern": d.pattern, "growth": [asdict(g) for g in d.growth]}
                        for d in report.peak_guard],
         "peak_guard_settings": [dict(s) for s in report.peak_settings],
+        "peak_guard_tolerance_bytes": list(report.peak_tolerances),
         "runtime_target_would_add": [{"pattern": p, "count": c} for p, c in report.runtime_target_would_add],
         "schedule": [_order_json(record) for record in report.orders],
         "failures": list(report.failures),
