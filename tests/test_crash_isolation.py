@@ -146,3 +146,23 @@ def test_weights_held_by_reference_reach_the_worker_as_references(tmp_path):
     source = sessions.source_of(read_original(tmp_path / "m.onnx"))
     assert len(source.model) < 1024 and source.external_folder == str(tmp_path.resolve())
     assert verify_models(str(tmp_path / "m.onnx"), read_original(tmp_path / "m.onnx")).passed
+
+
+def test_a_constant_subgraph_that_crashes_onnxruntime_stays_unfolded_and_fuse_goes_on(
+        tmp_path, bias_free_attention_crashes):
+    """graphsurgeon's folder runs constant subgraphs in onnxruntime: in a worker process, so the
+    crashing bias-free Attention over constants is a subgraph left as it is, not fuse's death;
+    the other constant subgraph still folds."""
+    b = GraphBuilder(extra_opsets={"com.microsoft": 1})
+    x = b.input("x", [2, 3, HIDDEN])
+    crashing = b.op("Attention", b.const(b.rand(2, 3, HIDDEN)), b.const(b.rand(HIDDEN, 3 * HIDDEN)),
+                    domain="com.microsoft", num_heads=HEADS)
+    folded = b.op("Mul", b.const(b.rand(HIDDEN)), b.const(np.float32(2.0)))
+    model = b.build(b.op("Add", b.op("Add", x, crashing), folded), output_names=["y"])
+    path = tmp_path / "model.onnx"
+    onnx.save(model, path)
+    done = subprocess.run([sys.executable, "-m", "fuse_cli", "optimize", str(path), "-o", str(tmp_path / "out.onnx"),
+                           "--passes", "fold-constants", "--no-verify"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    counts = op_counts(onnx.load(tmp_path / "out.onnx"))
+    assert counts["com.microsoft::Attention"] == 1 and counts["Mul"] == 0

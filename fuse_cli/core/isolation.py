@@ -49,16 +49,23 @@ def call(function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     return _WORKER.call(function, args, kwargs)
 
 
+def call_aside(function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """As `call`, in a second worker: for the pipeline's own runs (graphsurgeon's constant
+    folding), which must neither wait behind verification's runs of the original in the first
+    worker (they overlap the pipeline) nor take fuse down when the runtime crashes."""
+    return _ASIDE.call(function, args, kwargs)
+
+
 def start() -> None:
     """Start the worker now (if it is not running), so that its start-up overlaps other work."""
     with _WORKER.lock:
         _WORKER.ensure()
 
 
-def worker_pid() -> int | None:
-    """The running worker's process id (None: none running), for the run's memory cap."""
-    process = _WORKER.process
-    return process.pid if process is not None and process.poll() is None else None
+def worker_pids() -> list[int]:
+    """The running workers' process ids, for the run's memory cap."""
+    return [process.pid for process in (_WORKER.process, _ASIDE.process)
+            if process is not None and process.poll() is None]
 
 
 def crash_description(returncode: int) -> str:
@@ -125,7 +132,9 @@ def _discard(process: subprocess.Popen) -> None:
 
 
 _WORKER = _Worker()
+_ASIDE = _Worker()
 atexit.register(_WORKER.close)
+atexit.register(_ASIDE.close)
 
 
 def _serve() -> None:

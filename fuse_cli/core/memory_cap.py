@@ -51,12 +51,11 @@ def anonymous_rss_bytes(pid: int | str = "self") -> int | None:
 
 
 def _held_by_run() -> int:
-    """This process's anonymous memory and its onnxruntime worker's (core/isolation.py), where
+    """This process's anonymous memory and its onnxruntime workers' (core/isolation.py), where
     verification builds the model's activations: the cap is the run's, not one process's."""
     from fuse_cli.core import isolation
 
-    worker = isolation.worker_pid()
-    return (anonymous_rss_bytes() or 0) + ((anonymous_rss_bytes(worker) or 0) if worker is not None else 0)
+    return (anonymous_rss_bytes() or 0) + sum(anonymous_rss_bytes(pid) or 0 for pid in isolation.worker_pids())
 
 
 _started: list[threading.Thread] = []
@@ -92,8 +91,7 @@ def _watch(cap: int, message: str) -> None:
         elif held > cap * 1.5 or time.monotonic() - crossed_at > GRACE_S:
             from fuse_cli.core import isolation
 
-            worker = isolation.worker_pid()
-            if worker is not None:  # it would run on, holding its memory, until its call returns
+            for worker in isolation.worker_pids():  # it would run on, holding its memory, until its call returns
                 os.kill(worker, signal.SIGKILL)
             sys.stderr.write(f"fuse: error: {message}\n")
             sys.stderr.flush()

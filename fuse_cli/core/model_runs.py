@@ -79,3 +79,12 @@ def load(source: sessions.Source) -> None:
     session = session_for_verification(source)
     del session
     heap.trim()
+
+
+def run_constants(model_bytes: bytes, names: Sequence[str]) -> list[np.ndarray]:
+    """The outputs `names` of an input-free model (graphsurgeon's constant subgraph to fold)."""
+    import onnxruntime
+
+    onnxruntime.set_default_logger_severity(3)  # its optimizer's warnings on a constant subgraph are noise
+    session = onnxruntime.InferenceSession(model_bytes, providers=["CPUExecutionProvider"])
+    return session.run(list(names), {})

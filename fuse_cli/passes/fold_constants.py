@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
+import threading
 
 import numpy as np
 import onnx_graphsurgeon as gs
 import onnxruntime
 from onnx_graphsurgeon.ir.tensor import LazyValues
 
+from fuse_cli.core import isolation
 from fuse_cli.core.domains import is_default_domain
+from fuse_cli.core.model_runs import run_constants
 from fuse_cli.errors import FuseError
 from fuse_cli.graph.edit import GraphEditor
 from fuse_cli.pipeline.base import Decline, GraphPass
@@ -45,7 +50,9 @@ class FoldConstants(GraphPass):
     so a ConstantOfShape with a huge shape cannot blow up the file or our memory; nor is a node
     that reads a constant over the limit folded (onnxruntime would be handed a copy of the whole
     weight, e.g. a 1 GB Transpose, only for the result to be discarded as too big). Random
-    operators are never folded. Subgraphs of If/Loop/Scan are left untouched.
+    operators are never folded. Subgraphs of If/Loop/Scan are left untouched. onnxruntime runs
+    the constant subgraphs in a worker process (core/isolation.py): where it crashes on one, the
+    fold is tried again a part at a time, and what crashes stays computed at run time.
 
     graphsurgeon's folder copies the whole graph before it looks for anything to fold (seconds
     on a 10k-node graph), so a scan for what it could fold comes first: Constant nodes (lowered),
@@ -76,8 +83,13 @@ class FoldConstants(GraphPass):
                 # optimizer warnings ("UnsqueezeElimination cannot remove node") are noise here
                 onnxruntime.set_default_logger_severity(3)
                 # an If with a constant condition is inline-constant-if's (see there)
-                graph.fold_constants(size_threshold=g.fold_limit_bytes, recurse_subgraphs=False, error_ok=True,
-                                     should_exclude_node=excluded, flatten_subgraphs=False)
+                with _sessions_in_the_worker() as crashes:
+                    fold = functools.partial(graph.fold_constants, size_threshold=g.fold_limit_bytes,
+                                             recurse_subgraphs=False, error_ok=True, should_exclude_node=excluded,
+                                             flatten_subgraphs=False)
+                    fold()
+                    if crashes:  # the whole constant subgraph in one session crashed: a part at a time
+                        fold(partitioning="recursive")
             # graphsurgeon's cleanup walks every node and tensor: only when something may be dead
             # (a confirming round on a deep model has nothing to fold: 0.1 s at 12k nodes)
             if folding or transposed or _has_dead_end(graph):
@@ -97,6 +109,43 @@ class FoldConstants(GraphPass):
             removed = [t for t in outputs if t and t not in now_weights]
             changes.append(([name], [], removed))
         return changes
+
+
+class _WorkerSession:
+    """What graphsurgeon's folder needs of an InferenceSession (`run(names, {})` on an input-free
+    model), run in a worker process: a runtime that crashes on a constant subgraph is a subgraph
+    left unfolded (graphsurgeon's error_ok), not fuse's death."""
+
+    def __init__(self, model_bytes: bytes, crashes: list[str]):
+        self.model_bytes, self.crashes = model_bytes, crashes
+
+    def run(self, names, feeds):
+        if feeds:  # graphsurgeon's folder feeds nothing; anything else is not ours to route
+            raise FuseError("a folding session was given inputs")
+        try:
+            return isolation.call_aside(run_constants, self.model_bytes, names)
+        except isolation.RuntimeCrash as crash:
+            self.crashes.append(crash.how)
+            raise
+
+
+@contextlib.contextmanager
+def _sessions_in_the_worker():
+    """graphsurgeon imports onnxruntime inside its folder and builds sessions there: for the length
+    of the fold, sessions this thread builds go to the worker; other threads (verification's
+    reference runs, beside the pipeline) keep onnxruntime's own class. Yields the crashes seen."""
+    real, folding, crashes = onnxruntime.InferenceSession, threading.get_ident(), []
+
+    def session(model, *args, **kwargs):
+        if threading.get_ident() == folding and isinstance(model, bytes):
+            return _WorkerSession(model, crashes)
+        return real(model, *args, **kwargs)
+
+    onnxruntime.InferenceSession = session
+    try:
+        yield crashes
+    finally:
+        onnxruntime.InferenceSession = real
 
 
 def _has_dead_end(graph: gs.Graph) -> bool:
