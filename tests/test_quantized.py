@@ -45,3 +45,34 @@ def test_qoperator_nodes_are_left_untouched(tmp_path):
     counts = op_counts(result.model)
     assert counts["QLinearConv"] == 1 and counts["DequantizeLinear"] == 1 and "Identity" not in counts
     assert_equivalent(model, result.model, dims={"batch": 2})
+
+
+def qdq_residual_adds_model():
+    """x quantized once per consumer, as onnxruntime's quantizer writes QDQ: two Adds, each reading
+    its own identical Q -> DQ pair of x (and of the weights it adds)."""
+    b = GraphBuilder(opset=17)
+    x = b.input("x", ["batch", 16])
+    scale, zero = b.const(np.float32(0.02)), b.const(np.uint8(128), dtype=np.uint8)
+
+    def qdq(t):
+        return b.op("DequantizeLinear", b.op("QuantizeLinear", t, scale, zero), scale, zero)
+
+    outs = [b.op("Add", qdq(x), qdq(b.const(b.rand(16)))) for _ in range(2)]
+    return b.build(qdq(outs[0]), qdq(outs[1]), output_names=["y0", "y1"])
+
+
+def test_a_qdq_unit_stays_its_consumers_own(tmp_path):
+    """Common-subexpression elimination would merge the two identical Q -> DQ pairs of x into one
+    pair read by both Adds: onnxruntime then forms fewer QLinearAdd. Each pair stays."""
+    model = qdq_residual_adds_model()
+    result = optimize_model(model, tmp_path)
+    before, after = op_counts(model), op_counts(result.model)
+    assert after["QuantizeLinear"] == before["QuantizeLinear"] and after["DequantizeLinear"] == before["DequantizeLinear"]
+    readers = {}
+    for node in result.model.graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node.op_type)
+    dq_of_x = [n for n in result.model.graph.node if n.op_type == "DequantizeLinear"
+               and readers.get(n.output[0]) == ["Add"]]
+    assert len(dq_of_x) == 4 and all(len(readers[n.output[0]]) == 1 for n in dq_of_x)
+    assert_equivalent(model, result.model, dims={"batch": 2})

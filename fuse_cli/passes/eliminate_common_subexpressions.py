@@ -17,6 +17,10 @@ from fuse_cli.toolkit.constness import VALUE_KEY_BYTES
 # Their outputs differ from run to run (or node to node): two of them are two different values.
 RANDOM_OPS = frozenset({"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial",
                         "Bernoulli", "Dropout"})
+# A QDQ node unit (DequantizeLinear -> op -> QuantizeLinear) is its consumer's own: a quantizer
+# gives every consumer its own pair, and onnxruntime forms a QLinear kernel from a unit only
+# where the pair is not shared (merged, a QDQ BERT got 2 QLinearAdd from onnxruntime instead of 12).
+QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
 
 
 @register
@@ -28,7 +32,8 @@ class EliminateCommonSubexpressions(GraphPass):
 
     Inputs are the same when they are the same tensor, or small constants (up to 4 KiB) of equal
     dtype, shape and value. Exact: every default-domain ONNX operator is a pure function of its
-    inputs and attributes, except the random ones (and Dropout), which are never merged. Nodes
+    inputs and attributes, except the random ones (and Dropout), which are never merged; nor are
+    QuantizeLinear / DequantizeLinear, each of which belongs to its consumer's QDQ node unit. Nodes
     with subgraphs (If, Loop, Scan) and operators of other domains are left alone. A duplicate
     whose output is a graph output keeps its node unless the kept output can take its name.
     Walked in topological order, so whole duplicated chains collapse in one sweep.
@@ -62,7 +67,7 @@ class EliminateCommonSubexpressions(GraphPass):
 def _key(node: gs.Node, inputs: dict[int, tuple]) -> tuple | None:
     """What the node computes, as a hashable key; None for nodes never merged. `inputs`: the
     keys of the tensors seen so far, by identity."""
-    if not is_default_domain(node.domain) or node.op in RANDOM_OPS or not node.outputs:
+    if not is_default_domain(node.domain) or node.op in RANDOM_OPS or node.op in QDQ_OPS or not node.outputs:
         return None
     attrs = []
     for name, value in sorted(node.attrs.items()):
