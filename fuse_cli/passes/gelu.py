@@ -13,6 +13,8 @@ from fuse_cli.toolkit.activations import ERF_GATE, HALF, TANH_GATE, X
 from fuse_cli.toolkit.shapes import rank_reason
 
 GATE = Alt(ERF_GATE, TANH_GATE)
+# the opset-20 Gelu's types (bfloat16 too, which numpy has no dtype for)
+GELU_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.float64))
 
 
 @register
@@ -24,8 +26,9 @@ class FuseGelu(PatternPass):
            └─────────────────────────────── Mul ── Mul(0.5) ── y      =>   x ── Gelu ── y
 
     The 0.5 outside (torch: (x * gate) * 0.5), on x (HF: (0.5 * x) * gate) or on the gate
-    (x * (0.5 * gate)); x / sqrt(2) or x * (1/sqrt(2)); x^3 as Pow(x, 3) or x * (x * x); operands
-    in either order. Constants match to float32 precision (relative 1e-6), so float32 math only.
+    (x * (0.5 * gate)); x / sqrt(2) or x * (1/sqrt(2)); x^3 as Pow(x, 3) or x * (x * x), and
+    0.044715 x^3 as x * (x * (0.044715 * x)) (jax2tf); operands in either order. Constants match to
+    their dtype's precision (relative 1e-6 in float32): a float16 GELU (model.half()) is one too.
     """
 
     name = "gelu"
@@ -39,8 +42,8 @@ class FuseGelu(PatternPass):
 
     def check(self, m: Match, g: GraphEditor) -> Decline | None:
         dtype = g.dtype(m.tensor("x"))
-        if dtype != np.float32:
-            return Decline(f"{m.node('outer').name} computes in {dtype}; only float32 GELU is matched")
+        if dtype not in GELU_DTYPES:
+            return Decline(f"{m.node('outer').name} computes in {dtype}; Gelu takes {', '.join(map(str, GELU_DTYPES))}")
         return rank_reason(m, g)
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:

@@ -20,8 +20,11 @@ ONE = Const(scalar_close(1.0))
 ERF_GATE = Op("Add", Op("Erf", Alt(Op("Div", X, Const(scalar_close(math.sqrt(2.0)))),
                                    Op("Mul", X, Const(scalar_close(1.0 / math.sqrt(2.0))))), name="erf"), ONE)
 CUBE = Alt(Op("Pow", X, Const(scalar_close(3.0))), Op("Mul", X, Op("Mul", X, X)))
+CUBIC_TERM = Const(scalar_close(0.044715))
+# 0.044715 * x^3, or x * (x * (0.044715 * x)) as jax2tf writes it
+SCALED_CUBE = Alt(Op("Mul", CUBIC_TERM, CUBE), Op("Mul", X, Op("Mul", X, Op("Mul", CUBIC_TERM, X))))
 TANH_GATE = Op("Add", Op("Tanh", Op("Mul", Const(scalar_close(math.sqrt(2.0 / math.pi))),
-                                    Op("Add", X, Op("Mul", Const(scalar_close(0.044715)), CUBE))), name="tanh"), ONE)
+                                    Op("Add", X, SCALED_CUBE)), name="tanh"), ONE)
 
 
 def decomposed_gelu(gate, x=X) -> Alt:
