@@ -72,8 +72,8 @@ def render_passes_markdown(target: str | None = None) -> str:
 
 _INTRO = ("Passes run in an explicit order per target (`fuse_cli/pipeline/registry.py`) and repeat until "
           "nothing changes; the graph is cleaned up and sorted once at the end, then the model passes run once. "
-          "`--passes a,b` runs only those, `--disable c` skips one, `fuse passes --explain NAME` prints one "
-          "pass's section.")
+          "`--passes a,b` runs only those, `--disable c` skips one (an unknown name is an error with a \"did you "
+          "mean\"), and `fuse passes --explain NAME` prints one pass's section.")
 
 
 def _merged_order(targets: tuple[str, ...]) -> list[str]:
