@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from fuse_cli.cli import cli
 from fuse_cli.config import load_config
-from fuse_cli.targets import TARGETS
+from fuse_cli.targets import PROVIDER_NAMES, PROVIDERS_OF, TARGETS
 from tests.conftest import REPO, SAMPLES
 
 README = (REPO / "README.md").read_text(encoding="utf-8")
@@ -57,12 +57,15 @@ def test_set_up_is_two_make_targets_that_exist():
 
 def test_readme_is_a_front_page():
     assert len(README.splitlines()) <= FRONT_PAGE_LINES
-    assert "<!-- python-api -->" in section(README, "Python API")
+    assert "\n## Python API\n" in README
 
 
-def test_readme_targets_table_is_the_target_list():
-    listed = re.findall(r"^\| `([a-z-]+)`", section(README, "Targets"), re.M)
-    assert listed == list(TARGETS)
+def test_readme_targets_table_is_the_target_table():
+    rows = re.findall(r"^\| `([a-z-]+)`.*\| ([^|]+) \|$", section(README, "Targets"), re.M)
+    assert [target for target, _ in rows] == list(TARGETS)
+    for target, runs_on in rows:
+        named = set(re.findall(r"\b(CPU|CUDA)\b", runs_on))
+        assert named == {PROVIDER_NAMES[p] for p in PROVIDERS_OF[target]}, (target, runs_on)
 
 
 def test_readme_shows_each_command_once():
@@ -112,7 +115,7 @@ def _same_line(shown: str, printed: str, timed: bool) -> bool:
     return _STATISTIC.sub("#", shown) == _STATISTIC.sub("#", printed)
 
 
-@pytest.mark.parametrize("command, shown", console_blocks(README), ids=lambda v: v.split()[1] if isinstance(v, str) else "")
+@pytest.mark.parametrize("command, shown", [pytest.param(c, s, id=c.split()[1]) for c, s in console_blocks(README)])
 def test_readme_output_is_what_the_command_prints(command, shown, samples_dir, monkeypatch):
     """Each line the README shows is printed, in that order; `...` stands for lines left out."""
     if ".fused.onnx" in command:  # verify reads what the README's optimize wrote
