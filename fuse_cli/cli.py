@@ -180,20 +180,29 @@ def bench_command(model, optimized, dims, providers, levels, quick, no_memory, s
 
 
 @cli.command(name="passes")
-@click.option("--target", type=click.Choice(TARGETS), default="onnx", help="Show the pipeline for this target.")
+@click.option("--target", type=click.Choice(TARGETS), default=None,
+              help="Show the pipeline for this target (default: onnx; with --markdown, every target).")
 @click.option("--explain", metavar="PASS", default=None, help="Print what a pass matches and why it is exact.")
+@markdown_option(is_flag=False, flag_value="-",
+                 help="Write the passes reference as Markdown (to stdout without PATH); docs/passes.md is this.")
 @debug_option
 @guarded
-def list_passes(target, explain):
+def list_passes(target, explain, markdown_path):
     """List the passes, in pipeline order for a target."""
+    from fuse_cli.cli_options import write_output
     from fuse_cli.pipeline.registry import resolve
-    from fuse_cli.report.passes import render_explanation, render_passes
+    from fuse_cli.report.passes import render_explanation, render_passes, render_passes_markdown
 
-    if explain:
-        (chosen,) = resolve(target, [explain])
+    if explain and markdown_path:
+        raise UsageError("--explain prints one pass and --markdown the whole reference: give one of them")
+    check_writable(markdown_path)
+    if markdown_path:
+        write_output(markdown_path, render_passes_markdown(target))
+    elif explain:
+        (chosen,) = resolve(target or "onnx", [explain])
         render_explanation(chosen, console())
     else:
-        render_passes(target, console())
+        render_passes(target or "onnx", console())
 
 
 def main() -> None:
