@@ -15,15 +15,20 @@ HIDDEN = 16
 
 def decomposed_layer_norm(*, opset=17, x_shape=("batch", 5, HIDDEN), axes=(-1,), var_axes=None, square="pow",
                           divide="div", gamma_shape=(HIDDEN,), beta_shape=(HIDDEN,), commuted=False,
-                          eps_input=False, reader=False, fp16=False, residual=False, eps_shape=()) -> onnx.ModelProto:
+                          eps_input=False, reader=False, fp16=False, residual=False, eps_shape=(),
+                          widen=None) -> onnx.ModelProto:
     """The graph torch.onnx.export writes for nn.LayerNorm at opset 14 (ReduceMean axes as an input
     from opset 18): mean, Sub, Pow(2), mean, Add(eps), Sqrt, Div, Mul(gamma), Add(beta).
     `gamma_shape=None` / `beta_shape=None` leave Mul(gamma) / Add(beta) out (elementwise_affine=False,
-    bias=False); `fp16` wraps the math in Cast(float)/Cast(float16); `residual` adds x at the end."""
+    bias=False); `fp16` wraps the math in Cast(float)/Cast(float16); `residual` adds x at the end.
+    `widen` (an onnx type): torch's other float16 form, the mean and x - mean in float16, x - mean
+    Cast to `widen` for the variance and the division, Cast back to float16."""
     b = GraphBuilder(opset=opset)
+    fp16 = fp16 or widen is not None
     dtype = np.float16 if fp16 else np.float32
     x = b.input("x", list(x_shape), TensorProto.FLOAT16 if fp16 else TensorProto.FLOAT)
-    xf = b.op("Cast", x, to=TensorProto.FLOAT) if fp16 else x
+    xf = b.op("Cast", x, to=TensorProto.FLOAT) if fp16 and widen is None else x
+    wide = helper.tensor_dtype_to_np_dtype(widen) if widen is not None else np.float32
 
     def reduce_mean(t, reduce_axes):
         if opset >= 18:
@@ -31,8 +36,9 @@ def decomposed_layer_norm(*, opset=17, x_shape=("batch", 5, HIDDEN), axes=(-1,),
         return b.op("ReduceMean", t, axes=list(reduce_axes), keepdims=1)
 
     centered = b.op("Sub", xf, reduce_mean(xf, axes))
-    squared = b.op("Pow", centered, b.const(2.0)) if square == "pow" else b.op("Mul", centered, centered)
-    eps = b.input("eps", []) if eps_input else b.const(np.full(eps_shape, 1e-5, np.float32))
+    centered = b.op("Cast", centered, to=widen) if widen is not None else centered
+    squared = b.op("Pow", centered, b.const(2.0, dtype=wide)) if square == "pow" else b.op("Mul", centered, centered)
+    eps = b.input("eps", []) if eps_input else b.const(np.full(eps_shape, 1e-5, wide))
     std = b.op("Sqrt", b.op("Add", reduce_mean(squared, var_axes or axes), eps))
     if divide == "div":
         y = b.op("Div", centered, std)
@@ -100,6 +106,33 @@ def test_fp16_cast_wrapped_fuses_with_stash_type(tmp_path, kw):
     # where the decomposed graph also rounds the normalized value
     for batch in (1, 3):
         assert_equivalent(model, result.model, dims={"batch": batch}, rtol=1e-2, atol=1e-3)
+
+
+@pytest.mark.parametrize("widen", [TensorProto.DOUBLE, TensorProto.FLOAT], ids=["float64", "float32"])
+@pytest.mark.parametrize("kw", [{}, {"beta_shape": None}, {"divide": "reciprocal"}], ids=["affine", "no-beta", "reciprocal"])
+def test_fp16_with_a_widened_variance_fuses_with_stash_type(tmp_path, kw, widen):
+    """torch.onnx.export of a half() LayerNorm at opset 14: mean and x - mean in float16, the
+    variance and the division in float64; LayerNormalization's float32 stash is within float16's
+    rounding of it."""
+    model = decomposed_layer_norm(widen=widen, x_shape=("batch", "sequence", HIDDEN), **kw)
+    result = optimize_model(model, tmp_path, passes=("layer-norm",))
+    assert op_counts(result.model) == {"LayerNormalization": 1}
+    (node,) = result.model.graph.node
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    assert node.input[0] == "x" and attrs["stash_type"] == 1
+    for dims in ({"batch": 1, "sequence": 3}, {"batch": 3, "sequence": 5}):
+        assert_equivalent(model, result.model, dims=dims, rtol=1e-2, atol=1e-3)
+
+
+def test_a_widened_variance_cast_back_to_another_type_is_a_near_miss(tmp_path):
+    model = decomposed_layer_norm(widen=TensorProto.DOUBLE, gamma_shape=None, beta_shape=None)
+    cast_out = next(n for n in model.graph.node if n.op_type == "Cast" and n.attribute[0].i == TensorProto.FLOAT16)
+    cast_out.attribute[0].i = TensorProto.FLOAT
+    model.graph.output[0].type.tensor_type.elem_type = TensorProto.FLOAT
+    result = optimize_model(model, tmp_path, passes=("layer-norm",))
+    assert not result.report.fusions
+    (miss,) = [m.reason for m in result.report.near_misses if m.pass_name == "layer-norm"]
+    assert "not to the float16/bfloat16 type of 'x'" in miss
 
 
 def test_full_pipeline_and_upgrade_from_opset14(tmp_path):

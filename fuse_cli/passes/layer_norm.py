@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Alt, Const, Match, Op, Var, constant_value, scalar_close
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
-from fuse_cli.toolkit.norms import (half_source, normalized_axis, param_reason, param_tensor, read_only_by_constant_op,
-                                    reduce_mean)
+from fuse_cli.toolkit.norms import (HALF_TYPES, half_source, normalized_axis, param_reason, param_tensor,
+                                    read_only_by_constant_op, reduce_mean)
 from fuse_cli.toolkit.shapes import rank_reason
+
+WIDE_TYPES = {onnx.TensorProto.FLOAT: np.dtype(np.float32), onnx.TensorProto.DOUBLE: np.dtype(np.float64)}
 
 
 # Named, the Sub also names its output: the squares below must square that very tensor.
@@ -21,7 +24,20 @@ SQUARED = Alt(Op("Pow", Var("centered"), Const(scalar_close(2.0)), name="square"
 STD = Op("Sqrt", Op("Add", reduce_mean(SQUARED, "variance"), Var("eps", const=True), name="add_eps"), name="sqrt")
 NORMALIZED = Alt(Op("Div", CENTERED, STD, name="normalize"),
                  Op("Mul", CENTERED, Op("Reciprocal", STD, name="reciprocal"), name="normalize"))
-CORE = Alt(NORMALIZED, Op("Cast", NORMALIZED, name="cast_out"))
+
+
+def _normalized_wide():
+    """torch's float16 export below opset 17: the mean and x - mean in float16, the rest in a
+    wider float (x - mean Cast to float64), Cast back to float16."""
+    wide = Op("Cast", CENTERED, name="widen")
+    squared = Alt(Op("Pow", Var("widen"), Const(scalar_close(2.0)), name="square"),
+                  Op("Mul", Var("widen"), Var("widen"), name="square"))
+    std = Op("Sqrt", Op("Add", reduce_mean(squared, "variance"), Var("eps", const=True), name="add_eps"), name="sqrt")
+    return Alt(Op("Div", wide, std, name="normalize"),
+               Op("Mul", wide, Op("Reciprocal", std, name="reciprocal"), name="normalize"))
+
+
+CORE = Alt(NORMALIZED, Op("Cast", NORMALIZED, name="cast_out"), Op("Cast", _normalized_wide(), name="cast_out"))
 SCALED = Op("Mul", CORE, Var("gamma"), name="scale")
 
 
@@ -39,7 +55,9 @@ class FuseLayerNormalization(PatternPass):
     without both (elementwise_affine=False). Exact when both ReduceMeans (keepdims=1) reduce the
     same trailing axes [axis, rank), eps is a constant scalar, and gamma/beta broadcast over those
     axes only. The fp16 export (x16 ── Cast(float) ── ...Div ── Cast(float16) ── Mul ── Add) is
-    LayerNormalization's own definition with stash_type=1, so it fuses on x16 directly.
+    LayerNormalization's own definition with stash_type=1, so it fuses on x16 directly; so does
+    torch's other fp16 form (mean and x - mean in float16, Cast(float64) of x - mean for the
+    variance and the division, Cast back), whose float32 stash is within float16's rounding of it.
     """
 
     name = "layer-norm"
@@ -100,6 +118,8 @@ def input_of(m: Match, g: GraphEditor) -> tuple[gs.Tensor, np.dtype | Decline]:
     """The tensor LayerNormalization reads and the dtype of gamma/beta, or why the dtypes do not fit:
     float32 math, or float32 math between Cast(float) of a float16/bfloat16 x and Cast back."""
     x = m.tensor("x")
+    if "widen" in m.nodes:
+        return _widened_input(m, g)
     if g.dtype(x) != np.float32:
         return x, (Decline(f"{m.node('centered').name} computes in {g.dtype(x)}; only float32 math "
                    "(or float16 Cast to float32 and back) fuses exactly"))
@@ -113,3 +133,15 @@ def input_of(m: Match, g: GraphEditor) -> tuple[gs.Tensor, np.dtype | Decline]:
     return x_half, g.dtype(x_half)
 
 
+
+
+def _widened_input(m: Match, g: GraphEditor) -> tuple[gs.Tensor, np.dtype | Decline]:
+    """x itself (float16/bfloat16), where x - mean is Cast to a wider float and the result back to x's type."""
+    x, widen, cast_out = m.tensor("x"), m.node("widen"), m.node("cast_out")
+    half, wide = HALF_TYPES.get(cast_out.attrs.get("to")), WIDE_TYPES.get(widen.attrs.get("to"))
+    if half is None or g.dtype(x) != half:
+        return x, Decline(f"{cast_out.name} casts the normalized value to {cast_out.attrs.get('to')}, not to the "
+                          f"float16/bfloat16 type of {x.name!r} ({g.dtype(x)})")
+    if wide is None:
+        return x, Decline(f"{widen.name} casts {m.tensor('centered').name!r} to {widen.attrs.get('to')}, not to a wider float")
+    return x, half
