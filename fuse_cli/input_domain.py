@@ -26,6 +26,7 @@ import ast
 import itertools
 import math
 import re
+from fractions import Fraction
 from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
@@ -211,11 +212,15 @@ def _primes() -> Iterator[int]:
             yield n
 
 
-# A dim_param is arithmetic of symbols when it parses as such: names, integers, + - * // % and
-# Max/Min (sympy's spelling, which exporters print). Parsed with `ast`, never evaluated as code.
+# A dim_param is arithmetic of symbols when it parses as such: names, integers, + - * / // % and
+# Max/Min, floor/ceil (sympy's spellings, which exporters print: torch writes a strided conv's
+# output as `floor(floor(height/2 - 1/2)/2) + 1`). Parsed with `ast`, never evaluated as code; `/`
+# is exact (fractions), so floor() of it is the integer the runtime computes.
 _OPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
-        ast.FloorDiv: lambda a, b: a // b, ast.Mod: lambda a, b: a % b}
-_CALLS = {"Max": max, "Min": min, "max": max, "min": min}
+        ast.Div: lambda a, b: Fraction(a) / Fraction(b), ast.FloorDiv: lambda a, b: a // b,
+        ast.Mod: lambda a, b: a % b}
+_CALLS = {"Max": max, "Min": min, "max": max, "min": min, "floor": math.floor, "ceiling": math.ceil,
+          "ceil": math.ceil, "FloorToInt": math.floor, "CeilToInt": math.ceil}
 
 
 def _parse(param: str) -> ast.expr | None:
@@ -265,9 +270,11 @@ def _evaluate_all(expressions: Mapping[str, ast.expr | None], values: Mapping[st
     for param, expr in expressions.items():
         if expr is not None and all(name in values for name in _names(expr)):
             try:
-                setting[param] = max(1, int(_value(expr, values)))
+                value = _value(expr, values)
             except ZeroDivisionError:
                 continue
+            if value == int(value):  # a fraction left over is no size: the expression is not one
+                setting[param] = max(1, int(value))
     return setting
 
 

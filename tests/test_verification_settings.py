@@ -384,3 +384,22 @@ def test_unnamed_dims_the_graph_equates_take_one_size_and_verify(tmp_path):
     assert setting["audio.dim0"] == setting["state.dim1"] and setting["audio.dim1"] > 64
     assert "one size for every dim" in result.settings_note
     assert report.exit_code == 0
+
+
+def test_torch_floor_dims_are_evaluated_exactly():
+    """torch declares a strided conv's output as `floor(height/2 - 1/2) + 1`: with `/` exact and
+    floor() applied, the size is what the runtime computes (height 641 -> 321, 640 -> 320); an
+    expression that leaves a fraction is no size and stays unevaluated."""
+    from fuse_cli.input_domain import with_declared_arithmetic
+
+    b = GraphBuilder(opset=17)
+    y = b.op("Relu", b.input("x", [1, "height"]))
+    model = b.build(y, output_names=["y"])
+    inner = "floor(height/2 - 1/2) + 1"
+    for name, dims in (("c1", [1, inner]), ("c2", [1, f"floor(({inner})/2 - 1/2) + 1"]), ("half", [1, "height/2"]),
+                       ("ceil", [1, "ceiling(height/4)"])):
+        model.graph.value_info.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, dims))
+    at = with_declared_arithmetic(model, {"height": 641})
+    assert at[inner] == 321 and at[f"floor(({inner})/2 - 1/2) + 1"] == 161 and at["ceiling(height/4)"] == 161
+    assert "height/2" not in at  # 320.5
+    assert with_declared_arithmetic(model, {"height": 640})["height/2"] == 320
