@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 FUZZ_EXAMPLES ?= 500
 
-.PHONY: install demo test fuzz bench bench-corpus memory-truth schedule-bench llm-bench near-miss-corpus verify-corpus sample-models clean control-flow-corpus control-flow-bench
+.PHONY: install demo test fuzz bench bench-corpus memory-truth schedule-bench llm-bench near-miss-corpus verify-corpus fp16-parity sample-models clean control-flow-corpus control-flow-bench
 
 install: $(STAMP)
 
@@ -66,6 +66,11 @@ llm-bench: $(STAMP)
 control-flow-bench: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/control_flow_bench.py --models $(CF_MODELS)
 
+# fp16 copies (model.half() exports, benchmarks/corpus/fp16.py) against their float32 copies: fusion
+# counts per pass and target; a pass the float16 copy lacks must say why.
+fp16-parity: $(STAMP)
+	$(BIN)/python benchmarks/fp16_parity.py --models $(CORPUS_MODELS)
+
 verify-corpus: $(STAMP)
 	$(BIN)/python benchmarks/verify_corpus.py benchmarks/corpus/models benchmarks/corpus/heldout-models --backend \
 		--json benchmarks/results/verify_corpus.json --markdown benchmarks/results/verify_corpus.md
@@ -94,6 +99,7 @@ bench-corpus: $(CORPUS_STAMP)
 	$(CORPUS_VENV)/bin/python benchmarks/corpus/export.py --out $(CORPUS_MODELS)
 	$(CORPUS_VENV)/bin/python benchmarks/corpus/heldout.py --out benchmarks/corpus/heldout-models
 	$(CORPUS_VENV)/bin/python benchmarks/corpus/decoders.py --out $(DECODER_MODELS)
+	$(CORPUS_VENV)/bin/python benchmarks/corpus/fp16.py --out $(CORPUS_MODELS)
 	$(MAKE) control-flow-corpus
 
 # The control-flow corpus (benchmarks/corpus/README.md): optimum's merged decoders, torch.cond and a
