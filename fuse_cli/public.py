@@ -57,12 +57,13 @@ class FuseResult:
     """What `optimize` or `audit_model` made of a model. Owns a scratch folder (the new weights the
     model references) until `close()`, the end of a `with` block, or garbage collection."""
 
-    def __init__(self, run: api.OptimizeResult, source: Path | None, scratch: Path, lot: ParkingLot):
+    def __init__(self, run: api.OptimizeResult, *, source: Path | None, external_data: bool, scratch: Path,
+                 lot: ParkingLot):
         self.report: Report = run.report
         self._model = run.model_by_reference
         # never written over: the input and its weights (read_from adds the files the model reads)
         self._inputs = (*([source] if source is not None else []), *run.input_weight_files)
-        self._external_data = bool(run.input_weight_files)
+        self._external_data = external_data  # where `save` puts the weights by default: as the input had them
         self._scratch = scratch
         self._read_in = False
         self._finalizer = weakref.finalize(self, _remove_scratch, lot, scratch)
@@ -122,7 +123,7 @@ class FuseResult:
                 raise InputError(f"{target}: output folder {target.parent} does not exist")
             with output_lock(target):
                 return save_model(self._model, target,
-                                  external_data=True if external_data is None and self._external_data else external_data)
+                                  external_data=self._external_data or None if external_data is None else external_data)
 
     def _refuse_over_inputs(self, target: Path) -> None:
         read_from = {file for file, _, _ in filter(None, map(reference, self._model.graph.initializer))}
@@ -258,9 +259,10 @@ def _run(model: ModelInput, base_dir, *, dry_run: bool, config: FuseConfig) -> F
     with _public_errors(), _scratch(keep=True) as (folder, lot), _shown_as(folder):
         path = _model_file(model, base_dir, folder, "model")
         run = api.optimize_unwritten(path, config, lot, dry_run=dry_run)
-        if path.is_relative_to(folder):  # a ModelProto: the report names no scratch file
-            return FuseResult(replace(run, report=replace(run.report, model_path=IN_MEMORY)), None, folder, lot)
-        return FuseResult(run, path, folder, lot)
+        if isinstance(model, onnx.ModelProto):  # the report names no scratch file
+            return FuseResult(replace(run, report=replace(run.report, model_path=IN_MEMORY)), source=None,
+                              external_data=_has_external_data(model), scratch=folder, lot=lot)
+        return FuseResult(run, source=path, external_data=bool(run.input_weight_files), scratch=folder, lot=lot)
 
 
 @contextlib.contextmanager
@@ -295,7 +297,8 @@ def _remove_scratch(lot: ParkingLot, folder: Path) -> None:
 
 def _model_file(model, base_dir, folder: Path, name: str) -> Path:
     """The file the engine reads `model` from: a path as given; a ModelProto written to `folder`
-    (io.save_model: external data over protobuf's 2 GB limit, weights in files copied file to file)."""
+    by io.save_model, one weight in memory at a time (external data over protobuf's 2 GB limit,
+    and for a model whose weights are in files: copied file to file, never read in)."""
     if isinstance(model, (str, os.PathLike)):
         return Path(model)
     if not isinstance(model, onnx.ModelProto):
@@ -310,8 +313,7 @@ def _with_weights_in_files(model: onnx.ModelProto, base_dir) -> onnx.ModelProto 
     """None for a model holding all its weights; else a copy (cheap: its big weights are not in
     memory) whose initializers in external data name their files absolutely, resolved against
     `base_dir` as onnx does, and whose other external tensors (attributes, sparse parts) are read in."""
-    if not any(t.data_location == onnx.TensorProto.EXTERNAL for t in _initializers(model))\
-            and not any(t.data_location == onnx.TensorProto.EXTERNAL for t in _other_tensors(model)):
+    if not _has_external_data(model):
         return None
     if base_dir is None:
         raise InputError("the model keeps weights in external data files: pass base_dir= (the folder they are "
@@ -329,6 +331,10 @@ def _with_weights_in_files(model: onnx.ModelProto, base_dir) -> onnx.ModelProto 
             tensor.data_location = onnx.TensorProto.DEFAULT
             del tensor.external_data[:]
     return copy
+
+
+def _has_external_data(model: onnx.ModelProto) -> bool:
+    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in (*_initializers(model), *_other_tensors(model)))
 
 
 def _data_file(tensor: onnx.TensorProto, base: Path) -> Path:

@@ -40,6 +40,19 @@ def conv_bn(channels: int = 48) -> onnx.ModelProto:
     return b.build(b.op("Relu", y), output_names=["y"])
 
 
+def with_a_kept_weight(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` plus z = v + kept: a 64 KB weight (held by reference) that no pass rewrites."""
+    model.graph.initializer.append(onnx.numpy_helper.from_array(np.full((128, 128), 0.5, np.float32), "kept"))
+    model.graph.input.append(onnx.helper.make_tensor_value_info("v", onnx.TensorProto.FLOAT, [128, 128]))
+    model.graph.node.append(onnx.helper.make_node("Add", ["v", "kept"], ["z"]))
+    model.graph.output.append(onnx.helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, [128, 128]))
+    return model
+
+
+def kept_weight(result: fuse_cli.FuseResult) -> onnx.TensorProto:
+    return next(t for t in result.model_by_reference.graph.initializer if t.name == "kept")
+
+
 def with_external_data(model: onnx.ModelProto, folder: Path, name: str = "model.onnx") -> Path:
     path = folder / name
     onnx.save(model, path, save_as_external_data=True, all_tensors_to_one_file=True, location=f"{name}.data",
@@ -90,18 +103,18 @@ def test_new_weights_are_referenced_in_the_results_scratch_until_it_closes(tmp_p
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_protos_weights_are_referenced_in_its_scratch_copy_not_read_into_memory_again():
+    with fuse_cli.optimize(with_a_kept_weight(conv_bn()), verify=False) as result:
+        file = reference(kept_weight(result))[0]
+        assert file.name == "model.onnx" and file.parent.name.startswith("fuse-")
+
+
 def test_a_path_with_external_data_keeps_its_weights_where_they_are(tmp_path):
-    model = conv_bn()
-    # a 64 KB weight no pass rewrites
-    model.graph.initializer.append(onnx.numpy_helper.from_array(np.full((128, 128), 0.5, np.float32), "kept"))
-    model.graph.input.append(onnx.helper.make_tensor_value_info("v", onnx.TensorProto.FLOAT, [128, 128]))
-    model.graph.node.append(onnx.helper.make_node("Add", ["v", "kept"], ["z"]))
-    model.graph.output.append(onnx.helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, [128, 128]))
+    model = with_a_kept_weight(conv_bn())
     path = with_external_data(model, tmp_path)
     listing = sorted(tmp_path.iterdir())
     with fuse_cli.optimize(path, verify=False) as result:
-        kept = next(t for t in result.model_by_reference.graph.initializer if t.name == "kept")
-        assert reference(kept)[0] == (tmp_path / "model.onnx.data").resolve(), "referenced where it lives, not copied"
+        assert reference(kept_weight(result))[0] == (tmp_path / "model.onnx.data").resolve(), "referenced where it lives, not copied"
         assert sorted(tmp_path.iterdir()) == listing
         written = result.save(tmp_path / "out.onnx")
     assert written == [tmp_path / "out.onnx", tmp_path / "out.onnx.data"], "external data, as the input had"
