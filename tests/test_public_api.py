@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -278,3 +280,17 @@ def test_importing_fuse_cli_does_not_import_onnx():
     code = "import sys, fuse_cli; assert 'onnx' not in sys.modules; print(fuse_cli.optimize.__module__)"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ})
     assert run.returncode == 0 and run.stdout.strip() == "fuse_cli.public", run.stderr
+
+
+def test_the_readmes_python_example_prints_what_the_readme_shows(tmp_path):
+    """The README's "Python API" section: its ```python block, run, prints its next ``` block."""
+    readme = (Path(fuse_cli.__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    if "## Python API" not in readme:
+        pytest.skip("the README has no Python API section")
+    section = readme.split("## Python API", 1)[1].split("\n## ", 1)[0]
+    code, shown = re.search(r"```python\n(.*?)```\s*```(?:text)?\n(.*?)```", section, re.S).groups()
+    (tmp_path / "sample_models").mkdir()
+    shutil.copy(SAMPLES / "cnn_bn_relu.onnx", tmp_path / "sample_models")
+    run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == shown
