@@ -39,3 +39,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(public, name)
     raise AttributeError(f"module 'fuse_cli' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_PUBLIC})
