@@ -22,7 +22,7 @@ from fuse_cli.fusing import Fused, fuse, what_runtime_target_adds
 from fuse_cli.graph.io import load_model, node_count
 from fuse_cli.graph.opset import default_opset, upgrade_opset
 from fuse_cli.graph.output import CandidateWriter, check_not_over_weights, check_output_path, output_lock
-from fuse_cli.graph.weights import read_in
+from fuse_cli.graph.weights import ParkingLot, read_in
 from fuse_cli.input_domain import binding
 from fuse_cli.load_check import loadable
 from fuse_cli.passes import resolve
@@ -37,9 +37,12 @@ from fuse_cli.verify import MATCH
 @dataclass(frozen=True)
 class OptimizeResult:
     report: Report
-    # the optimized model, its big weights held by reference to the written files (to the input's
-    # in a dry run): what a caller of a big model should use (graph/weights.py)
+    # the optimized model, its big weights held by reference to the written files (unwritten: to
+    # the input's, and to the caller's lot where one was given): what a caller of a big model
+    # should use (graph/weights.py)
     model_by_reference: onnx.ModelProto
+    # the external data files the input's weights are in (a written model then has one too)
+    input_weight_files: tuple[Path, ...] = ()
 
     @property
     def model(self) -> onnx.ModelProto:
@@ -66,10 +69,19 @@ def optimize(model_path: str | os.PathLike, config: FuseConfig, output_path: str
         return _optimize(source, config, target_path, dry_run=False)
 
 
-def _optimize(source: Path, config: FuseConfig, target_path: Path, *, dry_run: bool) -> OptimizeResult:
+def optimize_unwritten(model_path: str | os.PathLike, config: FuseConfig, lot: ParkingLot, *,
+                       dry_run: bool = False) -> OptimizeResult:
+    """`optimize` writing nothing (the Python API): the model's new weights stay parked in `lot`,
+    the caller's to clean up once it is done with the model, which references them there."""
+    return _optimize(Path(model_path), config, None, dry_run=dry_run, lot=lot)
+
+
+def _optimize(source: Path, config: FuseConfig, target_path: Path | None, *, dry_run: bool,
+              lot: ParkingLot | None = None) -> OptimizeResult:
+    output = None if dry_run else target_path  # None: nothing is written
     loaded = load_model(source, freeze_inputs=config.freeze_inputs)
-    if not dry_run:
-        check_not_over_weights(loaded, target_path, config.external_data)
+    if output is not None:
+        check_not_over_weights(loaded, output, config.external_data)
     opset_before = default_opset(loaded.model)
     if config.upgrade_opset:
         loaded.model = upgrade_opset(loaded.model, config.upgrade_opset)
@@ -79,7 +91,7 @@ def _optimize(source: Path, config: FuseConfig, target_path: Path, *, dry_run: b
     resolve(config.target, config.fail_on_near_miss)  # the same "did you mean" for gate pass names
     tables = build_shape_tables(loaded.model, config)
 
-    writer = CandidateWriter(loaded, None if dry_run else target_path, config.external_data)
+    writer = CandidateWriter(loaded, output, config.external_data, lot)
     estimate = PeakEstimate(loaded, tables.bound, tables.planner, config)
 
     def run(selected: list[Pass]) -> Fused:
@@ -94,13 +106,15 @@ def _optimize(source: Path, config: FuseConfig, target_path: Path, *, dry_run: b
         # The audit (a dry run) says what portability costs; `optimize` does not run the pipeline twice.
         runtime_extra = (what_runtime_target_adds(loaded, tables, config)
                          if config.target == "onnx" and dry_run else ())
-        written = tuple(str(p) for p in writer.settle(fused.model))
+        # a caller's lot outlives the run: the model keeps referencing the weights parked there
+        written = tuple(str(p) for p in writer.settle(fused.model)) if lot is None else ()
     finally:
-        writer.clean_up()
+        if lot is None:
+            writer.clean_up()
     optimized = fused.model
     report = Report(
         model_path=str(source),
-        output_path=None if dry_run else str(target_path),
+        output_path=None if output is None else str(output),
         target=config.target,
         passes=tuple(p.name for p in passes),
         fusions=tuple(fused.fusions),
@@ -128,4 +142,4 @@ def _optimize(source: Path, config: FuseConfig, target_path: Path, *, dry_run: b
                                                                   for s in estimate.settings),
         orders=fused.orders,
     )
-    return OptimizeResult(report=report, model_by_reference=optimized)
+    return OptimizeResult(report=report, model_by_reference=optimized, input_weight_files=loaded.external_files)

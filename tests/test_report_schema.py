@@ -6,7 +6,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from fuse_cli import api
+from fuse_cli import __version__, api
 from fuse_cli.config import FuseConfig
 from fuse_cli.report.render import memory_lines, render_json
 from tests.conftest import SAMPLES
@@ -24,6 +24,7 @@ def test_reports_validate(tmp_path, sample, config):
     document = json.loads(render_json(report))
     jsonschema.validate(document, SCHEMA)
     assert document["memory"]["peak_bytes"]["before"] > 0 and document["fusions"]
+    assert document["fuse_version"] == __version__ and document["schema_version"] == SCHEMA["properties"]["schema_version"]["const"]
 
 
 def test_the_schema_rejects_a_report_missing_a_required_field(tmp_path):
@@ -32,6 +33,18 @@ def test_the_schema_rejects_a_report_missing_a_required_field(tmp_path):
     del document["memory"]["peak_bytes"]
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(document, SCHEMA)
+
+
+def test_the_schema_names_the_release_that_wrote_a_document():
+    report = api.optimize(SAMPLES / "mlp.onnx", FuseConfig(verify=False), dry_run=True).report
+    document = json.loads(render_json(report))
+    for version in (None, "next"):
+        if version is None:
+            del document["fuse_version"]
+        else:
+            document["fuse_version"] = version
+        with pytest.raises(jsonschema.ValidationError, match="fuse_version|next"):
+            jsonschema.validate(document, SCHEMA)
 
 
 def test_measured_fields_with_measure():

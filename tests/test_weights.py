@@ -134,3 +134,15 @@ def test_an_embedded_model_is_optimized_without_a_second_copy_of_its_weights(tmp
     assert report.verification.passed and len(report.fusions) == 24
     # measured 0.19x (a weight and its float64 fold at a time); holding every folded weight is 1x
     assert peak < 0.5 * weight_bytes, f"peak traced {peak / 1e6:.1f} MB for {weight_bytes / 1e6:.1f} MB of weights"
+
+
+def test_a_model_fuse_wrote_inline_is_read_back_by_reference(conv_models, tmp_path):
+    """graph/io.py's streamed writer stores the graph in several records (one per weight): read_model
+    cuts each, so optimizing fuse's own output does not parse every weight into memory."""
+    embedded, _ = conv_models
+    out = tmp_path / "out.onnx"
+    api.optimize(embedded, FuseConfig(verify=False), out)
+    model = weights.read_model(out)
+    held = [t for t in model.graph.initializer if weights.reference(t) is not None]
+    assert held and all(weights.reference(t)[0].name == out.name for t in held)
+    assert_equivalent(onnx.load(str(out)), read_original(out), dims={"batch": 2})

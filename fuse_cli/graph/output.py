@@ -23,10 +23,11 @@ class CandidateWriter:
     one disk). external_data None keeps the weights where the user had them: in external data
     for an input with external data, else inline unless over protobuf's limit."""
 
-    def __init__(self, loaded: LoadedModel, target: Path | None, external_data: bool | None):
+    def __init__(self, loaded: LoadedModel, target: Path | None, external_data: bool | None,
+                 lot: ParkingLot | None = None):
         self.target = target
         self.external_data = True if external_data is None and loaded.external else external_data
-        self.lot = ParkingLot(near=target.parent if target is not None else None)
+        self.lot = lot if lot is not None else ParkingLot(near=target.parent if target is not None else None)
 
     def settle(self, model: onnx.ModelProto) -> list[Path]:
         """Write `model` to the target, its weights then read from the written files; with no

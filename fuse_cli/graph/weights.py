@@ -59,15 +59,14 @@ def read_model(path: Path) -> onnx.ModelProto:
 def _without_big_payloads(data: mmap.mmap, location: str) -> bytes:
     """The model's bytes with big raw_data payloads replaced by references: the protobuf wire
     format is a sequence of (field, value) records, and a message field's records can be cut and
-    appended to, so only the graph and its initializers are walked, nothing is decoded."""
-    rest, graphs = bytearray(), 0
+    appended to, so only the graph and its initializers are walked, nothing is decoded. A graph
+    stored in several records (legal; graph/io.py's streamed writer puts each weight in one) is
+    cut record by record: the parser merges them as it would have merged the originals."""
+    rest = bytearray()
     for number, start, value_start, end in _fields(data, 0, len(data)):
         if number != _MODEL_GRAPH:
             rest += data[start:end]
             continue
-        graphs += 1
-        if graphs > 1:  # a graph split over several records (legal, never written by onnx): parse it whole
-            raise ValueError("the graph is stored in parts")
         # records are copied in runs; only an initializer long enough to hold a big payload is cut
         graph, run_start = bytearray(), value_start
         for g_number, g_start, g_value_start, g_end in _fields(data, value_start, end):

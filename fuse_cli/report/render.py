@@ -13,6 +13,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from fuse_cli import __version__
 from fuse_cli.analysis.bodies import BodyCost
 from fuse_cli.report.model import SCHEMA_VERSION, Report, describe_rolled_back
 from fuse_cli.report.text import markdown, plain, terminal
@@ -282,6 +283,7 @@ def _render_audit(report: Report, console: Console) -> None:
 def to_json_dict(report: Report) -> dict[str, Any]:
     return {
         "schema_version": SCHEMA_VERSION,
+        "fuse_version": __version__,
         "tool": "fuse",
         "model": report.model_path,
         "output": report.output_path,
@@ -417,7 +419,7 @@ def render_verify_rich(result: VerifyResult, console: Console) -> None:
 
 
 def render_verify_json(result: VerifyResult) -> str:
-    return json.dumps({"schema_version": SCHEMA_VERSION, **_verification_json(result)}, indent=2) + "\n"
+    return json.dumps({"schema_version": SCHEMA_VERSION, "fuse_version": __version__, **_verification_json(result)}, indent=2) + "\n"
 
 
 def render_batch_rich(items, console: Console) -> None:
@@ -445,6 +447,6 @@ def render_batch_rich(items, console: Console) -> None:
 
 
 def render_batch_json(items) -> str:
-    return json.dumps({"schema_version": SCHEMA_VERSION, "models": [
+    return json.dumps({"schema_version": SCHEMA_VERSION, "fuse_version": __version__, "models": [
         {"model": i.model, "output": i.output, "exit_code": i.exit_code, "error": i.error, "report": i.report}
         for i in items]}, indent=2) + "\n"
