@@ -37,6 +37,7 @@ from fuse_cli.core.order import execution_order, model_fingerprint
 from fuse_cli.core.tensors import element_size_bits, payload_bytes
 from fuse_cli.input_domain import (  # the distinct primes verification binds; the inputs' binding keys
     free_symbols, input_dim_keys, is_placeholder, shape_settings, with_computed_dims, with_declared_arithmetic)
+from fuse_cli.ops import DEFAULT_DOMAIN_STAND_INS, stand_ins
 
 Dim = int | str | None
 _NO_BINDINGS: Mapping = MappingProxyType({})
@@ -645,110 +646,15 @@ def _light_graph(graph: onnx.GraphProto, opset: int) -> onnx.GraphProto:
     nodes: list[onnx.NodeProto] = []
     for i in _inference_order(graph):
         node = stored[i]
-        if node.domain not in ("", "ai.onnx") or node.op_type in _DEFAULT_DOMAIN_STAND_INS:
-            replaced = _stand_ins(node, opset)
+        # onnx has no inference for onnxruntime's operators: their records' stand-ins (fuse_cli/ops/)
+        if node.domain not in ("", "ai.onnx") or node.op_type in DEFAULT_DOMAIN_STAND_INS:
+            replaced = stand_ins(node, opset)
             if replaced:
                 nodes.extend(replaced)
                 continue
         nodes.append(_light_node(node, opset) if node.attribute else node)
     light.node.extend(nodes)  # one extend: per-node extends cost a third of the copy at 12k nodes
     return light
-
-
-# Operators onnx has no inference for (onnxruntime's com.microsoft kernels, and its internal
-# default-domain ones) but whose output 0 has the shape standard operators compute: inferred
-# through those stand-ins, so everything downstream of a fused node keeps its shape. Each
-# mirrors the operator's schema inference in onnxruntime (contrib_ops/*_defs.cc).
-_MS = "com.microsoft"
-_SAME_AS_INPUT_0 = frozenset({
-    (_MS, "Gelu"), (_MS, "FastGelu"), (_MS, "BiasGelu"), (_MS, "QuickGelu"), (_MS, "RotaryEmbedding"),
-    (_MS, "SkipLayerNormalization"), (_MS, "SkipSimplifiedLayerNormalization"),
-    (_MS, "GroupQueryAttention"), ("", "SimplifiedLayerNormalization"),
-})
-_DEFAULT_DOMAIN_STAND_INS = frozenset(op for domain, op in _SAME_AS_INPUT_0 if domain == "") | {"LayerNormalization"}
-_CONV_ATTRIBUTES = frozenset({"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"})
-
-
-def _stand_ins(node: onnx.NodeProto, opset: int) -> list[onnx.NodeProto]:
-    """Standard nodes writing `node`'s first output with its shape and type; [] when none."""
-    domain = "" if node.domain in ("", "ai.onnx") else node.domain
-    key = (domain, node.op_type)
-    inputs = list(node.input)
-    if not node.output or not node.output[0] or not inputs or not inputs[0]:
-        return []
-    out = node.output[0]
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    if key == (_MS, "GroupQueryAttention") and not any(inputs[3:5]) and len(inputs) > 2 and inputs[1] and inputs[2]:
-        # Without a past, present_key/present_value are the key and value split into heads,
-        # [B, kv_num_heads, S, head_size] (GroupQueryAttentionTypeAndShapeInference, bert_defs.cc).
-        # Left unsized, the kernel's present-sized scratch and the presents themselves went
-        # uncounted: bert-base's dynamo export, fused, measured 1.9x its estimate.
-        nodes = [helper.make_node("Identity", inputs[:1], [out])]
-        heads = helper.make_tensor(f"{out}__kv_heads", TensorProto.INT64, [4], [0, 0, int(attrs.get("kv_num_heads", 0)), -1])
-        for source, present in zip(inputs[1:3], list(node.output[1:3])):
-            if present and attrs.get("kv_num_heads"):
-                split = f"{present}__split"
-                nodes += [helper.make_node("Constant", [], [f"{split}_shape"], value=heads),
-                          helper.make_node("Reshape", [source, f"{split}_shape"], [split]),
-                          helper.make_node("Transpose", [split], [present], perm=[0, 2, 1, 3])]
-        return nodes
-    if key in _SAME_AS_INPUT_0 or key == ("", "LayerNormalization") and opset < 17:
-        return [helper.make_node("Identity", inputs[:1], [out])]
-    if key == (_MS, "FusedConv"):
-        kept = {k: v for k, v in attrs.items() if k in _CONV_ATTRIBUTES}
-        return [helper.make_node("Conv", inputs[:3], [out], **kept)]
-    if key == (_MS, "FusedGemm"):
-        return [helper.make_node("Gemm", inputs[:3], [out], transA=attrs.get("transA", 0), transB=attrs.get("transB", 0))]
-    if key == (_MS, "FusedMatMul") and len(inputs) >= 2:
-        if attrs.get("transBatchA") or attrs.get("transBatchB"):
-            return []
-        # A transposed operand as a one-input Einsum, which needs no rank; MatMul broadcasts.
-        nodes, operands = [], []
-        for side, name in (("A", inputs[0]), ("B", inputs[1])):
-            if attrs.get(f"trans{side}"):
-                if opset < 12:
-                    return []
-                operands.append(f"{out}::fuse-{side}-t")
-                nodes.append(helper.make_node("Einsum", [name], operands[-1:], equation="...ij->...ji"))
-            else:
-                operands.append(name)
-        return [*nodes, helper.make_node("MatMul", operands, [out])]
-    if key == (_MS, "Attention") and len(inputs) >= 2 and inputs[1]:
-        # [input[0], input[1], v_hidden] (AttentionTypeAndShapeInference, bert_defs.cc): V's slice of
-        # the packed weights, qkv_hidden_sizes[2] or a third of their width, projected.
-        value_weight = f"{out}::fuse-value-weight"
-        sizes = attrs.get("qkv_hidden_sizes")
-        if sizes:
-            bounds = [f"{out}::fuse-value-{end}" for end in ("start", "end", "axis")]
-            values = ([int(sizes[0]) + int(sizes[1])], [int(sum(sizes))], [1])
-            nodes = [helper.make_node("Constant", [], [name], value=helper.make_tensor(name, TensorProto.INT64, [1], v))
-                     for name, v in zip(bounds, values)]
-            nodes.append(helper.make_node("Slice", [inputs[1], *bounds], [value_weight]))
-        else:
-            parts = [f"{out}::fuse-{role}-weight" for role in ("query", "key")] + [value_weight]
-            nodes = [helper.make_node("Split", inputs[1:2], parts, axis=1, **({"num_outputs": 3} if opset >= 18 else {}))]
-        return [*nodes, helper.make_node("MatMul", [inputs[0], value_weight], [out])]
-    if key == (_MS, "MultiHeadAttention") and len(inputs) >= 3 and inputs[1] and inputs[2]:
-        # onnxruntime's inference (MultiHeadAttentionTypeAndShapeInference, bert_defs.cc) writes
-        # [query[0], query[1], value[2]] for a 3-D value and [query[0], query[1], value[1] *
-        # value[3]] for a 4-D one ([B, N, L, H]), whatever the ranks: an Einsum that takes the
-        # query's first two dims and the value's dims but its first and its key length ([Dv] or
-        # [N, H]), flattened into one ([?, Dv] or [?, N * H]: a single dim keeps its name), then
-        # put behind the query's first two. The product's dims must be the query's, never a
-        # broadcast with the value's: onnxruntime's planner compares them (memory.py), and a
-        # stand-in that lost them, or got the rank wrong, kept every tensor after attention
-        # from sharing a buffer where onnxruntime does.
-        if opset >= 12:
-            heads, flat = f"{out}::fuse-value-heads", f"{out}::fuse-value-flat"
-            return [helper.make_node("Einsum", [inputs[0], inputs[2]], [heads], equation="bsd,z...lh->bs...h"),
-                    helper.make_node("Flatten", [heads], [flat], axis=2),
-                    helper.make_node("Einsum", [inputs[0], flat], [out], equation="bsd,kx->bsx")]
-        # Before Einsum: [B, S, D] x [B, L, D]^T x [B, L, Dv] -> [B, S, Dv], for a 3-D value only.
-        key_t, scores = f"{out}::fuse-key-t", f"{out}::fuse-scores"
-        return [helper.make_node("Transpose", [inputs[1]], [key_t], perm=[0, 2, 1]),
-                helper.make_node("MatMul", [inputs[0], key_t], [scores]),
-                helper.make_node("MatMul", [scores, inputs[2]], [out])]
-    return []
 
 
 def _inference_order(graph: onnx.GraphProto) -> Sequence[int]:
