@@ -18,7 +18,8 @@ Where the columns come from (onnxruntime 1.31):
   (run on an H200 with onnxruntime-gpu 1.31.1: every row agreed but NhwcConv, corrected below;
   get_all_opkernel_def() crashed there too, with the CUDA libraries loaded).
 Which forms of an operator (optional inputs left empty, dtypes) run correctly is kernel_contracts.py's
-table; the forms it refuses are named in the notes here.
+table; the forms it refuses are named in the notes here. The rows of both tables, and of SLOWER and
+UNCHECKED, are kept in each operator's record (fuse_cli/ops/); this module is the policy over them.
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ PROVIDERS_OF: dict[str, tuple[str, ...]] = {
 PROVIDER_NAMES = {"cpu": "CPU", "cuda": "CUDA"}
 DTYPES = ("float32", "float16", "bfloat16", "float64")  # the floating types the table speaks for, in display order
 
-# The rows live in the operators' records (fuse_cli/ops/): one module per operator.
 CAPABILITIES: tuple[Capability, ...] = tuple(r.support for r in OPERATORS if r.support and not r.standard)
 _BY_KEY = {(c.op, c.domain): c for c in CAPABILITIES}
 

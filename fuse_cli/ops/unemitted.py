@@ -1,5 +1,5 @@
-"""onnxruntime operators no pass emits, with no CPU kernel: listed so that the target table
-(`fuse targets`) says where each runs."""
+"""onnxruntime operators no pass emits, with no CPU kernel: listed so that the operator table
+`fuse passes` prints says where each runs."""
 
 from __future__ import annotations
 
