@@ -42,7 +42,7 @@ import onnx
 
 from fuse_cli.analysis import walk_setup as setups
 from fuse_cli.analysis.bodies import BodyCost
-from fuse_cli.analysis.planner import BufferPlan, in_place_input, is_view, plan
+from fuse_cli.analysis.planner import BufferPlan, buffer_plan, in_place_input, is_view
 from fuse_cli.analysis.planner_shapes import SHAPE_VALUE_INPUT, planner_shapes
 from fuse_cli.analysis.shapes import ShapeTable, paused_gc
 from fuse_cli.analysis.walk_setup import INPUT_PRODUCER, WalkSetup, WalkSizes, walk_setup, weight_names
@@ -145,7 +145,7 @@ def profile_memory_at(model: onnx.ModelProto, tables: Sequence[ShapeTable], *, e
     with paused_gc():
         setup = walk_setup(model, symbolic_shapes, extra_weights, order)
         absent = frozenset(absent)
-        buffers = plan(setup, absent)
+        buffers = buffer_plan(setup, absent)
         return tuple(_profile(setup, buffers, setup.sized(shapes), absent) for shapes in tables)
 
 

@@ -41,7 +41,7 @@ from fuse_cli.analysis.walk_setup import WalkSetup
 from fuse_cli.ops import IN_PLACE, VIEW_OPSETS, domain_of
 
 
-def plan(setup: WalkSetup, absent: frozenset[str]) -> BufferPlan:
+def buffer_plan(setup: WalkSetup, absent: frozenset[str]) -> BufferPlan:
     """The buffer plan of `setup`'s order with `absent` taking no memory, made once per `absent`."""
     found = setup.plans.get(absent)
     if found is None:

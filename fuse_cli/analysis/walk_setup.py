@@ -160,7 +160,9 @@ _GRAPHS_KEPT = 4
 
 
 def walk_setup(model: onnx.ModelProto, symbolic_shapes: ShapeTable | None, extra_weights: Iterable[str],
-           explicit: Sequence[int] | None = None) -> WalkSetup:
+               explicit: Sequence[int] | None = None) -> WalkSetup:
+    """`model` prepared for walks in onnxruntime's order, or in `explicit` (stored indices by step;
+    ValueError when not a topological order): from the cache when the same model was walked lately."""
     # A list: indexing a protobuf repeated field builds a wrapper per access (35 us at 12k nodes).
     stored = list(model.graph.node)
     serialized = [node.SerializeToString() for node in stored]
@@ -186,7 +188,7 @@ def walk_setup(model: onnx.ModelProto, symbolic_shapes: ShapeTable | None, extra
 
 
 def _walk_graph(model: onnx.ModelProto, nodes: Sequence[_Node], symbolic_shapes: ShapeTable | None,
-           extra: frozenset[str], fingerprint: bytes) -> WalkGraph:
+                extra: frozenset[str], fingerprint: bytes) -> WalkGraph:
     graph = model.graph
     consumed = [node.consumed for node in nodes]
     outputs = [node.output for node in nodes]
