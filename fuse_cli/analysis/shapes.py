@@ -114,7 +114,7 @@ class ShapeTable:
     # Tensors where onnx's inference wrote a placeholder symbol of its own (unk__N) for a dim it
     # could not infer, or where onnxruntime's symbolic inference named a dim onnx left unknown:
     # per dim that placeholder (None for the dims onnx knew). Equal placeholders say which
-    # unknown dim onnx copied from which (the memory model needs that, see memory.py).
+    # unknown dim onnx copied from which (the memory model needs that, see planner_shapes.py).
     # None: onnx could not even infer the rank (onnxruntime's symbolic inference filled it in).
     placeholders: Mapping[str, tuple[Dim, ...] | None] = field(default_factory=dict)
 

@@ -14,7 +14,6 @@ import itertools
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import onnx
 
@@ -24,9 +23,6 @@ from fuse_cli.analysis.shapes import ShapeTable, TensorInfo, infer_shapes
 from fuse_cli.core.order import (checked_order, consumed_names, execution_order, may_hold_subgraphs, model_fingerprint,
                                  node_label, producers_of, runtime_order_by_producers)
 from fuse_cli.ops import IN_PLACE, SCRATCH_OPS, VIEW_OPSETS, domain_of, held_workspace_bytes, workspace_bytes
-
-if TYPE_CHECKING:
-    from fuse_cli.analysis.planner import BufferPlan
 
 INPUT_PRODUCER = "<input>"
 _DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -132,9 +128,10 @@ class WalkSetup:
     producer: dict[str, str]             # in order of birth: graph inputs, then by step
     last_read: dict[str, int]
     by_table: dict[int, tuple[ShapeTable, WalkSizes]] = field(default_factory=dict)
-    # The buffer plan reads planner shapes only, never sizes: one per `absent`, shared by every
-    # shape setting. The plain one is kept; of the audit's growing `absent` sets, the last.
-    plans: dict[frozenset[str], BufferPlan] = field(default_factory=dict)
+    # The buffer plan (planner.BufferPlan, made and kept by planner.buffer_plan) reads planner
+    # shapes only, never sizes: one per `absent`, shared by every shape setting. The plain one is
+    # kept; of the audit's growing `absent` sets, the last.
+    plans: dict[frozenset[str], object] = field(default_factory=dict)
 
     def sized(self, shapes: ShapeTable) -> WalkSizes:
         held = self.by_table.get(id(shapes))
