@@ -18,98 +18,28 @@ Where the columns come from (onnxruntime 1.31):
   (run on an H200 with onnxruntime-gpu 1.31.1: every row agreed but NhwcConv, corrected below;
   get_all_opkernel_def() crashed there too, with the CUDA libraries loaded).
 Which forms of an operator (optional inputs left empty, dtypes) run correctly is kernel_contracts.py's
-table; the forms it refuses are named in the notes here.
+table; the forms it refuses are named in the notes here. The rows of both tables, and of SLOWER and
+UNCHECKED, are kept in each operator's record (fuse_cli/ops/); this module is the policy over them.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import numpy as np
 from onnx import defs, helper
 
 from fuse_cli.core.domains import is_default_domain
 from fuse_cli.kernel_contracts import refused_forms
+from fuse_cli.ops import OPERATORS
+from fuse_cli.ops.record import MS, Capability, Slower, Unchecked
 
 TARGETS = ("onnx", "ort", "ort-cpu", "ort-cuda")
 PROVIDERS_OF: dict[str, tuple[str, ...]] = {
     "onnx": (), "ort": ("cpu", "cuda"), "ort-cpu": ("cpu",), "ort-cuda": ("cuda",)}
 PROVIDER_NAMES = {"cpu": "CPU", "cuda": "CUDA"}
 DTYPES = ("float32", "float16", "bfloat16", "float64")  # the floating types the table speaks for, in display order
-MS = "com.microsoft"
 
-
-@dataclass(frozen=True)
-class Capability:
-    op: str
-    domain: str  # "com.microsoft", or "" for the few operators onnxruntime registers in the default domain
-    cpu: frozenset[str]  # dtype names it has a kernel for on onnxruntime's CPU provider
-    cuda: frozenset[str]
-    notes: str = ""  # constraints beyond the dtype, in plain words
-
-    @property
-    def qualified(self) -> str:
-        return f"{self.domain}::{self.op}" if self.domain else self.op
-
-    def dtypes(self, provider: str) -> frozenset[str]:
-        return getattr(self, provider)
-
-
-def _cap(op: str, cpu: str, cuda: str, notes: str = "", domain: str = MS) -> Capability:
-    return Capability(op, domain, frozenset(cpu.split()), frozenset(cuda.split()), notes)
-
-
-_GELU_FAMILY = "at other dtypes the CPU provider expands it back into elementwise ops: nothing is fused"
-CAPABILITIES: tuple[Capability, ...] = (
-    _cap("FusedConv", "float32", "float32",
-         "activation: CPU takes Relu, Clip, LeakyRelu, Sigmoid, Tanh, HardSigmoid; "
-         "CUDA only Relu (recent builds also Tanh)"),
-    _cap("FusedGemm", "float32", "", "no CUDA kernel"),
-    _cap("FusedMatMul", "float32 float64", "float32 float16 bfloat16 float64"),
-    _cap("SkipLayerNormalization", "float32 float16 bfloat16", "float32 float16 bfloat16",
-         "epsilon defaults to 1e-12, not LayerNormalization's 1e-5: always set it"),
-    _cap("SkipSimplifiedLayerNormalization", "float32 float16 bfloat16", "float32 float16 bfloat16",
-         "epsilon defaults to 1e-12: always set it"),
-    _cap("SimplifiedLayerNormalization", "float32 float16 bfloat16 float64", "float32 float16 bfloat16 float64",
-         "default domain but not standard ONNX (onnx.checker rejects it); "
-         "the standard form is RMSNormalization, opset 23",
-         domain=""),
-    _cap("Gelu", "float32", "float32 float16 bfloat16 float64", _GELU_FAMILY),
-    _cap("BiasGelu", "float32", "float32 float16 bfloat16 float64"),
-    _cap("FastGelu", "float32", "float32 float16 bfloat16 float64", _GELU_FAMILY),
-    _cap("QuickGelu", "float32", "float32 float16 bfloat16 float64", _GELU_FAMILY),
-    _cap("Attention", "float32", "float32 float16 bfloat16",
-         "num_heads required; packed QKV weights [hidden, q+k+v] and bias; the graph's mask as attention_bias. CPU "
-         "time 0.91-0.97x the Q/K/V MatMuls + MultiHeadAttention it replaces (packed-attention; "
-         "benchmarks/results/bert_packed_attention.md)"),
-    _cap("EmbedLayerNormalization", "float32", "float32 float16",
-         "int32 ids only (int64 exports need Casts); no pass emits it: measured slower on the CPU (SLOWER)"),
-    _cap("MultiHeadAttention", "float32", "float32 float16 bfloat16", "num_heads required"),
-    _cap("GroupQueryAttention", "float32 float16", "float16 bfloat16",
-         "head size % 8 == 0 on CPU; num_heads and kv_num_heads required; seqlens_k [B] int32 and "
-         "total_sequence_length int32 inputs. With causal=0 and attention_bias (the graph's own mask) the 1.31 CPU "
-         "kernel equals softmax(QK^T*scale + bias)V over repeat_kv'd K/V, fully masked rows included "
-         "(one-node check, 2026-12-01); CUDA with causal=0 unverified: group-query-attention declines there. With "
-         "past_key/past_value given the CPU kernel refuses batch > 1 when sequence > 1 (1.31.1: \"batch_size must "
-         "be 1 when sequence_length > 1 and past context is given\", one-node check): a decode step with the "
-         "cache (cached-attention) goes to MultiHeadAttention, which takes any batch and step length"),
-    _cap("RotaryEmbedding", "float32 float16", "float32 float16 bfloat16",
-         "inputs (input, position_ids, cos, sin): not the order of the standard opset-23 RotaryEmbedding. input "
-         "[B, S, H*d] (with num_heads) or [B, H, S, d]; position_ids [1] (row start + s) or [B, S]; caches "
-         "[rows, d/2]: rotary-embedding passes the graph's own per-position cos/sin rows with position_ids [0], so "
-         "no table of max positions is built"),
-    _cap("BiasAdd", "", "float32 float16", "CUDA only"),
-    _cap("BiasSplitGelu", "", "float32 float16", "CUDA only"),
-    _cap("BiasSoftmax", "", "float32 float16 float64", "CUDA only"),
-    # docs/OperatorKernels.md lists float32 and float16 on CUDA, but onnxruntime-gpu 1.31.1 on an
-    # H200 ran no one-node NhwcConv model (tests/test_targets.py's probe, 2026-11-29)
-    _cap("NhwcConv", "", "", "listed for CUDA in onnxruntime's docs, but its 1.31.1 wheel ran none; no pass emits it"),
-    _cap("GroupNorm", "", "float32 float16", "CUDA only; NHWC layout"),
-    _cap("SkipGroupNorm", "", "float32 float16", "CUDA only; NHWC layout"),
-    _cap("GemmFastGelu", "", "", "ROCm only: neither the CPU nor the CUDA provider has it"),
-)
+CAPABILITIES: tuple[Capability, ...] = tuple(r.support for r in OPERATORS if r.support and not r.standard)
 _BY_KEY = {(c.op, c.domain): c for c in CAPABILITIES}
-
 
 
 # Standard operators newer than onnxruntime's fused ones, where what the CPU provider runs depends
@@ -119,86 +49,11 @@ _BY_KEY = {(c.op, c.domain): c for c in CAPABILITIES}
 # disabled, onnxruntime-gpu 1.31.1 (the build pyproject installs on Linux x86_64; its CPU provider)
 # and onnxruntime 1.32.0 (CPU build): both alike (benchmarks/opset23_probe.py). "cuda" is empty:
 # not checked (no GPU at hand), and UNCHECKED says so for targets that promise CUDA.
-STANDARD: tuple[Capability, ...] = (
-    _cap("RMSNormalization", "float32 float16 float64", "",
-         "opset 23; bfloat16 not probed; rms-norm emits it for float32 only. CPU time 0.61-0.95x the decomposed "
-         "form in decoder exports (benchmarks/results/opset23.md)", domain=""),
-    _cap("RotaryEmbedding", "float32 float16", "",
-         "opset 23; inputs (X, cos_cache, sin_cache, position_ids?); float64: the schema refuses it. Without "
-         "position_ids the caches must be [B, S, d/2] of x's own batch: a batch-1 cache for batch 2 fails at run time "
-         "(\"Inputs 'cos_cache' and 'sin_cache' are expected to have the same shape as input 'x', got 1 and 5\"). CPU time "
-         "0.83-0.95x the decomposed form, 1.02x on two 128-token prefills (within the shared CPU's noise: not declined; "
-         "benchmarks/results/opset23.md)",
-         domain=""),
-    _cap("Attention", "float32 float16", "",
-         "opset 23; Q, K, V all 3-D (q_num_heads, kv_num_heads) or all 4-D: 3-D Q with 4-D K/V fails at run time "
-         "(attention_helper.h:39 ComputeOutputShapeForAttention). float64 loads but runs as the function body "
-         "(60 elementwise nodes), not a kernel. An attn_mask [B, 1, 1, T] (padding only, broadcast over the queries) fails at run time "
-         "(attention_helper.h:98 ComputeOutputShapeForAttention); [B or 1, 1 or H, S, T] runs. CPU time 0.66-0.96x the decomposed "
-         "form (benchmarks/results/opset23.md). onnxruntime also runs present outputs without past inputs, which "
-         "the standard forbids: fuse never emits that",
-         domain=""),
-)
+STANDARD: tuple[Capability, ...] = tuple(r.support for r in OPERATORS if r.support and r.standard)
 _STANDARD_BY_OP = {c.op: c for c in STANDARD}
 
-
-@dataclass(frozen=True)
-class Slower:
-    """A kernel a provider runs, measured slower than the operators it would replace. `op` names
-    an operator, or one form of it as `op:attribute` (the pass that emits the form asks).
-
-    `reason` is the near-miss text ({target} is the target's name). With `leaves_pipeline` the
-    passes emitting `op` are not in the pipelines of targets that use `provider` at all (nothing
-    to report: the unfused form is simply what that target runs)."""
-
-    op: str
-    provider: str
-    reason: str
-    evidence: str
-    leaves_pipeline: bool = False
-
-
-SLOWER: tuple[Slower, ...] = (
-    Slower("FusedConv", "cuda",
-           "onnxruntime-gpu 1.31's CUDA FusedConv measured 1.8-2.5x slower than the Conv and activation it replaces "
-           "(resnet50, inception_v2 on an H200) (target {target}); --target ort-cpu fuses it",
-           "NVIDIA H200, onnxruntime-gpu 1.31.1, batch 1 (fuse bench --provider CUDA, against the same model with "
-           "its BatchNormalizations folded): light_resnet50 1.87x at graph optimization disabled and 2.08x at all; "
-           "light_inception_v2 1.79x and 2.47x. The same folds without FusedConv (--target onnx) ran 0.92x and 0.70x."),
-    Slower("BiasGelu", "cpu",
-           "onnxruntime's CPU BiasGelu measured 1.04-1.28x slower than the Add + Gelu it would replace, so the bias "
-           "Add stays (target {target}; --target ort-cuda fuses it)",
-           "onnxruntime 1.31, profiler kernel time, one thread, fp32, graph optimizations off. After a MatMul, 200 "
-           "runs: [1, 128, 3072] 262-272 vs 210-216 us, [1, 197, 3072] 417 vs 333-352 us, [1, 1024, 3072] "
-           "2205-2214 vs 1866-1960 us. Its 12 nodes in real exports, us a run: bert-base dynamo 2988-3423 vs "
-           "2445-2796, vit-base dynamo 4650-4768 vs 3894-3966, vit-base opset 17 4558-4798 vs 3622-3844, "
-           "bert-base opset 17 2410-2513 vs 2321-2400."),
-    Slower("EmbedLayerNormalization", "cpu",
-           "onnxruntime 1.31's CPU EmbedLayerNormalization measured 1.39-1.55x slower than BERT's word + position + "
-           "segment Gathers, Adds and LayerNormalization it would replace (target {target})",
-           "benchmarks/bert_packed_attention.py, one thread, fp32, 21 interleaved rounds, at graph optimization "
-           "disabled and all alike, Casts of the int64 ids to int32 included: hidden 256 [1, 128] 46 vs 32 us (1.43-1.45x), "
-           "[8, 128] 334-345 vs 220-229 us (1.50-1.52x); hidden 768 [1, 128] 125 vs 90 us (1.39x), [8, 128] 977-1041 vs "
-           "630-731 us (1.43-1.55x); a second session of the decomposed form within 0.993-1.014x. In fuse's ort-cpu "
-           "output of the corpus's bert-small and bert-base (opset 14) 1.00-1.02x at disabled, 1.08-1.20x at all, and "
-           "a higher measured peak (1.43 -> 2.33 MiB, 4.14 -> 7.21 MiB at batch 1) (benchmarks/results/"
-           "bert_packed_attention.md).",
-           leaves_pipeline=True),
-    *(Slower(f"{op}:softcap", "cpu",
-             f"onnxruntime 1.31's CPU {op} with a soft cap measured 1.5-2.0x the decomposed attention's time "
-             f"(its softcap pass costs 5x the rest of the kernel; target {{target}})",
-             "gemma2 prefill (the decoder corpus, 2 layers, 4 heads of 32), batch 1 x 128, one thread, 50 runs: "
-             "the original 1.06-1.09 ms at graph optimization disabled and 0.80-0.82 at all; fuse's output with "
-             "GroupQueryAttention(softcap) 1.59-1.63 and 1.59-1.63 (benchmarks/llm_bench.py: 1.42 / 1.98 opset 17, "
-             "1.74 / 1.88 dynamo); the same nodes without the softcap attribute 0.70 and 0.73; the standard "
-             "Attention (opset 23) with softcap 1.62 and 1.59, the decomposed form at opset 23 0.76 and 0.73.")
-      for op in ("GroupQueryAttention", "Attention")),
-    *(Slower(op, "cpu", f"onnxruntime 1.31's CPU {op} measured 6.6x slower than the unfused Adds and norm",
-             "390 vs 59 us at [1, 128, 768], one thread, against the Add + Add + LayerNormalization it replaces; "
-             "onnxruntime's own optimizer makes the same fusion at level all (see api._run_level_note)",
-             leaves_pipeline=True)
-      for op in ("SkipLayerNormalization", "SkipSimplifiedLayerNormalization")),
-)
+# Kernels that run, measured slower than what they would replace (ops.record.Slower).
+SLOWER: tuple[Slower, ...] = tuple(s for r in OPERATORS for s in r.slower)
 
 _DTYPE_ALIASES = {"float": "float32", "fp32": "float32", "half": "float16", "fp16": "float16", "bf16": "bfloat16",
                   "double": "float64", "fp64": "float64"}
@@ -271,27 +126,12 @@ def standard_reason(op: str, dtype, target: str) -> str | None:
             f"target {target})")
 
 
-@dataclass(frozen=True)
-class Unchecked:
-    """A kernel a provider has, for a form fuse emits that was checked on other providers only
-    (no machine with that provider at hand): declined there until someone checks it."""
-
-    op: str
-    provider: str
-    reason: str
-    domain: str = MS  # "" for a standard operator
-
-
+# Forms checked on some providers only (ops.record.Unchecked): every standard operator above on CUDA.
 UNCHECKED: tuple[Unchecked, ...] = (
     *(Unchecked(c.op, "cuda", f"the standard {c.op}'s CUDA kernel in the pinned onnxruntime-gpu is not checked by fuse "
                 "(no GPU at hand when it was added; target {target}); --target onnx emits it", domain="")
       for c in STANDARD),
-    Unchecked("Attention", "cuda",
-              "the packed-QKV Attention was measured faster than the Q/K/V MatMuls and MultiHeadAttention on "
-              "onnxruntime's CPU provider only (target {target}); --target ort-cpu fuses it"),
-    Unchecked("GroupQueryAttention", "cuda",
-              "GroupQueryAttention with causal=0 and an attention_bias is verified on onnxruntime's CPU provider "
-              "only (target {target}); --target ort-cpu fuses it"),
+    *(u for r in OPERATORS for u in r.unchecked),
 )
 
 

@@ -423,7 +423,7 @@ class _Body:
         unless `feeds_counted`, are weights to it: counted by the walk outside or by the kernel's
         rule. Its outputs are left out unless `fetches_counted` (Scan writes them into buffers
         counted apart)."""
-        from fuse_cli.analysis.memory import profile_memory  # memory.py calls this module
+        from fuse_cli.analysis.memory import profile_memory  # walk_setup.py, under it, calls this module
 
         outer = [planner.get(name) for name in self.outer]
         key = (tuple(feeds), tuple(outer), feeds_counted, fetches_counted)

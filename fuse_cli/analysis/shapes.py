@@ -7,7 +7,7 @@ fully known dims and a known element type, or it is None and the reason is liste
 onnx's shape inference does the work. Around it this module
 - binds the symbolic input dims the user supplies (`--dim batch=4`, `--input-shape x=1,3,224,224`),
 - runs it on a light copy of the model, so the caller's model is never touched and models over
-  protobuf's 2 GB limit still go through (big tensor payloads are left out, see `_light_tensor`),
+  protobuf's 2 GB limit still go through (big tensor payloads are left out: inference_runs.py),
 - degrades instead of crashing: custom-domain operators, opsets newer than onnx knows and models
   that make inference fail just leave some tensors unknown.
 """
@@ -18,36 +18,30 @@ import contextlib
 import dataclasses
 import gc
 import itertools
-import logging
 import math
-import os
 import re
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
 
-from fuse_cli.analysis.inference_limits import unbounded_value
+from fuse_cli.analysis.inference_runs import (bind, inference_copy, run_inference, runtime_symbolic_inference,
+                                              static_shapes_as_constants)
 from fuse_cli.analysis.shape_values import as_constant_nodes, evaluate_shape_values, initial_values
-from fuse_cli.core.order import execution_order, model_fingerprint
-from fuse_cli.core.tensors import element_size_bits, payload_bytes
+from fuse_cli.core.tensors import element_size_bits
 from fuse_cli.input_domain import (  # the distinct primes verification binds; the inputs' binding keys
-    free_symbols, input_dim_keys, is_placeholder, shape_settings, with_computed_dims, with_declared_arithmetic)
+    free_symbols, input_dim_keys, shape_settings, with_computed_dims, with_declared_arithmetic)
 
 Dim = int | str | None
 _NO_BINDINGS: Mapping = MappingProxyType({})
 
-# Tensors above this size lose their payload in the inference copy. Inference reads values only
-# for small shape-like constants (Reshape's shape, Slice's starts, ...); 1 KiB is 128 int64s.
-_KEEP_PAYLOAD_BYTES = 1024
-_STRIPPED_LOCATION = "<payload left out by fuse for shape inference>"
 # Rounds of shape arithmetic evaluated between inferences (shape_values.py): a value computed in
 # one round sizes a Shape read in the next. timm's Swin needs one per stage and block kind.
 _SHAPE_VALUE_ROUNDS = 32
+# How many times a Shape made known (static_shapes_as_constants) may make another one's input static.
+_STATIC_SHAPE_ROUNDS = 4
 
 
 @contextlib.contextmanager
@@ -120,7 +114,7 @@ class ShapeTable:
     # Tensors where onnx's inference wrote a placeholder symbol of its own (unk__N) for a dim it
     # could not infer, or where onnxruntime's symbolic inference named a dim onnx left unknown:
     # per dim that placeholder (None for the dims onnx knew). Equal placeholders say which
-    # unknown dim onnx copied from which (the memory model needs that, see memory.py).
+    # unknown dim onnx copied from which (the memory model needs that, see planner_shapes.py).
     # None: onnx could not even infer the rank (onnxruntime's symbolic inference filled it in).
     placeholders: Mapping[str, tuple[Dim, ...] | None] = field(default_factory=dict)
 
@@ -171,14 +165,14 @@ def _infer_shapes(model: onnx.ModelProto, dims: Mapping[str, int], input_shapes:
     bindings = _resolve_bindings(model.graph, dims, input_shapes, keys)
     unused = tuple(name for name in dims if name not in declared and name not in keys.values())
 
-    copy = _inference_copy(model)
-    _bind(copy.graph, bindings, input_shapes, keys)
-    inferred, warnings = _run_inference(copy, data_propagation)
+    copy = inference_copy(model)
+    bind(copy.graph, bindings, input_shapes, keys)
+    inferred, warnings = run_inference(copy, data_propagation)
     if not data_propagation:
         for _ in range(_STATIC_SHAPE_ROUNDS):
-            if not _static_shapes_as_constants(copy, inferred):
+            if not static_shapes_as_constants(copy, inferred):
                 break
-            inferred, warnings = _run_inference(copy, False)
+            inferred, warnings = run_inference(copy, False)
 
     placeholders: dict[str, tuple[Dim, ...]] = {}
     tensors = _collect(model.graph, inferred.graph, bindings, declared, placeholders)
@@ -226,7 +220,7 @@ def _with_control_flow_outputs(model: onnx.ModelProto, copy: onnx.ModelProto, te
         outputs = {output.name for output in copy.graph.output}
         copy.graph.value_info.extend(helper.make_tensor_value_info(name, info.elem_type, list(info.shape))
                                      for name, info in found.items() if name not in outputs)
-        inferred, _ = _run_inference(copy, data_propagation)
+        inferred, _ = run_inference(copy, data_propagation)
         tensors = _collect(model.graph, inferred.graph, bindings, declared)
     return tensors
 
@@ -254,7 +248,7 @@ def with_runtime_dims(model: onnx.ModelProto, table: ShapeTable,
         return table
     if proofs:
         return _with_evaluated_dims(model, table, input_shapes)
-    runtime = _runtime_symbolic_inference(model, table.bound_dims, input_shapes)
+    runtime = runtime_symbolic_inference(model, table.bound_dims, input_shapes)
     if runtime is None:
         return table
     own = _declared_symbols(model.graph)
@@ -392,70 +386,6 @@ def _all_unknown_dims(tensors: Mapping[str, TensorInfo]) -> tuple[UnknownDim, ..
     return tuple(reason for name, info in tensors.items() for reason in _unknown_dims(name, info))
 
 
-# Initializers above this many elements reach onnxruntime's symbolic inference as typed inputs:
-# it needs their shapes, not their values (Reshape shapes and the like are small).
-_SYMBOLIC_VALUE_LIMIT = 4096
-
-
-def _runtime_symbolic_inference(model: onnx.ModelProto, bindings: Mapping[str, int],
-                                input_shapes: Mapping[str, Sequence[int]]) -> onnx.ModelProto | None:
-    """onnxruntime's SymbolicShapeInference on a weightless, bound copy, or None when it cannot run."""
-    graph = onnx.GraphProto(name=model.graph.name)
-    graph.input.extend(model.graph.input)
-    graph.output.extend(model.graph.output)
-    listed = {vi.name for vi in graph.input}
-    for tensor in model.graph.initializer:
-        if math.prod(tensor.dims) <= _SYMBOLIC_VALUE_LIMIT and tensor.data_location != onnx.TensorProto.EXTERNAL:
-            graph.initializer.append(tensor)
-        elif tensor.name not in listed:
-            graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims)))
-    stored = list(model.graph.node)
-    graph.node.extend(stored[i] for i in _inference_order(model.graph))
-    copy = onnx.helper.make_model(graph, opset_imports=model.opset_import, ir_version=max(model.ir_version, 4))
-    copy.functions.extend(model.functions)
-    _add_missing_opset_imports(copy)
-    _bind(copy.graph, bindings, input_shapes, input_dim_keys(model))
-    if unbounded_value(_run_inference(copy, False)[0]) is not None:
-        return None  # it computes values with numpy, without a cap (inference_limits.py)
-    # When its inference is incomplete it saves the model as "sym_shape_infer_temp.onnx" with
-    # external data files into the working directory before raising: run it in a scratch folder,
-    # never in the user's.
-    cwd = os.getcwd()
-    with tempfile.TemporaryDirectory(prefix="fuse-shapes-") as scratch:
-        os.chdir(scratch)
-        inference = _symbolic_inference()
-        try:
-            # auto_merge: without it, any dim the exporter computed stops inference ("Incomplete").
-            inferred = _onnxruntime_symbolic_infer(inference, copy)
-        except Exception:  # noqa: BLE001 - it raises bare Exceptions, asserts, KeyErrors; onnx's path stands
-            return None
-        finally:
-            os.chdir(cwd)
-    return inferred
-
-
-def _symbolic_inference():
-    """onnxruntime's SymbolicShapeInference, auto_merge on: without it, any dim the exporter
-    computed stops inference ("Incomplete")."""
-    # sympy is a dependency of fuse for this import: onnxruntime uses it but does not declare it
-    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-
-    # Its "Unable to determine if ... treat as equal" warnings go to stderr through logging's
-    # last-resort handler: noise for a user.
-    logging.getLogger("onnxruntime.tools.symbolic_shape_infer").setLevel(logging.ERROR)
-    return SymbolicShapeInference(2**31 - 1, True, False, 0)
-
-
-def _onnxruntime_symbolic_infer(inference, model: onnx.ModelProto) -> onnx.ModelProto | None:
-    """SymbolicShapeInference.infer_shapes' loop on our own instance; None when incomplete."""
-    inference._preprocess(model)
-    complete = False
-    while inference.run_:
-        complete = inference._infer_impl()
-    inference._update_output_from_vi()
-    return inference.out_mp_ if complete else None
-
-
 def _fill_unknown(info: TensorInfo, other: TensorInfo | None) -> TensorInfo:
     """`info` with its unknown dtype, rank or single dims taken from `other`; known ones stand."""
     if other is None:
@@ -559,324 +489,6 @@ def _format_shape(shape: Sequence[Dim]) -> str:
     return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
 
 
-# The light copies of the last models inferred: the audit infers one model at its bindings and
-# unbound in a row. Recognised by id and fingerprint (an in-place edit makes a new copy).
-_LIGHT_COPIES: list[tuple[int, bytes, onnx.ModelProto]] = []
-_LIGHT_COPIES_KEPT = 2
-
-
-# How many times a Shape made known (below) may make another one's input static.
-_STATIC_SHAPE_ROUNDS = 4
-
-
-def _static_shapes_as_constants(copy: onnx.ModelProto, inferred: onnx.ModelProto) -> bool:
-    """onnxruntime's own graph inference reads no computed values but one: a Shape of a tensor
-    whose dims are all known, which its direct readers (Reshape, Expand, ConstantOfShape) see as
-    that constant; a Concat, Gather or Slice of it is unknown to them again (one-node probes of
-    onnxruntime 1.31's inferred output types). Such Shape nodes of `copy` become Constants holding
-    their values, so that inference without data propagation knows what onnxruntime knows.
-    Returns whether any did."""
-    known: dict[str, list[int]] = {}
-    for vi in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output):
-        tensor_type = vi.type.tensor_type
-        if vi.type.HasField("tensor_type") and tensor_type.HasField("shape") and all(
-                d.HasField("dim_value") for d in tensor_type.shape.dim):
-            known[vi.name] = [d.dim_value for d in tensor_type.shape.dim]
-    changed = False
-    for k, node in enumerate(copy.graph.node):
-        if node.op_type != "Shape" or node.domain not in ("", "ai.onnx") or node.input[0] not in known:
-            continue
-        dims = known[node.input[0]]
-        attrs = {a.name: a.i for a in node.attribute}
-        values = dims[attrs.get("start", 0):attrs.get("end")]
-        constant = helper.make_node("Constant", [], list(node.output), name=node.name,
-                                    value=numpy_helper.from_array(np.array(values, np.int64)))
-        copy.graph.node[k].CopyFrom(constant)
-        changed = True
-    return changed
-
-
-def _inference_copy(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A fresh light copy of `model` (see _light_copy), built once per model, its declared shapes
-    (value_info) as the model has them now: unhold-buffers tries declarations on one model, and
-    each would otherwise cost a copy of every node."""
-    fingerprint = model_fingerprint(model, declared=False)
-    # By id and fingerprint, not holding the model (its weights): an id reused by a model of the
-    # same structure gets the same light copy, which is right for it too.
-    light = next((c for i, f, c in _LIGHT_COPIES if i == id(model) and f == fingerprint), None)
-    if light is None:
-        light = _light_copy(model)
-        _LIGHT_COPIES.insert(0, (id(model), fingerprint, light))
-        del _LIGHT_COPIES[_LIGHT_COPIES_KEPT:]
-    copy = onnx.ModelProto()
-    copy.CopyFrom(light)  # bindings are written into it: the cached one stays unbound
-    del copy.graph.value_info[:]
-    copy.graph.value_info.extend(model.graph.value_info)
-    return copy
-
-
-def _light_copy(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy with what shape inference needs and no big payloads.
-
-    Always light, not only above 2 GB: it halves peak memory on big models, and small and huge
-    models then go through the same code path.
-    """
-    # IR < 4 requires every initializer to be listed as a graph input; fuse's in-memory model
-    # has them set aside (they are constants there), so infer under IR 4 rules.
-    copy = onnx.ModelProto(ir_version=max(model.ir_version, 4))
-    copy.opset_import.extend(model.opset_import)
-    copy.functions.extend(model.functions)
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-    copy.graph.CopyFrom(_light_graph(model.graph, opset))
-    _add_missing_opset_imports(copy)
-    return copy
-
-
-def _light_graph(graph: onnx.GraphProto, opset: int) -> onnx.GraphProto:
-    # Recursion here follows subgraph nesting (If inside Loop...), a handful of levels, never
-    # the node count.
-    light = onnx.GraphProto(name=graph.name)
-    light.input.extend(graph.input)
-    light.output.extend(graph.output)
-    light.value_info.extend(graph.value_info)
-    light.sparse_initializer.extend(graph.sparse_initializer)
-    light.initializer.extend(_light_tensor(t) for t in graph.initializer)
-    stored = list(graph.node)
-    nodes: list[onnx.NodeProto] = []
-    for i in _inference_order(graph):
-        node = stored[i]
-        if node.domain not in ("", "ai.onnx") or node.op_type in _DEFAULT_DOMAIN_STAND_INS:
-            replaced = _stand_ins(node, opset)
-            if replaced:
-                nodes.extend(replaced)
-                continue
-        nodes.append(_light_node(node, opset) if node.attribute else node)
-    light.node.extend(nodes)  # one extend: per-node extends cost a third of the copy at 12k nodes
-    return light
-
-
-# Operators onnx has no inference for (onnxruntime's com.microsoft kernels, and its internal
-# default-domain ones) but whose output 0 has the shape standard operators compute: inferred
-# through those stand-ins, so everything downstream of a fused node keeps its shape. Each
-# mirrors the operator's schema inference in onnxruntime (contrib_ops/*_defs.cc).
-_MS = "com.microsoft"
-_SAME_AS_INPUT_0 = frozenset({
-    (_MS, "Gelu"), (_MS, "FastGelu"), (_MS, "BiasGelu"), (_MS, "QuickGelu"), (_MS, "RotaryEmbedding"),
-    (_MS, "SkipLayerNormalization"), (_MS, "SkipSimplifiedLayerNormalization"),
-    (_MS, "GroupQueryAttention"), ("", "SimplifiedLayerNormalization"),
-})
-_DEFAULT_DOMAIN_STAND_INS = frozenset(op for domain, op in _SAME_AS_INPUT_0 if domain == "") | {"LayerNormalization"}
-_CONV_ATTRIBUTES = frozenset({"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"})
-
-
-def _stand_ins(node: onnx.NodeProto, opset: int) -> list[onnx.NodeProto]:
-    """Standard nodes writing `node`'s first output with its shape and type; [] when none."""
-    domain = "" if node.domain in ("", "ai.onnx") else node.domain
-    key = (domain, node.op_type)
-    inputs = list(node.input)
-    if not node.output or not node.output[0] or not inputs or not inputs[0]:
-        return []
-    out = node.output[0]
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    if key == (_MS, "GroupQueryAttention") and not any(inputs[3:5]) and len(inputs) > 2 and inputs[1] and inputs[2]:
-        # Without a past, present_key/present_value are the key and value split into heads,
-        # [B, kv_num_heads, S, head_size] (GroupQueryAttentionTypeAndShapeInference, bert_defs.cc).
-        # Left unsized, the kernel's present-sized scratch and the presents themselves went
-        # uncounted: bert-base's dynamo export, fused, measured 1.9x its estimate.
-        nodes = [helper.make_node("Identity", inputs[:1], [out])]
-        heads = helper.make_tensor(f"{out}__kv_heads", TensorProto.INT64, [4], [0, 0, int(attrs.get("kv_num_heads", 0)), -1])
-        for source, present in zip(inputs[1:3], list(node.output[1:3])):
-            if present and attrs.get("kv_num_heads"):
-                split = f"{present}__split"
-                nodes += [helper.make_node("Constant", [], [f"{split}_shape"], value=heads),
-                          helper.make_node("Reshape", [source, f"{split}_shape"], [split]),
-                          helper.make_node("Transpose", [split], [present], perm=[0, 2, 1, 3])]
-        return nodes
-    if key in _SAME_AS_INPUT_0 or key == ("", "LayerNormalization") and opset < 17:
-        return [helper.make_node("Identity", inputs[:1], [out])]
-    if key == (_MS, "FusedConv"):
-        kept = {k: v for k, v in attrs.items() if k in _CONV_ATTRIBUTES}
-        return [helper.make_node("Conv", inputs[:3], [out], **kept)]
-    if key == (_MS, "FusedGemm"):
-        return [helper.make_node("Gemm", inputs[:3], [out], transA=attrs.get("transA", 0), transB=attrs.get("transB", 0))]
-    if key == (_MS, "FusedMatMul") and len(inputs) >= 2:
-        if attrs.get("transBatchA") or attrs.get("transBatchB"):
-            return []
-        # A transposed operand as a one-input Einsum, which needs no rank; MatMul broadcasts.
-        nodes, operands = [], []
-        for side, name in (("A", inputs[0]), ("B", inputs[1])):
-            if attrs.get(f"trans{side}"):
-                if opset < 12:
-                    return []
-                operands.append(f"{out}::fuse-{side}-t")
-                nodes.append(helper.make_node("Einsum", [name], operands[-1:], equation="...ij->...ji"))
-            else:
-                operands.append(name)
-        return [*nodes, helper.make_node("MatMul", operands, [out])]
-    if key == (_MS, "Attention") and len(inputs) >= 2 and inputs[1]:
-        # [input[0], input[1], v_hidden] (AttentionTypeAndShapeInference, bert_defs.cc): V's slice of
-        # the packed weights, qkv_hidden_sizes[2] or a third of their width, projected.
-        value_weight = f"{out}::fuse-value-weight"
-        sizes = attrs.get("qkv_hidden_sizes")
-        if sizes:
-            bounds = [f"{out}::fuse-value-{end}" for end in ("start", "end", "axis")]
-            values = ([int(sizes[0]) + int(sizes[1])], [int(sum(sizes))], [1])
-            nodes = [helper.make_node("Constant", [], [name], value=helper.make_tensor(name, TensorProto.INT64, [1], v))
-                     for name, v in zip(bounds, values)]
-            nodes.append(helper.make_node("Slice", [inputs[1], *bounds], [value_weight]))
-        else:
-            parts = [f"{out}::fuse-{role}-weight" for role in ("query", "key")] + [value_weight]
-            nodes = [helper.make_node("Split", inputs[1:2], parts, axis=1, **({"num_outputs": 3} if opset >= 18 else {}))]
-        return [*nodes, helper.make_node("MatMul", [inputs[0], value_weight], [out])]
-    if key == (_MS, "MultiHeadAttention") and len(inputs) >= 3 and inputs[1] and inputs[2]:
-        # onnxruntime's inference (MultiHeadAttentionTypeAndShapeInference, bert_defs.cc) writes
-        # [query[0], query[1], value[2]] for a 3-D value and [query[0], query[1], value[1] *
-        # value[3]] for a 4-D one ([B, N, L, H]), whatever the ranks: an Einsum that takes the
-        # query's first two dims and the value's dims but its first and its key length ([Dv] or
-        # [N, H]), flattened into one ([?, Dv] or [?, N * H]: a single dim keeps its name), then
-        # put behind the query's first two. The product's dims must be the query's, never a
-        # broadcast with the value's: onnxruntime's planner compares them (memory.py), and a
-        # stand-in that lost them, or got the rank wrong, kept every tensor after attention
-        # from sharing a buffer where onnxruntime does.
-        if opset >= 12:
-            heads, flat = f"{out}::fuse-value-heads", f"{out}::fuse-value-flat"
-            return [helper.make_node("Einsum", [inputs[0], inputs[2]], [heads], equation="bsd,z...lh->bs...h"),
-                    helper.make_node("Flatten", [heads], [flat], axis=2),
-                    helper.make_node("Einsum", [inputs[0], flat], [out], equation="bsd,kx->bsx")]
-        # Before Einsum: [B, S, D] x [B, L, D]^T x [B, L, Dv] -> [B, S, Dv], for a 3-D value only.
-        key_t, scores = f"{out}::fuse-key-t", f"{out}::fuse-scores"
-        return [helper.make_node("Transpose", [inputs[1]], [key_t], perm=[0, 2, 1]),
-                helper.make_node("MatMul", [inputs[0], key_t], [scores]),
-                helper.make_node("MatMul", [scores, inputs[2]], [out])]
-    return []
-
-
-def _inference_order(graph: onnx.GraphProto) -> Sequence[int]:
-    """onnx infers nodes in stored order and never revisits one whose input was not inferred
-    yet, so an unsorted graph would lose every shape downstream of the first misplaced node."""
-    try:
-        return execution_order(graph)
-    except ValueError:
-        # A cycle: no order is right. The liveness walk reports it; here, infer what we can.
-        return range(len(graph.node))
-
-
-_HEAVY_ATTRIBUTES = (
-    onnx.AttributeProto.TENSOR,
-    onnx.AttributeProto.GRAPH,
-    onnx.AttributeProto.GRAPHS,
-)
-
-
-def _light_node(node: onnx.NodeProto, opset: int) -> onnx.NodeProto:
-    if not any(a.type in _HEAVY_ATTRIBUTES for a in node.attribute):
-        return node
-    light = onnx.NodeProto(name=node.name, op_type=node.op_type, domain=node.domain)
-    light.input.extend(node.input)
-    light.output.extend(node.output)
-    for attr in node.attribute:
-        if attr.type == onnx.AttributeProto.TENSOR:
-            light.attribute.add(name=attr.name, type=attr.type).t.CopyFrom(_light_tensor(attr.t))
-        elif attr.type == onnx.AttributeProto.GRAPH:
-            light.attribute.add(name=attr.name, type=attr.type).g.CopyFrom(_light_graph(attr.g, opset))
-        elif attr.type == onnx.AttributeProto.GRAPHS:
-            new = light.attribute.add(name=attr.name, type=attr.type)
-            new.graphs.extend(_light_graph(g, opset) for g in attr.graphs)
-        else:
-            light.attribute.append(attr)
-    return light
-
-
-def _light_tensor(tensor: TensorProto) -> TensorProto:
-    """The tensor itself when small; otherwise its name, type and dims, marked external.
-
-    Marked external rather than just emptied: an operator whose inference did read the values
-    then fails cleanly ("cannot parse external data") and its output stays unknown, instead of
-    being inferred from an empty payload.
-    """
-    if _payload_bytes(tensor) <= _KEEP_PAYLOAD_BYTES:
-        return tensor
-    light = TensorProto(name=tensor.name, data_type=tensor.data_type)
-    light.dims.extend(tensor.dims)
-    light.data_location = TensorProto.EXTERNAL
-    light.external_data.add(key="location", value=_STRIPPED_LOCATION)
-    return light
-
-
-def _payload_bytes(tensor: TensorProto) -> int:
-    size = payload_bytes(tensor)
-    return tensor.ByteSize() if size is None else size
-
-
-def _add_missing_opset_imports(model: onnx.ModelProto) -> None:
-    """onnx's inference aborts the WHOLE model (even with strict_mode=False) on one node whose
-    custom domain has no opset import. Declaring the domain at version 1 turns that into one
-    node with unknown outputs. The default domain cannot be guessed and is left alone."""
-    imported = {op.domain for op in model.opset_import}
-    graphs = [model.graph]
-    used: set[str] = set()
-    while graphs:
-        graph = graphs.pop()
-        for node in graph.node:
-            used.add(node.domain)
-            for attr in node.attribute:
-                graphs.extend([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs)
-    for domain in sorted(used - imported - {"", "ai.onnx"}):
-        model.opset_import.add(domain=domain, version=1)
-
-
-def _bind(
-    graph: onnx.GraphProto, bindings: Mapping[str, int], input_shapes: Mapping[str, Sequence[int]],
-    keys: Mapping[tuple[str, int], str] = _NO_BINDINGS,
-) -> None:
-    """Write the bindings into the (copied) graph's declared types, where inference starts: by
-    name, then each input position bound by its position key."""
-    by_position = {(name, index): bindings[key] for (name, index), key in keys.items() if key in bindings}
-    for vi in (*graph.input, *graph.output, *graph.value_info):
-        for d in vi.type.tensor_type.shape.dim:
-            if d.HasField("dim_param") and d.dim_param in bindings:
-                d.dim_value = bindings[d.dim_param]
-            elif by_position and d.HasField("dim_param") and is_placeholder(d.dim_param):
-                # a '?' elsewhere names no size once its input positions took different ones
-                d.ClearField("dim_param")
-    for vi in graph.input:
-        for index, d in enumerate(vi.type.tensor_type.shape.dim):
-            if (vi.name, index) in by_position:
-                d.dim_value = by_position[(vi.name, index)]
-    for vi in graph.input:
-        if vi.name in input_shapes and vi.type.HasField("tensor_type"):
-            # Sets anonymous dims too, and gives a rank to inputs declared without a shape.
-            shape = vi.type.tensor_type.shape
-            shape.ClearField("dim")
-            for value in input_shapes[vi.name]:
-                shape.dim.add(dim_value=value)
-
-
-def _run_inference(model: onnx.ModelProto, data_propagation: bool = True) -> tuple[onnx.ModelProto, tuple[str, ...]]:
-    """Best effort, never raising: data propagation first (it resolves Shape->Gather->Reshape
-    chains to concrete dims), then plain inference, then the declared types alone.
-
-    strict_mode stays off: in strict mode the first failing node aborts everything, whereas
-    non-strict mode just leaves that node's outputs unknown.
-    """
-    warnings: list[str] = []
-    if data_propagation:
-        # Values are computed only where none is too large to hold (inference_limits.py).
-        plain, warnings = _run_inference(model, False)
-        reason = "the inference without it failed" if warnings else unbounded_value(plain)
-        if reason is not None:
-            return plain, (*warnings, f"onnx data propagation skipped: {reason}")
-    for options in ({"data_prop": True}, {}) if data_propagation else ({},):
-        try:
-            return onnx.shape_inference.infer_shapes(model, **options), tuple(warnings)
-        # onnx's C++ layer raises InferenceError, ValidationError, SchemaError, RuntimeError or
-        # ValueError depending on what broke; any of them only means "less is known".
-        except Exception as exc:  # noqa: BLE001
-            what = "with data propagation" if options else "without data propagation"
-            warnings.append(f"onnx shape inference failed {what}: {_first_line(exc)}")
-    return model, tuple(warnings)
-
-
 def _with_shape_values(copy: onnx.ModelProto, inferred: onnx.ModelProto,
                        rounds: int = _SHAPE_VALUE_ROUNDS) -> onnx.ModelProto | None:
     """Inference again with the shape arithmetic onnx's data propagation left open computed
@@ -901,13 +513,8 @@ def _with_shape_values(copy: onnx.ModelProto, inferred: onnx.ModelProto,
             break
         del copy.graph.node[:]
         copy.graph.node.extend(nodes)
-        inferred = improved = _run_inference(copy)[0]
+        inferred = improved = run_inference(copy)[0]
     return improved
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0][:300]
 
 
 def _collect(

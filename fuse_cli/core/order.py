@@ -3,6 +3,13 @@ one topological sort (Kahn) that graph/edit.py's graphsurgeon sort uses too.
 
 Shared by shape inference (onnx infers nodes in stored order and never revisits one whose input
 was not inferred yet) and by the liveness walk.
+
+onnxruntime's default execution order (`runtime_order`) is not the stored one: a reverse
+depth-first walk from the nodes no node reads, emitting each node after its producers and
+visiting a node's producers highest stored index first (GraphViewer's constructor and
+Graph::ReverseDFSFrom with NodeCompare, onnxruntime/core/graph/graph_viewer.cc and graph.cc).
+Of two independent branches the one stored later runs first: the transformer sample computes
+keys before queries, and values only after the softmax.
 """
 
 from __future__ import annotations
@@ -43,6 +50,59 @@ def execution_order(graph: onnx.GraphProto, consumed: Sequence[Iterable[str]] | 
     if stuck:
         names = [node_label(nodes[i], i) for i in stuck]
         raise ValueError(f"the graph has a cycle through {', '.join(names[:5])}")
+    return order
+
+
+def runtime_order(graph: onnx.GraphProto) -> list[int]:
+    """Indices into `graph.node` in onnxruntime's default execution order (see the module
+    docstring). Iterative: graphs reach 10k+ nodes. Assumes an acyclic graph."""
+    return runtime_order_by_producers(
+        producers_of([node.output for node in graph.node], [consumed_names(node) for node in graph.node]))
+
+
+def runtime_order_of(nodes: Sequence[onnx.NodeProto], consumed: Sequence[set[str]]) -> list[int]:
+    """onnxruntime's order of `nodes` stored as listed (each node's consumed_names given): what a
+    scheduler's candidate stored order would run as."""
+    return runtime_order_by_producers(producers_of([node.output for node in nodes], consumed))
+
+
+def producers_of(outputs: Sequence[Sequence[str]], consumed: Sequence[Iterable[str]]) -> list[tuple[int, ...]]:
+    """Each node's producers, ascending, from each one's outputs and consumed_names."""
+    producer = {name: i for i, names in enumerate(outputs) for name in names if name}
+    return [tuple(sorted({producer[n] for n in names if n in producer})) for names in consumed]
+
+
+def runtime_order_by_producers(producers: Sequence[Sequence[int]]) -> list[int]:
+    """onnxruntime's order of nodes given as each one's producers (`producers_of`)."""
+    read = [False] * len(producers)
+    for sources in producers:
+        for i in sources:
+            read[i] = True
+    stack = [(i, False) for i in range(len(producers)) if not read[i]]
+    visited = [False] * len(producers)
+    order: list[int] = []
+    while stack:
+        i, leaving = stack.pop()
+        if leaving:
+            order.append(i)
+        elif not visited[i]:
+            visited[i] = True
+            stack.append((i, True))
+            # Pushed in ascending index order, so the highest-index producer is visited first.
+            stack.extend((j, False) for j in producers[i] if not visited[j])
+    return order
+
+
+def checked_order(order: Sequence[int], producers: Sequence[Sequence[int]], labels: Sequence[str]) -> list[int]:
+    """`order` when it runs every node once, each after its producers; else ValueError."""
+    order = list(order)
+    if sorted(order) != list(range(len(producers))):
+        raise ValueError("the order must name every node exactly once")
+    done = [False] * len(producers)
+    for i in order:
+        if any(not done[j] for j in producers[i]):
+            raise ValueError(f"{labels[i]} runs before one of its producers")
+        done[i] = True
     return order
 
 

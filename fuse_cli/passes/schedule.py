@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import onnx
 
-from fuse_cli.core.order import consumed_names
-from fuse_cli.analysis.memory import runtime_order_of
+from fuse_cli.core.order import consumed_names, runtime_order_of
 from fuse_cli.pipeline.base import Estimates, ModelPass
 from fuse_cli.pipeline.records import OrderRecord
 from fuse_cli.pipeline.registry import register

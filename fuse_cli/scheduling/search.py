@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 
 import onnx
 
-from fuse_cli.analysis.memory import profile_memory, runtime_order_of
+from fuse_cli.analysis.memory import profile_memory
 from fuse_cli.analysis.shapes import ShapeTable
+from fuse_cli.core.order import runtime_order_of
 from fuse_cli.scheduling import program, walks
 from fuse_cli.scheduling.dag import Dag, ranks
 

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 
 import onnx_graphsurgeon as gs
 
-from fuse_cli.analysis.memory import SHAPE_VALUE_INPUT
+from fuse_cli.analysis.planner_shapes import SHAPE_VALUE_INPUT
 from fuse_cli.graph.edit import GraphEditor
 
 # How far back from the attention's inputs a runtime shape is looked for (the mask's Expand is a

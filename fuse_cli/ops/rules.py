@@ -1,0 +1,38 @@
+"""What the operators' shape and memory rules share."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import onnx
+from onnx import helper
+
+from fuse_cli.ops.record import Shapes
+
+
+def attributes(node: onnx.NodeProto) -> dict:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def static_shape(shapes: Shapes, name: str) -> tuple[int, ...] | None:
+    """`name`'s shape when every dim is a number, else None."""
+    info = shapes.get(name) if name else None
+    if info is None or info.shape is None or not all(isinstance(d, int) for d in info.shape):
+        return None
+    return info.shape
+
+
+def broadcast_static(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
+    rank = max(len(a), len(b))
+    a, b = (1,) * (rank - len(a)) + tuple(a), (1,) * (rank - len(b)) + tuple(b)
+    return tuple(x if y == 1 else y for x, y in zip(a, b))
+
+
+def same_as_input_0(node: onnx.NodeProto, opset: int) -> list[onnx.NodeProto]:
+    """The stand-in of an operator whose output 0 has input 0's shape and type."""
+    return [helper.make_node("Identity", node.input[:1], node.output[:1])]
+
+
+def output_sized(node: onnx.NodeProto, shapes: Shapes, opset: int) -> int:
+    """Scratch of one output's worth."""
+    return shapes.nbytes(node.output[0]) or 0
