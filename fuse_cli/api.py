@@ -29,7 +29,7 @@ from fuse_cli.input_domain import binding
 from fuse_cli.load_check import loadable
 from fuse_cli.passes import resolve
 from fuse_cli.pipeline.base import Pass
-from fuse_cli.progress import Steps, step
+from fuse_cli.progress import Steps, high_water_mark, step
 from fuse_cli.promises import declined_near_miss, keep_promises
 from fuse_cli.report.model import Gates, Report
 from fuse_cli.report.notes import opset_note, run_level_note, shape_notes
@@ -70,7 +70,9 @@ def optimize(model_path: str | os.PathLike, config: FuseConfig, output_path: str
             check_output_path(source, target_path, in_place)
             with output_lock(target_path):
                 result = _optimize(source, config, target_path, dry_run=False)
-        report = dataclasses.replace(result.report, timings=recorder.timings(isolation.worker_pid()))
+        # the worker serves every run of this process: its mark may be an earlier run's
+        report = dataclasses.replace(result.report,
+                                     timings=recorder.timings(high_water_mark(isolation.worker_pid())))
     return dataclasses.replace(result, report=report)
 
 

@@ -7,6 +7,7 @@ one line. Exit codes (errors.py): 0 ok, 1 a check failed, 2 bad input or usage, 
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -31,18 +32,23 @@ from fuse_cli.report.status_line import watching
 from fuse_cli.verify import parse_int_ranges
 
 
-def _emit_report(report, json_path, markdown_path, plot_path, html_path, show_timings: bool = False) -> None:
+def _emit_report(report, json_path, markdown_path, plot_path, html_path, show_timings: bool, steps: Steps) -> None:
+    """The report's outputs; showing the table (a big model's near-misses take a while) is a step
+    of the run too, so the JSON written after it has its time."""
     def show(report, console) -> None:
-        render_rich(report, console)
-        if show_timings:
-            render_timings(report.timings, console)
-    emit(report, show, texts=((json_path, render_json), (markdown_path, render_markdown)),
+        with steps.step("show the report"):
+            render_rich(report, console)
+            if show_timings:
+                render_timings(report.timings, console)
+
+    def to_json(report) -> str:
+        return render_json(dataclasses.replace(report, timings=steps.timings(report.timings.worker_peak_rss_bytes)))
+    emit(report, show, texts=((json_path, to_json), (markdown_path, render_markdown)),
          files=((plot_path, write_plot), (html_path, write_html)))
 
 
-def _optimize_one(model, config, show_timings: bool, quiet: bool, verbose: bool, **kwargs) -> api.OptimizeResult:
+def _optimize_one(model, config, quiet: bool, verbose: bool, steps: Steps, **kwargs) -> api.OptimizeResult:
     """api.optimize, watched on stderr (report/status_line.py)."""
-    steps = Steps()
     with watching(steps, console(stderr=True), quiet=quiet, verbose=verbose):
         return api.optimize(model, config, steps=steps, **kwargs)
 
@@ -72,9 +78,9 @@ def optimize(models, output, out_dir, jobs, in_place, external_data, json_path, 
     config = config_from_options(**options).with_overrides(external_data=external_data)
     watch_memory(config.max_memory_bytes)
     if len(models) == 1 and not Path(models[0]).is_dir() and out_dir is None:
-        report = _optimize_one(models[0], config, show_timings, quiet, verbose, output_path=output,
-                               in_place=in_place).report
-        _emit_report(report, json_path, markdown_path, plot_path, html_path, show_timings)
+        steps = Steps()
+        report = _optimize_one(models[0], config, quiet, verbose, steps, output_path=output, in_place=in_place).report
+        _emit_report(report, json_path, markdown_path, plot_path, html_path, show_timings, steps)
         sys.exit(report.exit_code)
     if output or in_place or markdown_path or plot_path or html_path or show_timings:
         raise UsageError("-o, --in-place, --markdown, --plot, --html and --timings take one model; "
@@ -95,8 +101,9 @@ def report(models, jobs, json_path, markdown_path, plot_path, html_path, show_ti
     config = config_from_options(**options)
     watch_memory(config.max_memory_bytes)
     if len(models) == 1 and not Path(models[0]).is_dir():
-        result = _optimize_one(models[0], config, show_timings, quiet, verbose, dry_run=True).report
-        _emit_report(result, json_path, markdown_path, plot_path, html_path, show_timings)
+        steps = Steps()
+        result = _optimize_one(models[0], config, quiet, verbose, steps, dry_run=True).report
+        _emit_report(result, json_path, markdown_path, plot_path, html_path, show_timings, steps)
         sys.exit(result.exit_code)
     if markdown_path or plot_path or html_path or show_timings:
         raise UsageError("--markdown, --plot, --html and --timings take one model")

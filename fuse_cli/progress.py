@@ -84,7 +84,7 @@ class Now:
     nbytes: int | None  # a size the step works on (what `write` writes)
     step_seconds: float  # since the innermost open step began
     run_seconds: float
-    beside: str  # the innermost step open on another thread, with its detail ("" when none)
+    beside: str  # the steps open on another thread, with the innermost's detail ("" when none)
 
 
 @dataclass
@@ -171,19 +171,18 @@ class Steps:
     def now(self) -> Now:
         clock = time.perf_counter()
         main = list(self._open.get(self._owner, ()))
-        beside = [stack[-1] for thread, stack in list(self._open.items()) if thread != self._owner and stack]
+        beside = next((list(stack) for thread, stack in list(self._open.items()) if thread != self._owner and stack), [])
         return Now(
             step=" · ".join(o.name for o in main),
             detail=main[-1].detail if main else "",
             nbytes=main[-1].nbytes if main else None,
             step_seconds=clock - main[-1].started if main else 0.0,
             run_seconds=clock - self._started if self._started is not None else 0.0,
-            beside=" ".join(filter(None, (beside[0].name, beside[0].detail))) if beside else "",
+            beside=_described(beside),
         )
 
-    def timings(self, worker_pid: int | None = None) -> Timings:
-        """What was recorded so far; `worker_pid`: onnxruntime's worker, whose high-water mark
-        is read while it lives."""
+    def timings(self, worker_peak_rss_bytes: int | None = None) -> Timings:
+        """What was recorded so far, the wall time up to now."""
         wall = time.perf_counter() - self._started if self._started is not None else 0.0
         return Timings(
             wall_seconds=wall,
@@ -192,8 +191,13 @@ class Steps:
             passes=tuple(PassTime(name, t.runs, t.seconds, t.matching, t.rewriting) for name, t in self._passes.items()),
             verification=tuple(self._settings),
             peak_rss_bytes=peak_rss_bytes(),
-            worker_peak_rss_bytes=_high_water_mark(worker_pid) if worker_pid is not None else None,
+            worker_peak_rss_bytes=worker_peak_rss_bytes,
         )
+
+
+def _described(stack: list[_Open]) -> str:
+    text = " · ".join(o.name for o in stack)
+    return f"{text}: {stack[-1].detail}" if stack and stack[-1].detail else text
 
 
 def peak_rss_bytes() -> int:
@@ -201,7 +205,10 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _high_water_mark(pid: int) -> int | None:
+def high_water_mark(pid: int | None) -> int | None:
+    """Another process's resident high-water mark (None: no such process)."""
+    if pid is None:
+        return None
     try:
         with open(f"/proc/{pid}/status") as status:
             for line in status:

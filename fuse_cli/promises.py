@@ -44,8 +44,9 @@ def keep_promises(source: Path, loaded: LoadedModel, passes: list[Pass], fuse, e
             # From memory: the candidate's big weights are references to files (the input's, or the
             # lot's for new ones), which onnxruntime maps; nothing is written until one is kept.
             with step("verification"):
-                update("the original's runs")  # what this step waits for while they go on beside it
+                update("waiting for the original's runs")  # while they go on beside the pipeline
                 reference = pending.result()
+                update("")
                 result = compare_with_reference(reference, candidate.model, config.rtol, config.atol,
                                                 concurrent=concurrent)
             return result.status != MISMATCH, result

@@ -18,7 +18,7 @@ from fuse_cli.core.sessions import run  # noqa: F401 (re-exported for callers)
 from fuse_cli.errors import FuseError
 from fuse_cli.core.feeds import random_inputs, value_key  # noqa: F401 (random_inputs: re-exported for callers)
 from fuse_cli.graph.io import read_original
-from fuse_cli.progress import model_run
+from fuse_cli.progress import model_run, update
 from fuse_cli.input_domain import (binding, branch_inputs, derived_settings, describe_setting, free_symbols,
                                    integer_ranges, shape_settings)
 
@@ -219,6 +219,7 @@ def compare_with_reference(reference: Reference, optimized: onnx.ModelProto | st
         outcomes = _candidate_outcomes(sessions.source_of(optimized), settings, concurrent)
     except RuntimeCrash as crash:
         return VerifyResult((), MISMATCH, f"{crash} running the candidate", reference.settings)
+    update("comparing the outputs")
     worst: dict[str, OutputComparison] = {}
     for (dims, _, expected), (actual, failure) in zip(reference.runs, outcomes):
         if failure is not None:

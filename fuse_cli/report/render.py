@@ -506,7 +506,7 @@ def render_timings(timings: Timings | None, console: Console) -> None:
         if len(slowest) > TIMED_PASSES_SHOWN:
             console.print(f"... and {len(slowest) - TIMED_PASSES_SHOWN} more passes (see --json)", highlight=False)
     if timings.verification:
-        runs = Table(title="Verification runs (the worker's session built and run)", title_justify="left")
+        runs = Table(title="Verification runs", title_justify="left")
         for header in ("Model", "Setting", "Seconds"):
             runs.add_column(header, justify="right" if header == "Seconds" else "left")
         for v in timings.verification:

@@ -30,14 +30,17 @@ def watching(steps: Steps, console: Console, *, quiet: bool = False, verbose: bo
     if verbose:
         steps.on_step_end = lambda name, seconds, within: console.print(
             Text(step_ended_line(name, seconds, within), no_wrap=True, overflow="ellipsis"))
-    if not console.is_terminal:
-        yield
-        return
-    # stdout is left alone (a result written there must not pass through the status's console);
-    # what is printed on stderr meanwhile (onnx-graphsurgeon's warnings) goes above the line
-    with Live(_StatusLine(steps), console=console, transient=True, refresh_per_second=REFRESHES_PER_SECOND,
-              redirect_stdout=False, redirect_stderr=True):
-        yield
+    try:
+        if not console.is_terminal:
+            yield
+            return
+        # stdout is left alone (a result written there must not pass through the status's console);
+        # what is printed on stderr meanwhile (onnx-graphsurgeon's warnings) goes above the line
+        with Live(_StatusLine(steps), console=console, transient=True, refresh_per_second=REFRESHES_PER_SECOND,
+                  redirect_stdout=False, redirect_stderr=True):
+            yield
+    finally:
+        steps.on_step_end = None
 
 
 def step_ended_line(name: str, seconds: float, within: str | None) -> str:
