@@ -119,7 +119,7 @@ def fusion_options(func):
 
 
 def progress_options(func):
-    """What a single-model run shows besides its result: the live status line, its log form, the timings."""
+    """What a run shows on stderr besides its result: the live status line, its log form, the timings."""
     options = [
         click.option("--timings", "show_timings", is_flag=True,
                      help="Also print where the time went: each step, each pass (matching and rewriting apart), "

@@ -22,7 +22,7 @@ from fuse_cli import progress
 from fuse_cli.cli import cli
 from fuse_cli.progress import BESIDE, Steps
 from fuse_cli.report.status_line import status_text
-from tests.conftest import REPO, SAMPLES, benchmark_script
+from tests.conftest import SAMPLES, benchmark_script
 
 SAMPLE = SAMPLES / "transformer_block_opset14.onnx"
 STATUS_MARK = "(run "  # every status line shows the run's clock so
