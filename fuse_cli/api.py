@@ -120,32 +120,33 @@ def _optimize(source: Path, config: FuseConfig, target_path: Path, *, dry_run: b
             measured = measure(source, optimized, tables.bound, config, fused.orders)
     with step("memory audit"):
         memory = memory_audit(estimate, optimized, fused.fusions, tables.bound, fused.orders)
-    report = Report(
-        model_path=str(source),
-        output_path=None if dry_run else str(target_path),
-        target=config.target,
-        passes=tuple(p.name for p in passes),
-        fusions=tuple(fused.fusions),
-        near_misses=tuple(fused.near_misses) + tuple(declined_near_miss(d) for d in declined),
-        nodes_before=node_count(loaded.model.graph),
-        nodes_after=node_count(optimized.graph),
-        weight_bytes_before=weight_bytes(loaded.model) + sum(payload_bytes(t) or 0 for t in loaded.input_defaults.values()),
-        weight_bytes_after=weight_bytes(optimized),
-        unbound_dims=tables.assumed,
-        dims=tuple(sorted(tables.bound.bound_dims.items())),
-        written_files=written,
-        dry_run=dry_run,
-        notes=(shape_notes(tables.bound) + opset_note(opset_before, loaded.model)
-               + run_level_note(config.target, optimized)),
-        verification=verification,
-        rolled_back=rolled_back,
-        runtime_target_would_add=runtime_extra,
-        gates=Gates(config.fail_on_fusable, config.max_peak_bytes, config.fail_on_near_miss, config.require_verified),
-        measured=measured,
-        allow_mismatch=config.allow_mismatch,
-        memory=memory,
-        peak_guard=declined,
-        peak_settings=() if config.allow_peak_growth else tuple(tuple(sorted(s.dims.items())) for s in estimate.settings),
-        orders=fused.orders,
-    )
+    with step("report"):  # its figures: node counts, weight bytes, notes
+        report = Report(
+            model_path=str(source),
+            output_path=None if dry_run else str(target_path),
+            target=config.target,
+            passes=tuple(p.name for p in passes),
+            fusions=tuple(fused.fusions),
+            near_misses=tuple(fused.near_misses) + tuple(declined_near_miss(d) for d in declined),
+            nodes_before=node_count(loaded.model.graph),
+            nodes_after=node_count(optimized.graph),
+            weight_bytes_before=weight_bytes(loaded.model) + sum(payload_bytes(t) or 0 for t in loaded.input_defaults.values()),
+            weight_bytes_after=weight_bytes(optimized),
+            unbound_dims=tables.assumed,
+            dims=tuple(sorted(tables.bound.bound_dims.items())),
+            written_files=written,
+            dry_run=dry_run,
+            notes=(shape_notes(tables.bound) + opset_note(opset_before, loaded.model)
+                   + run_level_note(config.target, optimized)),
+            verification=verification,
+            rolled_back=rolled_back,
+            runtime_target_would_add=runtime_extra,
+            gates=Gates(config.fail_on_fusable, config.max_peak_bytes, config.fail_on_near_miss, config.require_verified),
+            measured=measured,
+            allow_mismatch=config.allow_mismatch,
+            memory=memory,
+            peak_guard=declined,
+            peak_settings=() if config.allow_peak_growth else tuple(tuple(sorted(s.dims.items())) for s in estimate.settings),
+            orders=fused.orders,
+        )
     return OptimizeResult(report=report, model_by_reference=optimized)
