@@ -73,12 +73,13 @@ def cli() -> None:
 def optimize(models, output, out_dir, jobs, in_place, external_data, json_path, markdown_path, plot_path, html_path,
              show_timings, quiet, verbose, **options):
     """Fuse MODEL and write the optimized model; several models or a folder run as a batch."""
-    check_writable(json_path, markdown_path, plot_path, html_path)
-    check_report_paths((json_path, markdown_path, plot_path, html_path), _models_touched(models, output, out_dir))
-    config = config_from_options(**options).with_overrides(external_data=external_data)
-    watch_memory(config.max_memory_bytes)
+    steps = Steps()
+    with steps.step("options"):
+        check_writable(json_path, markdown_path, plot_path, html_path)
+        check_report_paths((json_path, markdown_path, plot_path, html_path), _models_touched(models, output, out_dir))
+        config = config_from_options(**options).with_overrides(external_data=external_data)
+        watch_memory(config.max_memory_bytes)
     if len(models) == 1 and not Path(models[0]).is_dir() and out_dir is None:
-        steps = Steps()
         report = _optimize_one(models[0], config, quiet, verbose, steps, output_path=output, in_place=in_place).report
         _emit_report(report, json_path, markdown_path, plot_path, html_path, show_timings, steps)
         sys.exit(report.exit_code)
@@ -96,12 +97,13 @@ def optimize(models, output, out_dir, jobs, in_place, external_data, json_path, 
 @guarded
 def report(models, jobs, json_path, markdown_path, plot_path, html_path, show_timings, quiet, verbose, **options):
     """Memory audit and dry run: what fusion would do to MODEL, without writing the model."""
-    check_writable(json_path, markdown_path, plot_path, html_path)
-    check_report_paths((json_path, markdown_path, plot_path, html_path), _models_touched(models, writes=False))
-    config = config_from_options(**options)
-    watch_memory(config.max_memory_bytes)
+    steps = Steps()
+    with steps.step("options"):
+        check_writable(json_path, markdown_path, plot_path, html_path)
+        check_report_paths((json_path, markdown_path, plot_path, html_path), _models_touched(models, writes=False))
+        config = config_from_options(**options)
+        watch_memory(config.max_memory_bytes)
     if len(models) == 1 and not Path(models[0]).is_dir():
-        steps = Steps()
         result = _optimize_one(models[0], config, quiet, verbose, steps, dry_run=True).report
         _emit_report(result, json_path, markdown_path, plot_path, html_path, show_timings, steps)
         sys.exit(result.exit_code)

@@ -111,12 +111,13 @@ class _PassTotal:
 
 
 class Steps:
-    """One run's recorder. `on_step_end(name, seconds, within)` is called as each step ends."""
+    """One run's recorder, made on the run's thread as the run begins (its clock starts then).
+    `on_step_end(name, seconds, within)` is called as each step ends."""
 
     def __init__(self, on_step_end: Callable[[str, float, str | None], None] | None = None):
         self.on_step_end = on_step_end
-        self._started: float | None = None
-        self._owner: int | None = None  # the run's thread
+        self._started = time.perf_counter()
+        self._owner = threading.get_ident()  # the run's thread
         self._open: dict[int, list[_Open]] = {}  # per thread, outermost first
         self._steps: dict[tuple[str | None, str], _Total] = {}
         self._passes: dict[str, _PassTotal] = {}
@@ -125,8 +126,7 @@ class Steps:
 
     @contextlib.contextmanager
     def recording(self) -> Iterator[Steps]:
-        """The run: the module's functions reach this recorder until it ends."""
-        self._started, self._owner = time.perf_counter(), threading.get_ident()
+        """The library's part of the run: the module's functions reach this recorder until it ends."""
         token = _CURRENT.set(self)
         try:
             yield self
@@ -177,15 +177,14 @@ class Steps:
             detail=main[-1].detail if main else "",
             nbytes=main[-1].nbytes if main else None,
             step_seconds=clock - main[-1].started if main else 0.0,
-            run_seconds=clock - self._started if self._started is not None else 0.0,
+            run_seconds=clock - self._started,
             beside=_described(beside),
         )
 
     def timings(self, worker_peak_rss_bytes: int | None = None) -> Timings:
         """What was recorded so far, the wall time up to now."""
-        wall = time.perf_counter() - self._started if self._started is not None else 0.0
         return Timings(
-            wall_seconds=wall,
+            wall_seconds=time.perf_counter() - self._started,
             steps=tuple(StepTime(name, t.seconds, t.count, within, t.peak_rss_bytes)
                         for (within, name), t in self._steps.items()),
             passes=tuple(PassTime(name, t.runs, t.seconds, t.matching, t.rewriting) for name, t in self._passes.items()),

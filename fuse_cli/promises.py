@@ -30,8 +30,6 @@ def keep_promises(source: Path, loaded: LoadedModel, passes: list[Pass], fuse, e
     Each broken promise drops passes by bisection (rollback.py); a pass dropped for one promise
     changes the candidate the other judged, so the two alternate until neither drops one."""
     concurrent = config.verify and weight_bytes(loaded.model) <= CONCURRENT_WEIGHT_LIMIT
-    if config.verify:
-        isolation.start()  # onnxruntime runs in the worker process: its start-up overlaps what follows
     with ThreadPoolExecutor(1) as worker:
         pending = _reference(source, loaded, config, worker if concurrent else None)
 
@@ -83,6 +81,7 @@ def _reference(source: Path, loaded: LoadedModel, config: FuseConfig,
     if not config.verify:
         return None
     with step("verification"):
+        isolation.start()  # onnxruntime runs in the worker process: its start-up overlaps what follows
         plan = reference_plan(loaded.model, config.dims, int_ranges=config.int_ranges)
         if worker is None:
             done: Future = Future()

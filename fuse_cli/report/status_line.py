@@ -51,7 +51,7 @@ def step_ended_line(name: str, seconds: float, within: str | None) -> str:
 def status_text(steps: Steps) -> str:
     """`pipeline · passes: pass 12 of 48: layer-norm  0:02 (run 0:14)`, and what runs beside it."""
     now = steps.now()
-    text = now.step or ("working" if now.run_seconds else "starting")  # between two steps, or before the first
+    text = now.step or "working"  # between two steps
     if now.detail:
         text += f": {now.detail}"
     if now.nbytes is not None:
