@@ -9,6 +9,7 @@ The life of a model, each step in its own module:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ import onnx
 
 from fuse_cli.audit import PeakEstimate, measure, memory_audit, peak_tolerance
 from fuse_cli.config import FuseConfig
+from fuse_cli.core import isolation
 from fuse_cli.core.tensors import payload_bytes, weight_bytes
 from fuse_cli.fusing import Fused, fuse, what_runtime_target_adds
 from fuse_cli.graph.io import load_model, node_count
@@ -27,6 +29,7 @@ from fuse_cli.input_domain import binding
 from fuse_cli.load_check import loadable
 from fuse_cli.passes import resolve
 from fuse_cli.pipeline.base import Pass
+from fuse_cli.progress import Steps, high_water_mark, step
 from fuse_cli.promises import declined_near_miss, keep_promises
 from fuse_cli.report.model import Gates, Report
 from fuse_cli.report.notes import opset_note, run_level_note, shape_notes
@@ -57,16 +60,30 @@ def default_output_path(model_path: str | os.PathLike) -> Path:
 
 
 def optimize(model_path: str | os.PathLike, config: FuseConfig, output_path: str | os.PathLike | None = None,
-             *, dry_run: bool = False, in_place: bool = False) -> OptimizeResult:
+             *, dry_run: bool = False, in_place: bool = False, steps: Steps | None = None) -> OptimizeResult:
     """Load, fuse, keep the promises, and (unless dry_run) write atomically. Never writes over the
-    input unless in_place is set."""
+    input unless in_place is set. `steps` records where the time goes (the report's timings) and
+    lets a caller watch the run (the command line's status line)."""
     source = Path(model_path)
     target_path = Path(output_path) if output_path is not None else default_output_path(source)
-    if dry_run:
-        return _optimize(source, config, target_path, dry_run=True)
-    check_output_path(source, target_path, in_place)
-    with output_lock(target_path):
-        return _optimize(source, config, target_path, dry_run=False)
+    with (steps or Steps()).recording() as recorder:
+        if dry_run:
+            result = _optimize(source, config, target_path, dry_run=True)
+        else:
+            check_output_path(source, target_path, in_place)
+            with output_lock(target_path):
+                result = _optimize(source, config, target_path, dry_run=False)
+        # the worker serves every run of this process: its mark may be an earlier run's
+        report = dataclasses.replace(result.report,
+                                     timings=recorder.timings(_workers_high_water_mark()))
+    return dataclasses.replace(result, report=report)
+
+
+def _workers_high_water_mark() -> int | None:
+    """The largest resident high-water mark of onnxruntime's worker processes (verification's,
+    constant folding's), None when none ran."""
+    marks = [mark for pid in isolation.worker_pids() if (mark := high_water_mark(pid)) is not None]
+    return max(marks, default=None)
 
 
 def optimize_unwritten(model_path: str | os.PathLike, config: FuseConfig, lot: ParkingLot, *,
@@ -79,20 +96,23 @@ def optimize_unwritten(model_path: str | os.PathLike, config: FuseConfig, lot: P
 def _optimize(source: Path, config: FuseConfig, target_path: Path | None, *, dry_run: bool,
               lot: ParkingLot | None = None) -> OptimizeResult:
     output = None if dry_run else target_path  # None: nothing is written
-    loaded = load_model(source, freeze_inputs=config.freeze_inputs)
-    if output is not None:
-        check_not_over_weights(loaded, output, config.external_data)
-    opset_before = default_opset(loaded.model)
-    if config.upgrade_opset:
-        loaded.model = upgrade_opset(loaded.model, config.upgrade_opset)
-    # --dim and --input-shape as one binding, which the estimate, verification and --measure share
-    config = config.with_overrides(dims=binding(loaded.model, config.dims, config.input_shapes))
-    passes = resolve(config.target, config.passes, config.disable)
-    resolve(config.target, config.fail_on_near_miss)  # the same "did you mean" for gate pass names
-    tables = build_shape_tables(loaded.model, config)
+    with step("load"):
+        loaded = load_model(source, freeze_inputs=config.freeze_inputs)
+        if output is not None:
+            check_not_over_weights(loaded, output, config.external_data)
+        opset_before = default_opset(loaded.model)
+        if config.upgrade_opset:
+            loaded.model = upgrade_opset(loaded.model, config.upgrade_opset)
+        # --dim and --input-shape as one binding, which the estimate, verification and --measure share
+        config = config.with_overrides(dims=binding(loaded.model, config.dims, config.input_shapes))
+        passes = resolve(config.target, config.passes, config.disable)
+        resolve(config.target, config.fail_on_near_miss)  # the same "did you mean" for gate pass names
+    with step("shape tables"):
+        tables = build_shape_tables(loaded.model, config)
 
     writer = CandidateWriter(loaded, output, config.external_data, lot)
-    estimate = PeakEstimate(loaded, tables.bound, tables.planner, config)
+    with step("peak guard"):  # the original's estimated peak, which every candidate's is judged against
+        estimate = PeakEstimate(loaded, tables.bound, tables.planner, config)
 
     def run(selected: list[Pass]) -> Fused:
         return fuse(loaded, selected, tables, config, writer.lot,
@@ -101,45 +121,55 @@ def _optimize(source: Path, config: FuseConfig, target_path: Path | None, *, dry
         fused, verification, rolled_back, declined = keep_promises(source, loaded, passes, run, estimate, config)
         if verification is None or verification.status != MATCH:  # a `match` was loaded and run
             dropped = {r.pass_name for r in rolled_back} | {d.pass_name for d in declined}
-            fused, unloadable = loadable(source, fused, [p for p in passes if p.name not in dropped], run)
+            with step("load check"):
+                fused, unloadable = loadable(source, fused, [p for p in passes if p.name not in dropped], run)
             rolled_back += unloadable
         # The audit (a dry run) says what portability costs; `optimize` does not run the pipeline twice.
-        runtime_extra = (what_runtime_target_adds(loaded, tables, config)
-                         if config.target == "onnx" and dry_run else ())
+        runtime_extra = ()
+        if config.target == "onnx" and dry_run:
+            with step("runtime target"):
+                runtime_extra = what_runtime_target_adds(loaded, tables, config)
         # a caller's lot outlives the run: the model keeps referencing the weights parked there
         written = tuple(str(p) for p in writer.settle(fused.model)) if lot is None else ()
     finally:
         if lot is None:
             writer.clean_up()
     optimized = fused.model
-    report = Report(
-        model_path=str(source),
-        output_path=None if output is None else str(output),
-        target=config.target,
-        passes=tuple(p.name for p in passes),
-        fusions=tuple(fused.fusions),
-        near_misses=tuple(fused.near_misses) + tuple(declined_near_miss(d) for d in declined),
-        nodes_before=node_count(loaded.model.graph),
-        nodes_after=node_count(optimized.graph),
-        weight_bytes_before=weight_bytes(loaded.model) + sum(payload_bytes(t) or 0 for t in loaded.input_defaults.values()),
-        weight_bytes_after=weight_bytes(optimized),
-        unbound_dims=tables.assumed,
-        dims=tuple(sorted(tables.bound.bound_dims.items())),
-        written_files=written,
-        dry_run=dry_run,
-        notes=(shape_notes(tables.bound) + opset_note(opset_before, loaded.model)
-               + run_level_note(config.target, optimized)),
-        verification=verification,
-        rolled_back=rolled_back,
-        runtime_target_would_add=runtime_extra,
-        gates=Gates(config.fail_on_fusable, config.max_peak_bytes, config.fail_on_near_miss, config.require_verified),
-        measured=measure(source, optimized, tables.bound, config, fused.orders) if config.measure else None,
-        allow_mismatch=config.allow_mismatch,
-        memory=memory_audit(estimate, optimized, fused.fusions, tables.bound, fused.orders),
-        peak_guard=declined,
-        peak_settings=() if config.allow_peak_growth else tuple(tuple(sorted(s.dims.items())) for s in estimate.settings),
-        peak_tolerances=() if config.allow_peak_growth else tuple(peak_tolerance(s.before.peak_bytes)
-                                                                  for s in estimate.settings),
-        orders=fused.orders,
-    )
+    measured = None
+    if config.measure:
+        with step("measure"):
+            measured = measure(source, optimized, tables.bound, config, fused.orders)
+    with step("memory audit"):
+        memory = memory_audit(estimate, optimized, fused.fusions, tables.bound, fused.orders)
+    with step("report"):  # its figures: node counts, weight bytes, notes
+        report = Report(
+            model_path=str(source),
+            output_path=None if output is None else str(output),
+            target=config.target,
+            passes=tuple(p.name for p in passes),
+            fusions=tuple(fused.fusions),
+            near_misses=tuple(fused.near_misses) + tuple(declined_near_miss(d) for d in declined),
+            nodes_before=node_count(loaded.model.graph),
+            nodes_after=node_count(optimized.graph),
+            weight_bytes_before=weight_bytes(loaded.model) + sum(payload_bytes(t) or 0 for t in loaded.input_defaults.values()),
+            weight_bytes_after=weight_bytes(optimized),
+            unbound_dims=tables.assumed,
+            dims=tuple(sorted(tables.bound.bound_dims.items())),
+            written_files=written,
+            dry_run=dry_run,
+            notes=(shape_notes(tables.bound) + opset_note(opset_before, loaded.model)
+                   + run_level_note(config.target, optimized)),
+            verification=verification,
+            rolled_back=rolled_back,
+            runtime_target_would_add=runtime_extra,
+            gates=Gates(config.fail_on_fusable, config.max_peak_bytes, config.fail_on_near_miss, config.require_verified),
+            measured=measured,
+            allow_mismatch=config.allow_mismatch,
+            memory=memory,
+            peak_guard=declined,
+            peak_settings=() if config.allow_peak_growth else tuple(tuple(sorted(s.dims.items())) for s in estimate.settings),
+            peak_tolerances=() if config.allow_peak_growth else tuple(peak_tolerance(s.before.peak_bytes)
+                                                                      for s in estimate.settings),
+            orders=fused.orders,
+        )
     return OptimizeResult(report=report, model_by_reference=optimized, input_weight_files=loaded.external_files)

@@ -7,6 +7,7 @@ one line. Exit codes (errors.py): 0 ok, 1 a check failed, 2 bad input or usage, 
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from fuse_cli import __version__, api
 from fuse_cli.bench import GRAPH_OPTIMIZATION, PROVIDERS
 from fuse_cli.cli_options import (check_report_paths, check_writable, config_from_options, console, debug_option,
                                   dim_option, emit, fusion_options, guarded, int_range_option, json_option,
-                                  markdown_option, seed_option)
+                                  markdown_option, progress_options, seed_option)
 from fuse_cli.config import load_config, parse_dims
 from fuse_cli.core.memory_cap import watch_memory
 from fuse_cli.errors import EXIT_CHECK_FAILED, EXIT_OK, UsageError
@@ -25,13 +26,31 @@ from fuse_cli.graph.io import load_model
 from fuse_cli.passes import TARGETS
 from fuse_cli.report.html import write_html
 from fuse_cli.report.plot import write_plot
-from fuse_cli.report.render import render_json, render_markdown, render_rich
+from fuse_cli.progress import Steps
+from fuse_cli.report.render import render_json, render_markdown, render_rich, render_timings
+from fuse_cli.report.status_line import watching
 from fuse_cli.verify import parse_int_ranges
 
 
-def _emit_report(report, json_path, markdown_path, plot_path, html_path) -> None:
-    emit(report, render_rich, texts=((json_path, render_json), (markdown_path, render_markdown)),
+def _emit_report(report, json_path, markdown_path, plot_path, html_path, show_timings: bool, steps: Steps) -> None:
+    """The report's outputs; showing the table (a big model's near-misses take a while) is a step
+    of the run too, so the JSON written after it has its time."""
+    def show(report, console) -> None:
+        with steps.step("show the report"):
+            render_rich(report, console)
+            if show_timings:
+                render_timings(report.timings, console)
+
+    def to_json(report) -> str:
+        return render_json(dataclasses.replace(report, timings=steps.timings(report.timings.worker_peak_rss_bytes)))
+    emit(report, show, texts=((json_path, to_json), (markdown_path, render_markdown)),
          files=((plot_path, write_plot), (html_path, write_html)))
+
+
+def _optimize_one(model, config, quiet: bool, verbose: bool, steps: Steps, **kwargs) -> api.OptimizeResult:
+    """api.optimize, watched on stderr (report/status_line.py)."""
+    with watching(steps, console(stderr=True), quiet=quiet, verbose=verbose):
+        return api.optimize(model, config, steps=steps, **kwargs)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -49,41 +68,48 @@ def cli() -> None:
 @click.option("--external-data/--embed-data", default=None,
               help="Store weights in a side .data file, or in the .onnx file (default: where the input has them).")
 @fusion_options
+@progress_options
 @guarded
 def optimize(models, output, out_dir, jobs, in_place, external_data, json_path, markdown_path, plot_path, html_path,
-             **options):
+             show_timings, quiet, verbose, **options):
     """Fuse MODEL and write the optimized model; several models or a folder run as a batch."""
-    check_writable(json_path, markdown_path, plot_path, html_path)
-    check_report_paths((json_path, markdown_path, plot_path, html_path), _models_touched(models, output, out_dir))
-    config = config_from_options(**options).with_overrides(external_data=external_data)
-    watch_memory(config.max_memory_bytes)
+    steps = Steps()
+    with steps.step("options"):
+        check_writable(json_path, markdown_path, plot_path, html_path)
+        check_report_paths((json_path, markdown_path, plot_path, html_path), _models_touched(models, output, out_dir))
+        config = config_from_options(**options).with_overrides(external_data=external_data)
+        watch_memory(config.max_memory_bytes)
     if len(models) == 1 and not Path(models[0]).is_dir() and out_dir is None:
-        report = api.optimize(models[0], config, output, in_place=in_place).report
-        _emit_report(report, json_path, markdown_path, plot_path, html_path)
+        report = _optimize_one(models[0], config, quiet, verbose, steps, output_path=output, in_place=in_place).report
+        _emit_report(report, json_path, markdown_path, plot_path, html_path, show_timings, steps)
         sys.exit(report.exit_code)
-    if output or in_place or markdown_path or plot_path or html_path:
-        raise UsageError("-o, --in-place, --markdown, --plot and --html take one model; use --out-dir for a batch")
-    sys.exit(_run_batch(models, config, out_dir, jobs, json_path))
+    if output or in_place or markdown_path or plot_path or html_path or show_timings:
+        raise UsageError("-o, --in-place, --markdown, --plot, --html and --timings take one model; "
+                         "use --out-dir for a batch")
+    sys.exit(_run_batch(models, config, out_dir, jobs, json_path, quiet=quiet))
 
 
 @cli.command()
 @click.argument("models", nargs=-1, required=True, metavar="MODEL... | DIR")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None, help="Several models: parallel processes.")
 @fusion_options
+@progress_options
 @guarded
-def report(models, jobs, json_path, markdown_path, plot_path, html_path, **options):
+def report(models, jobs, json_path, markdown_path, plot_path, html_path, show_timings, quiet, verbose, **options):
     """Memory audit and dry run: what fusion would do to MODEL, without writing the model."""
-    check_writable(json_path, markdown_path, plot_path, html_path)
-    check_report_paths((json_path, markdown_path, plot_path, html_path), _models_touched(models, writes=False))
-    config = config_from_options(**options)
-    watch_memory(config.max_memory_bytes)
+    steps = Steps()
+    with steps.step("options"):
+        check_writable(json_path, markdown_path, plot_path, html_path)
+        check_report_paths((json_path, markdown_path, plot_path, html_path), _models_touched(models, writes=False))
+        config = config_from_options(**options)
+        watch_memory(config.max_memory_bytes)
     if len(models) == 1 and not Path(models[0]).is_dir():
-        result = api.optimize(models[0], config, dry_run=True).report
-        _emit_report(result, json_path, markdown_path, plot_path, html_path)
+        result = _optimize_one(models[0], config, quiet, verbose, steps, dry_run=True).report
+        _emit_report(result, json_path, markdown_path, plot_path, html_path, show_timings, steps)
         sys.exit(result.exit_code)
-    if markdown_path or plot_path or html_path:
-        raise UsageError("--markdown, --plot and --html take one model")
-    sys.exit(_run_batch(models, config, None, jobs, json_path, dry_run=True))
+    if markdown_path or plot_path or html_path or show_timings:
+        raise UsageError("--markdown, --plot, --html and --timings take one model")
+    sys.exit(_run_batch(models, config, None, jobs, json_path, dry_run=True, quiet=quiet))
 
 
 def _models_touched(models, output: str | None = None, out_dir: str | None = None, *, writes: bool = True) -> list[Path]:
@@ -98,7 +124,7 @@ def _models_touched(models, output: str | None = None, out_dir: str | None = Non
     return [*inputs, *(output_for(m, Path(out_dir) if out_dir else None) for m in inputs)]
 
 
-def _run_batch(models, config, out_dir, jobs, json_path, dry_run: bool = False) -> int:
+def _run_batch(models, config, out_dir, jobs, json_path, dry_run: bool = False, quiet: bool = False) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from fuse_cli.batch import batch_exit_code, default_jobs, expand_models, optimize_many
@@ -106,7 +132,7 @@ def _run_batch(models, config, out_dir, jobs, json_path, dry_run: bool = False) 
 
     paths = expand_models(models)
     progress = Progress(TextColumn("[bold]fuse[/bold] {task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), console=Console(stderr=True), transient=False)
+                        TimeElapsedColumn(), console=Console(stderr=True), transient=False, disable=quiet)
     with progress:
         task = progress.add_task("auditing" if dry_run else "optimizing", total=len(paths))
         items = optimize_many(paths, config, Path(out_dir) if out_dir else None, jobs or default_jobs(),

@@ -118,6 +118,21 @@ def fusion_options(func):
 
 
 
+def progress_options(func):
+    """What a run shows on stderr besides its result: the live status line, its log form, the timings."""
+    options = [
+        click.option("--timings", "show_timings", is_flag=True,
+                     help="Also print where the time went: each step, each pass (matching and rewriting apart), "
+                          "verification per setting, peak memory (the JSON report always has them)."),
+        click.option("-q", "--quiet", is_flag=True, help="No status line or progress bar on stderr."),
+        click.option("-v", "--verbose", is_flag=True,
+                     help="A line on stderr as each step ends (a terminal also gets the live status line)."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
 def config_from_options(target, passes, disable, dims, input_shapes, freeze_inputs, fold_limit, upgrade_opset, verify, int_ranges,
             rtol, atol, allow_mismatch, allow_peak_growth, require_verified, fail_on_fusable, max_peak, fail_on_near_miss, measure,
             schedule_for, max_memory):

@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import gc
 import sys
+import time
 from dataclasses import dataclass
 
 import onnx
@@ -23,6 +24,7 @@ from fuse_cli.passes import resolve
 from fuse_cli.pipeline.base import Estimates, ModelPass, Pass
 from fuse_cli.pipeline.engine import run_pipeline
 from fuse_cli.pipeline.records import FusionRecord, NearMiss, OrderRecord
+from fuse_cli.progress import pass_ran, step, update
 
 
 @dataclass(frozen=True)
@@ -41,34 +43,46 @@ def fuse(loaded: LoadedModel, passes: list[Pass], tables: ShapeTables, config: F
     `proofs` and `inside` the shapes checks may rely on, in the main graph and in bodies;
     `bound` the sizes removed intermediates are counted at. The new big weights the
     passes computed are parked in `lot`: the model holds them by reference."""
+    with step("pipeline"):
+        return _fuse(loaded, passes, tables, config, lot, estimates)
+
+
+def _fuse(loaded: LoadedModel, passes: list[Pass], tables: ShapeTables, config: FuseConfig,
+          lot: ParkingLot, estimates: Estimates | None) -> Fused:
     model_passes = [p for p in passes if isinstance(p, ModelPass)]
     passes_on_graph = [p for p in passes if not isinstance(p, ModelPass)]
     # onnx-graphsurgeon's logger print()s its warnings: keep stdout for results (`--json -`).
-    with contextlib.redirect_stdout(sys.stderr):
+    with contextlib.redirect_stdout(sys.stderr), step("passes"):
         graph, fusions, near_misses = _run_passes(loaded, passes_on_graph, tables, config, lot)
-        graph.cleanup(remove_unused_graph_inputs=False, recurse_subgraphs=False)
-        toposort(graph)
-        unload_unchanged_weights(graph)
-        lot.park_constants(graph)
-        exported = gs.export_onnx(graph, do_type_check=False)
-    # graphsurgeon's nodes and tensors refer to each other: only a collection frees the graph, and
-    # with it the mapped weights the passes read (a Conv+BN stack: its whole size, until the next
-    # automatic collection, which could come after onnxruntime has mapped the candidate's too).
-    # It takes 0.5 s on a 12k-node graph: only when there are such weights.
-    del graph
-    if mapped_weights_alive():
-        gc.collect()
-    heap.trim()
-    provenance = f"fuse {__version__} --target {config.target} passes: {','.join(p.name for p in passes)}"
-    model = assemble_model(loaded, exported, provenance)
-    ensure_domain_imports(model)
+    with step("export"):
+        with contextlib.redirect_stdout(sys.stderr):
+            graph.cleanup(remove_unused_graph_inputs=False, recurse_subgraphs=False)
+            toposort(graph)
+            unload_unchanged_weights(graph)
+            lot.park_constants(graph)
+            exported = gs.export_onnx(graph, do_type_check=False)
+        # graphsurgeon's nodes and tensors refer to each other: only a collection frees the graph, and
+        # with it the mapped weights the passes read (a Conv+BN stack: its whole size, until the next
+        # automatic collection, which could come after onnxruntime has mapped the candidate's too).
+        # It takes 0.5 s on a 12k-node graph: only when there are such weights.
+        del graph
+        if mapped_weights_alive():
+            gc.collect()
+        heap.trim()
+        provenance = f"fuse {__version__} --target {config.target} passes: {','.join(p.name for p in passes)}"
+        model = assemble_model(loaded, exported, provenance)
+        ensure_domain_imports(model)
     orders: list[OrderRecord] = []
-    for model_pass in model_passes if estimates is not None else ():
-        record = model_pass.run(model, estimates)
-        if isinstance(record, OrderRecord):
-            orders.append(record)
-        else:
-            fusions.extend(record)
+    with step("model passes"):
+        for model_pass in model_passes if estimates is not None else ():
+            update(model_pass.name)
+            started = time.perf_counter()
+            record = model_pass.run(model, estimates)
+            pass_ran(model_pass.name, time.perf_counter() - started)
+            if isinstance(record, OrderRecord):
+                orders.append(record)
+            else:
+                fusions.extend(record)
     return Fused(model, fusions, near_misses, tuple(orders))
 
 

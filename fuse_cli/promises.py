@@ -15,6 +15,7 @@ from fuse_cli.fusing import Fused
 from fuse_cli.graph.io import LoadedModel, read_original
 from fuse_cli.pipeline.base import Pass
 from fuse_cli.pipeline.records import NearMiss
+from fuse_cli.progress import carried, step, update
 from fuse_cli.report.model import PeakDecline, RolledBack
 from fuse_cli.report.render import human_bytes
 from fuse_cli.rollback import drop_breaking_passes
@@ -29,20 +30,23 @@ def keep_promises(source: Path, loaded: LoadedModel, passes: list[Pass], fuse, e
     Each broken promise drops passes by bisection (rollback.py); a pass dropped for one promise
     changes the candidate the other judged, so the two alternate until neither drops one."""
     concurrent = config.verify and weight_bytes(loaded.model) <= CONCURRENT_WEIGHT_LIMIT
-    if config.verify:
-        isolation.start()  # onnxruntime runs in the worker process: its start-up overlaps what follows
     with ThreadPoolExecutor(1) as worker:
         pending = _reference(source, loaded, config, worker if concurrent else None)
 
         def peak_judge(candidate: Fused):
-            growth = () if config.allow_peak_growth else estimate.growth(candidate.model)
+            with step("peak guard"):
+                growth = () if config.allow_peak_growth else estimate.growth(candidate.model)
             return not growth, growth
 
         def verify_judge(candidate: Fused):
             # From memory: the candidate's big weights are references to files (the input's, or the
             # lot's for new ones), which onnxruntime maps; nothing is written until one is kept.
-            result = compare_with_reference(pending.result(), candidate.model, config.rtol, config.atol,
-                                            concurrent=concurrent)
+            with step("verification"):
+                update("waiting for the original's runs")  # while they go on beside the pipeline
+                reference = pending.result()
+                update("")
+                result = compare_with_reference(reference, candidate.model, config.rtol, config.atol,
+                                                concurrent=concurrent)
             return result.status != MISMATCH, result
 
         active, fused = list(passes), fuse(passes)
@@ -76,15 +80,21 @@ def _reference(source: Path, loaded: LoadedModel, config: FuseConfig,
     pipeline rewrites anything."""
     if not config.verify:
         return None
-    plan = reference_plan(loaded.model, config.dims, int_ranges=config.int_ranges)
-    if worker is not None:
-        # resolved here: shape inference on the main thread works in a scratch folder for a
-        # moment (analysis/shapes.py), and a relative path read then would be looked up there
-        resolved = Path(source).resolve()
-        return worker.submit(lambda: plan.run(read_original(resolved)))
-    done: Future = Future()
-    done.set_result(plan.run(read_original(source)))
-    return done
+    with step("verification"):
+        isolation.start()  # onnxruntime runs in the worker process: its start-up overlaps what follows
+        plan = reference_plan(loaded.model, config.dims, int_ranges=config.int_ranges)
+        if worker is None:
+            done: Future = Future()
+            done.set_result(plan.run(read_original(source)))
+            return done
+    # resolved here: shape inference on the main thread works in a scratch folder for a
+    # moment (analysis/shapes.py), and a relative path read then would be looked up there
+    resolved = Path(source).resolve()
+
+    def beside_the_pipeline():
+        with step("verification"):
+            return plan.run(read_original(resolved))
+    return worker.submit(carried(beside_the_pipeline))
 
 
 def _rolled_back(pass_name: str, result: VerifyResult) -> RolledBack:

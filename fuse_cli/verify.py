@@ -18,6 +18,7 @@ from fuse_cli.core.sessions import run  # noqa: F401 (re-exported for callers)
 from fuse_cli.errors import FuseError
 from fuse_cli.core.feeds import random_inputs, value_key  # noqa: F401 (random_inputs: re-exported for callers)
 from fuse_cli.graph.io import read_original
+from fuse_cli.progress import model_run, update
 from fuse_cli.input_domain import (binding, branch_inputs, derived_settings, describe_setting, free_symbols,
                                    integer_ranges, shape_settings)
 
@@ -192,10 +193,12 @@ def reference_outputs(original: onnx.ModelProto | str, settings: Sequence[Mappin
     source = sessions.source_of(original)
     header = original if isinstance(original, onnx.ModelProto) else read_original(original)  # weights by reference
     runs = []
-    for dims in ([{}] if feeds else settings):
+    chosen = [{}] if feeds else settings
+    for index, dims in enumerate(chosen):
         try:
-            inputs, outputs = isolation.call(model_runs.reference_run, source, dict(dims), seed=seed,
-                                             int_ranges=int_ranges, feeds=feeds)
+            with model_run("original", [dims], f"setting {index + 1} of {len(chosen)} ({describe_setting(dims)})"):
+                inputs, outputs = isolation.call(model_runs.reference_run, source, dict(dims), seed=seed,
+                                                 int_ranges=int_ranges, feeds=feeds)
             runs.append((dict(dims), inputs, outputs))
         except FuseError as exc:
             where = "on the given inputs" if feeds else f"at {describe_setting(dims)}"
@@ -213,9 +216,10 @@ def compare_with_reference(reference: Reference, optimized: onnx.ModelProto | st
         return VerifyResult((), UNVERIFIABLE, reference.error)
     settings = [(dims, feeds) for dims, feeds, _ in reference.runs]
     try:
-        outcomes = isolation.call(model_runs.candidate_runs, sessions.source_of(optimized), settings, concurrent)
+        outcomes = _candidate_outcomes(sessions.source_of(optimized), settings, concurrent)
     except RuntimeCrash as crash:
         return VerifyResult((), MISMATCH, f"{crash} running the candidate", reference.settings)
+    update("comparing the outputs")
     worst: dict[str, OutputComparison] = {}
     for (dims, _, expected), (actual, failure) in zip(reference.runs, outcomes):
         if failure is not None:
@@ -225,6 +229,21 @@ def compare_with_reference(reference: Reference, optimized: onnx.ModelProto | st
             if o.name not in worst or _badness(o) > _badness(worst[o.name]):
                 worst[o.name] = o
     return replace(_verdict(list(worst.values()), reference.settings), settings_note=reference.note)
+
+
+def _candidate_outcomes(source: sessions.Source, settings: list, concurrent: bool) -> list:
+    """model_runs.candidate_runs, a call per setting (none after a failure) so that each is
+    timed, or one call for them all when `concurrent`."""
+    if concurrent and len(settings) > 1:
+        with model_run("candidate", [dims for dims, _ in settings], f"{len(settings)} settings at once"):
+            return isolation.call(model_runs.candidate_runs, source, settings, True)
+    outcomes = []
+    for index, (dims, feeds) in enumerate(settings):
+        with model_run("candidate", [dims], f"setting {index + 1} of {len(settings)} ({describe_setting(dims)})"):
+            outcomes += isolation.call(model_runs.candidate_runs, source, [(dims, feeds)], False)
+        if outcomes[-1][1] is not None:
+            break
+    return outcomes
 
 
 # Operators whose output dtype is not their float inputs': the walk to an output's compute dtype stops there

@@ -11,9 +11,11 @@ from pathlib import Path
 
 import onnx
 
+from fuse_cli.core.tensors import weight_bytes
 from fuse_cli.errors import UsageError
 from fuse_cli.graph.io import LoadedModel, save_model
 from fuse_cli.graph.weights import ParkingLot
+from fuse_cli.progress import step, update
 
 
 class CandidateWriter:
@@ -33,9 +35,13 @@ class CandidateWriter:
         """Write `model` to the target, its weights then read from the written files; with no
         target (a dry run), read its parked weights back in, as the lot goes with the run."""
         if self.target is None:
-            self.lot.unpark(model)
+            with step("read back new weights"):
+                self.lot.unpark(model)
             return []
-        return save_model(model, self.target, external_data=self.external_data, relink=True)
+        with step("write"):
+            # its weights: the bytes a big model's write takes its time over (the graph's are few)
+            update(str(self.target), nbytes=weight_bytes(model))
+            return save_model(model, self.target, external_data=self.external_data, relink=True)
 
     def clean_up(self) -> None:
         self.lot.clean_up()

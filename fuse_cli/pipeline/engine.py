@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Sequence
 
 from fuse_cli.graph.edit import GraphEditor
 from fuse_cli.match import Match, match_root, root_op_types
 from fuse_cli.pipeline.base import Decline, GraphPass, Pass, PatternPass
 from fuse_cli.pipeline.records import FusionRecord, NearMiss, RemovedTensor
+from fuse_cli.progress import pass_ran, update
 from fuse_cli.targets import emit_reason
 
 MAX_ROUNDS = 8
@@ -27,11 +29,12 @@ def run_pipeline(g: GraphEditor, passes: Sequence[Pass], size_of: SizeOf) -> tup
     misses: list[list[NearMiss]] = [[] for _ in passes]
     version = 0  # bumped by every pass that changes the graph
     quiet_at: list[int | None] = [None] * len(passes)  # the version a pass last ran on and changed nothing
-    for _ in range(MAX_ROUNDS):
+    for round_index in range(MAX_ROUNDS):
         changed = False
         for i, p in enumerate(passes):
             if quiet_at[i] == version:
                 continue
+            update(f"pass {i + 1} of {len(passes)}: {p.name}" + (f" (round {round_index + 1})" if round_index else ""))
             made, misses[i] = _run_pass(p, g, size_of)
             fusions += made
             if made:
@@ -63,16 +66,23 @@ def _largest_only(misses: list[NearMiss]) -> list[NearMiss]:
 
 
 def _run_pass(p: Pass, g: GraphEditor, size_of: SizeOf) -> tuple[list[FusionRecord], list[NearMiss]]:
+    started = time.perf_counter()
     if isinstance(p, GraphPass):
-        return [_record(p, p.label, replaced, created, removed, size_of)
-                for replaced, created, removed in p.run(g)], []
+        made = [_record(p, p.label, replaced, created, removed, size_of) for replaced, created, removed in p.run(g)]
+        pass_ran(p.name, time.perf_counter() - started)
+        return made, []
     assert isinstance(p, PatternPass)
-    return _sweep(p, g, size_of)
+    made, missed, rewriting = _sweep(p, g, size_of)
+    pass_ran(p.name, time.perf_counter() - started, rewriting)
+    return made, missed
 
 
-def _sweep(p: PatternPass, g: GraphEditor, size_of: SizeOf) -> tuple[list[FusionRecord], list[NearMiss]]:
+def _sweep(p: PatternPass, g: GraphEditor, size_of: SizeOf) -> tuple[list[FusionRecord], list[NearMiss], float]:
+    """The pass's fusions and near-misses, and the seconds spent building and splicing the
+    replacements (the rest of its time went to finding and checking matches)."""
     made: list[FusionRecord] = []
     missed: list[NearMiss] = []
+    rewriting = 0.0
     root_ops = root_op_types(p.pattern)
     # Last node first: the largest match (rooted furthest downstream, e.g. LayerNorm's Add(beta))
     # is tried before a smaller one rooted inside it (its Div) could take part of it.
@@ -90,15 +100,19 @@ def _sweep(p: PatternPass, g: GraphEditor, size_of: SizeOf) -> tuple[list[Fusion
                 first_miss = first_miss or NearMiss(p.name, p.label, tuple(n.name for n in reversed(m.covered)),
                                                     decline.reason)
                 continue
+            started = time.perf_counter()
             replacement = p.rewrite(m, g)
             replaced = [n.name for n in reversed(m.covered)]
             removed = g.apply(m, replacement)
+            rewriting += time.perf_counter() - started
             made.append(_record(p, p.label, replaced, [n.name for n in replacement.nodes], removed, size_of))
             first_miss = None
             break
         if first_miss:
             missed.append(first_miss)
+    started = time.perf_counter()
     dropped = g.commit()
+    rewriting += time.perf_counter() - started
     if made and dropped:
         # Nodes this sweep's rewrites left unread (a Shape chain a constant shape replaced) are
         # part of what the pass removed: count them with its last record, so no row goes negative.
@@ -106,7 +120,7 @@ def _sweep(p: PatternPass, g: GraphEditor, size_of: SizeOf) -> tuple[list[Fusion
         made[-1] = dataclasses.replace(
             last, replaced=last.replaced + tuple(name for name, _ in dropped),
             removed=last.removed + tuple(RemovedTensor(t, size_of(t)) for _, outs in dropped for t in outs))
-    return made, missed
+    return made, missed, rewriting
 
 
 def _target_decline(p: PatternPass, m: Match, g: GraphEditor) -> Decline | None:

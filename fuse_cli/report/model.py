@@ -9,6 +9,7 @@ from fuse_cli.analysis.measure import Measurement
 from fuse_cli.analysis.memory import MemoryProfile
 from fuse_cli.errors import EXIT_CHECK_FAILED, EXIT_OK
 from fuse_cli.pipeline.records import FusionRecord, NearMiss, OrderRecord
+from fuse_cli.progress import Timings
 from fuse_cli.verify import MISMATCH, VerifyResult
 
 SCHEMA_VERSION = 2
@@ -158,6 +159,7 @@ class Report:
     peak_settings: tuple[tuple[tuple[str, int], ...], ...] = ()  # the dims the guard judged (empty: it was off)
     peak_tolerances: tuple[int, ...] = ()  # bytes the estimated peak may grow by at each of peak_settings
     orders: tuple[OrderRecord, ...] = ()  # what the `schedule` pass did (empty: it did not run)
+    timings: Timings | None = None  # where the run's time went (api.optimize always records them)
 
     def rows(self) -> list[FusionRow]:
         """Fusions grouped by (pass, pattern) in the order they first happened."""

@@ -21,6 +21,7 @@ from fuse_cli.report.upgrade_hint import upgrade_hint_lines
 from fuse_cli.config import UNBOUND_DIM
 from fuse_cli.input_domain import describe_setting
 from fuse_cli.verify import INCONCLUSIVE, MATCH, MISMATCH, UNVERIFIABLE, VerifyResult
+from fuse_cli.progress import BESIDE, StepTime, Timings
 
 # "Tensors removed" are intermediate activations; "Memory saved" is their bytes at the bound shapes
 # (the traffic that no longer happens); "Peak change" is what removing them alone does to the peak.
@@ -331,6 +332,7 @@ def to_json_dict(report: Report) -> dict[str, Any]:
         "failures": list(report.failures),
         "exit_code": report.exit_code,
         "memory": _memory_json(report),
+        "timings": timings_json(report.timings),
     }
 
 
@@ -450,3 +452,86 @@ def render_batch_json(items) -> str:
     return json.dumps({"schema_version": SCHEMA_VERSION, "fuse_version": __version__, "models": [
         {"model": i.model, "output": i.output, "exit_code": i.exit_code, "error": i.error, "report": i.report}
         for i in items]}, indent=2) + "\n"
+
+
+TIMED_PASSES_SHOWN = 15
+
+
+def timings_json(timings: Timings | None) -> dict[str, Any] | None:
+    if timings is None:
+        return None
+    return {
+        "wall_seconds": _seconds(timings.wall_seconds),
+        "steps": [{"name": s.name, "within": s.within, "count": s.count, "seconds": _seconds(s.seconds),
+                   "peak_rss_bytes": s.peak_rss_bytes} for s in timings.steps],
+        "passes": [{"name": p.name, "runs": p.runs, "seconds": _seconds(p.seconds),
+                    "matching_seconds": None if p.matching_seconds is None else _seconds(p.matching_seconds),
+                    "rewriting_seconds": None if p.rewriting_seconds is None else _seconds(p.rewriting_seconds)}
+                   for p in timings.passes],
+        "verification": [{"model": v.model, "setting": dict(v.setting), "seconds": _seconds(v.seconds),
+                          "at_once": v.at_once} for v in timings.verification],
+        "peak_rss_bytes": timings.peak_rss_bytes,
+        "worker_peak_rss_bytes": timings.worker_peak_rss_bytes,
+    }
+
+
+def _seconds(value: float) -> float:
+    return round(value, 4)
+
+
+def render_timings(timings: Timings | None, console: Console) -> None:
+    """--timings: the steps as a tree (a step's parts under it; the top level adds up to the
+    wall time), the slowest passes, and verification's runs by setting."""
+    if timings is None:
+        return
+    worker = (f", onnxruntime's worker {human_bytes(timings.worker_peak_rss_bytes)}"
+              if timings.worker_peak_rss_bytes is not None else "")
+    console.print(f"Timings: {timings.wall_seconds:.2f} s wall; peak resident memory: fuse "
+                  f"{human_bytes(timings.peak_rss_bytes)}{worker}", highlight=False)
+    steps = Table(title="Steps (the top level adds up to the wall time)", title_justify="left")
+    for header in ("Step", "Runs", "Seconds", "Share", "Peak RSS at its end"):
+        steps.add_column(header, justify="left" if header == "Step" else "right")
+    for depth, step in _step_tree(timings):
+        share = f"{step.seconds / timings.wall_seconds:.0%}" if step.within is None and timings.wall_seconds else ""
+        label = "(beside the run) " + step.name if step.within == BESIDE else step.name
+        steps.add_row(plain("  " * depth + label), str(step.count), f"{step.seconds:.2f}", share,
+                      human_bytes(step.peak_rss_bytes))
+    console.print(steps)
+    if timings.passes:
+        slowest = sorted(timings.passes, key=lambda p: -p.seconds)
+        passes = Table(title=f"Passes ({len(slowest)}, slowest first)", title_justify="left")
+        for header in ("Pass", "Runs", "Seconds", "Matching", "Rewriting"):
+            passes.add_column(header, justify="left" if header == "Pass" else "right")
+        for p in slowest[:TIMED_PASSES_SHOWN]:
+            passes.add_row(plain(p.name), str(p.runs), f"{p.seconds:.3f}",
+                           *("-" if v is None else f"{v:.3f}" for v in (p.matching_seconds, p.rewriting_seconds)))
+        console.print(passes)
+        if len(slowest) > TIMED_PASSES_SHOWN:
+            console.print(f"... and {len(slowest) - TIMED_PASSES_SHOWN} more passes (see --json)", highlight=False)
+    if timings.verification:
+        runs = Table(title="Verification runs", title_justify="left")
+        for header in ("Model", "Setting", "Seconds"):
+            runs.add_column(header, justify="right" if header == "Seconds" else "left")
+        for v in timings.verification:
+            together = f" (with {v.at_once - 1} more at once)" if v.at_once > 1 else ""
+            runs.add_row(v.model, plain(describe_setting(dict(v.setting)) + together), f"{v.seconds:.2f}")
+        console.print(runs)
+
+
+def _step_tree(timings: Timings) -> list[tuple[int, StepTime]]:
+    """The steps in the order they first ended, each step's parts under the first row of it."""
+    parts: dict[str | None, list[StepTime]] = {}
+    for step in timings.steps:
+        parts.setdefault(step.within, []).append(step)
+    rows: list[tuple[int, StepTime]] = []
+    shown: set[str] = set()
+
+    def add(step: StepTime, depth: int) -> None:
+        rows.append((depth, step))
+        if step.name not in shown:
+            shown.add(step.name)
+            for part in parts.get(step.name, ()):
+                add(part, depth + 1)
+    for step in parts.get(None, []) + parts.get(BESIDE, []):
+        add(step, 0)
+    return rows
