@@ -45,8 +45,8 @@ class _Activation(PatternPass):
             inputs = [m.tensor("x")]
         else:
             inputs = [m.tensor("input"), bias_tensor(g, m.tensor("bias"), g.shape(m.tensor("input")).dims[-1])]
-        node = gs.Node(op=self.fused_op, domain="com.microsoft", attrs=self.attrs(m), inputs=inputs,
-                       name=g.unique_name(f"{m.root.name}_{self.fused_op}"), outputs=[m.root.outputs[0]])
+        node = g.node(self.fused_op, inputs, self.attrs(m), name=f"{m.root.name}_{self.fused_op}",
+                      outputs=[m.root.outputs[0]], domain="com.microsoft")
         return Replacement(nodes=[node])
 
     def attrs(self, m: Match) -> dict:

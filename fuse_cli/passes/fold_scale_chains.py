@@ -73,9 +73,9 @@ class FoldScaleChains(PatternPass):
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
         op, c = _folded(m)
         outer = m.node("outer")
-        node = gs.Node(op=op, name=g.unique_name(f"{outer.name}_folded"),
-                       inputs=[m.tensor("x"), gs.Constant(g.unique_name(f"{outer.name}_factor"), c)],
-                       outputs=[outer.outputs[0]])  # not g.constant, whose ascontiguousarray makes a scalar 1-D
+        node = g.node(op, [m.tensor("x"), gs.Constant(g.unique_name(f"{outer.name}_factor"), c)],
+                      name=f"{outer.name}_folded",
+                      outputs=[outer.outputs[0]])  # not g.constant, whose ascontiguousarray makes a scalar 1-D
         return Replacement(nodes=[node])
 
 

@@ -73,8 +73,8 @@ class FuseMatMulTransposeScale(PatternPass):
         attrs = {"transA": int("transpose_a" in m.nodes), "transB": int("transpose_b" in m.nodes)}
         if "scale" in m.tensors:
             attrs["alpha"] = float(constant_value(m.tensor("scale")).reshape(-1)[0])
-        fused = gs.Node(op="FusedMatMul", domain=MS, name=g.unique_name(f"{matmul.name}_fused"), attrs=attrs,
-                        inputs=[m.tensor("a"), m.tensor("b")], outputs=[m.root.outputs[0]])
+        fused = g.node("FusedMatMul", [m.tensor("a"), m.tensor("b")], attrs, name=f"{matmul.name}_fused",
+                       outputs=[m.root.outputs[0]], domain=MS)
         return Replacement(nodes=[fused])
 
 
