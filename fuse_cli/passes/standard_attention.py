@@ -89,8 +89,7 @@ class FuseStandardAttention(PatternPass):
         y = written = g.variable(f"{m.root.name}_attention_named") if unnamed else final
         if merged_rows(m, h * d):  # [B, S, H*d], then the rows the graph's merge made
             y = g.variable(f"{m.root.name}_attention_out", like=m.tensor("query"))
-            nodes.append(gs.Node("Reshape", g.unique_name(f"{m.root.name}_rows"), {}, [y, m.tensor("merge_shape")],
-                                 [written]))
+            nodes.append(g.node("Reshape", [y, m.tensor("merge_shape")], name=f"{m.root.name}_rows", outputs=[written]))
         outputs = [y]
         if "key_cache" in m.nodes:
             inputs += [m.tensor("key_past"), m.tensor("value_past")]
@@ -99,12 +98,9 @@ class FuseStandardAttention(PatternPass):
             split, heads = m.node(f"{role}_split"), m.node(f"{role}_heads")
             if read_outside(heads.outputs[0], m, g):
                 out = g.variable(f"{split.name}_out", like=m.tensor(role))
-                nodes += [gs.Node("Reshape", g.unique_name(split.name), dict(split.attrs), [m.tensor(role), split.inputs[1]],
-                                  [out]),
-                          gs.Node("Transpose", g.unique_name(heads.name), dict(heads.attrs), [out], heads.outputs[:1])]
-        while inputs[-1].name == "":
-            inputs.pop()
-        nodes.append(gs.Node("Attention", g.unique_name(f"{m.node('softmax').name}_attention"), attrs, inputs, outputs))
+                nodes += [g.node("Reshape", [m.tensor(role), split.inputs[1]], split.attrs, name=split.name, outputs=[out]),
+                          g.node("Transpose", [out], heads.attrs, name=heads.name, outputs=heads.outputs[:1])]
+        nodes.append(g.node("Attention", inputs, attrs, name=f"{m.node('softmax').name}_attention", outputs=outputs))
         if unnamed:
             nodes += unnamed_like_the_original(written, final, g, m.root.name)
         return Replacement(nodes=nodes)
