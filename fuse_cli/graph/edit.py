@@ -50,7 +50,16 @@ class Replacement:
 def kept(node: gs.Node) -> gs.Node:
     """A matched node as it is, for a replacement that keeps it: `GraphEditor.apply` detaches
     every covered node, so the replacement carries a copy (same name, attributes and tensors)."""
-    return gs.Node(node.op, node.name, dict(node.attrs), list(node.inputs), list(node.outputs), domain=node.domain)
+    return rebuilt(node)
+
+
+def rebuilt(node: gs.Node, *, inputs: Sequence[gs.Tensor] | None = None, outputs: Sequence[gs.Tensor] | None = None,
+            attrs: Mapping[str, object] | None = None) -> gs.Node:
+    """A matched node again, under its own name, op and domain, with the inputs, outputs or
+    attributes given (its own where not): a rewrite that changes a node rather than adding one."""
+    return gs.Node(node.op, node.name, dict(node.attrs if attrs is None else attrs),
+                   list(node.inputs if inputs is None else inputs), list(node.outputs if outputs is None else outputs),
+                   domain=node.domain)
 
 
 @dataclass(frozen=True)

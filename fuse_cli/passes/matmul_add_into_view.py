@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from fuse_cli.graph.edit import GraphEditor, Replacement
+from fuse_cli.graph.edit import GraphEditor, Replacement, rebuilt
 from fuse_cli.match import Match, Op, Var, constant_value, producer_of
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
@@ -85,8 +85,7 @@ class FuseMatMulAddIntoView(PatternPass):
             g.node("Reshape", [x, g.constant(f"{matmul.name}_rows_shape", np.array([-1, k], np.int64))], {},
                    name=f"{matmul.name}_rows", outputs=[flat]),
             g.node("Gemm", [flat, weight, m.tensor("bias")], {}, name=f"{matmul.name}_gemm", outputs=[rows]),
-            gs.Node(op="Reshape", name=reshape.name, attrs=attrs, inputs=[rows, m.tensor("shape")],
-                    outputs=list(reshape.outputs)),
+            rebuilt(reshape, inputs=[rows, m.tensor("shape")], attrs=attrs),
         ])
 
 

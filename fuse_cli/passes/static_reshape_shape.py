@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from fuse_cli.graph.edit import GraphEditor, Replacement, label
+from fuse_cli.graph.edit import GraphEditor, Replacement, label, rebuilt
 from fuse_cli.match import Match, Op, Var, constant_value
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
@@ -74,8 +74,8 @@ class StaticReshapeShape(PatternPass):
                             name=f"{base}_concat", outputs=[shape])]
         else:
             shape = g.constant(f"{base}_shape", shape)
-        return Replacement(nodes=nodes + [gs.Node(op="Reshape", name=reshape.name, attrs=dict(reshape.attrs),
-                                                  inputs=[m.tensor("x"), shape], outputs=[reshape.outputs[0]])])
+        return Replacement(nodes=nodes + [rebuilt(reshape, inputs=[m.tensor("x"), shape],
+                                                  outputs=[reshape.outputs[0]])])
 
 
 def _leading_dims(m: Match, g: GraphEditor) -> tuple[gs.Tensor, int, list[int]] | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from fuse_cli.graph.edit import GraphEditor, Replacement
+from fuse_cli.graph.edit import GraphEditor, Replacement, rebuilt
 from fuse_cli.match import Alt, Const, Match, Op, Var, constant_value
 from fuse_cli.pipeline.base import PatternPass
 from fuse_cli.pipeline.registry import register
@@ -55,8 +55,7 @@ class FoldStaticShapeDims(PatternPass):
         value = np.asarray(_picked(m, _selected_dims(m, g)), dtype=np.int64).reshape(indices.shape)
         constant = g.node("Constant", [], {"value": gs.Constant(g.unique_name(f"{gather.name}_value"), value)},
                           name=f"{gather.name}_static", outputs=[gather.outputs[0]])
-        again = gs.Node(op="Shape", name=shape.name, attrs=dict(shape.attrs), inputs=[m.tensor("x")],
-                        outputs=[shape.outputs[0]])
+        again = rebuilt(shape, inputs=[m.tensor("x")], outputs=[shape.outputs[0]])
         return Replacement(nodes=[again, constant])
 
 
