@@ -94,12 +94,12 @@ class FuseMultiHeadAttention(PatternPass):
     def check(self, m: Match, g: GraphEditor) -> Decline | None:
         if decline := softmax_key_axis_decline(m.node("softmax"), g.opset):
             return decline
-        split = {role: split_of(m, g, role) for role in ("query", "key", "value")}
-        if declined := next((s for s in split.values() if isinstance(s, Decline)), None):
+        splits = {role: split_of(m, g, role) for role in ("query", "key", "value")}
+        if declined := next((s for s in splits.values() if isinstance(s, Decline)), None):
             return declined
-        if declined := next(filter(None, (_bias_size_decline(m, g, role, *split[role]) for role in split)), None):
+        if declined := next(filter(None, (_bias_size_decline(m, g, role, *splits[role]) for role in splits)), None):
             return declined
-        (h, d), (hk, dk), (hv, dv) = split.values()
+        (h, d), (hk, dk), (hv, dv) = splits.values()
         if (h, d) != (hk, dk) or hv != h:
             return Decline(f"the heads differ: query {h}x{d}, key {hk}x{dk}, value {hv}x{dv}")
         q, k, v = (g.shape(m.tensor(role)) for role in ("query", "key", "value"))
@@ -131,9 +131,10 @@ class FuseMultiHeadAttention(PatternPass):
         return Replacement(nodes=b.nodes)
 
 
-def _bias_size_decline(m: Match, g: GraphEditor, role: str, heads: int, size: int) -> Decline | None:
+def _bias_size_decline(m: Match, g: GraphEditor, role: str, count: int, size: int) -> Decline | None:
+    """A projection's bias MultiHeadAttention absorbs is a [heads * head_size] vector of its type."""
     bias = m.tensor(f"{role}_bias")
-    if bias is not None and (constant_value(bias).size != heads * size or g.dtype(bias) != g.dtype(m.tensor(role))):
-        return Decline(f"{m.node(f'{role}_bias_add').name}'s bias {bias.name!r} is not a [{heads * size}] vector "
+    if bias is not None and (constant_value(bias).size != count * size or g.dtype(bias) != g.dtype(m.tensor(role))):
+        return Decline(f"{m.node(f'{role}_bias_add').name}'s bias {bias.name!r} is not a [{count * size}] vector "
                        "of the input's type")
     return None
