@@ -16,7 +16,7 @@ from fuse_cli.graph.io import LoadedModel, read_original
 from fuse_cli.pipeline.base import Pass
 from fuse_cli.pipeline.records import NearMiss
 from fuse_cli.report.model import PeakDecline, RolledBack
-from fuse_cli.report.units import human_bytes
+from fuse_cli.report.render import human_bytes
 from fuse_cli.rollback import drop_breaking_passes
 from fuse_cli.verify import MISMATCH, VerifyResult, compare_with_reference, reference_plan
 

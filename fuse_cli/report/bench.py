@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fuse_cli.report.bench_records import BENCH_SCHEMA_VERSION, PEAK_RATIO_FLOOR_BYTES, BenchResult
-from fuse_cli.report.units import human_bytes
+from fuse_cli.report.render import human_bytes
 from fuse_cli.report.text import markdown, plain, terminal
 
 BENCH_HEADERS = ("Provider", "Graph opt", "Model", "Session", "Wall ms median / p90", "CPU ms median / p90",

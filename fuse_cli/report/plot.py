@@ -15,7 +15,7 @@ from fuse_cli.analysis.memory import MemoryProfile
 from fuse_cli.errors import UsageError
 from fuse_cli.report.files import replacing, write_text_atomically
 from fuse_cli.report.model import Report
-from fuse_cli.report.units import human_bytes
+from fuse_cli.report.render import human_bytes
 from fuse_cli.report.text import visible, xml
 
 X_TICKS = (0, 0.25, 0.5, 0.75, 1)

@@ -17,7 +17,6 @@ from fuse_cli import __version__
 from fuse_cli.analysis.bodies import BodyCost
 from fuse_cli.report.model import SCHEMA_VERSION, Report, describe_rolled_back
 from fuse_cli.report.text import markdown, plain, terminal
-from fuse_cli.report.units import human_bytes
 from fuse_cli.report.upgrade_hint import upgrade_hint_lines
 from fuse_cli.config import UNBOUND_DIM
 from fuse_cli.input_domain import describe_setting
@@ -28,6 +27,17 @@ from fuse_cli.report.verification import INCONCLUSIVE, MATCH, MISMATCH, UNVERIFI
 SAVINGS_HEADERS = ("Pattern", "Pass", "Count", "Nodes removed", "Tensors removed", "Memory saved", "Peak change")
 SPARK = " ▁▂▃▄▅▆▇█"
 NEAR_MISS_LIMIT = 20
+
+
+def human_bytes(n: int | None) -> str:
+    if n is None:
+        return "unknown"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
 
 
 def savings_rows(report: Report) -> list[tuple[str, ...]]:
