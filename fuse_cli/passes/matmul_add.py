@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Match, Op, Var, constant_value
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
 from fuse_cli.toolkit.constness import computed_at_run_time
 from fuse_cli.toolkit.gemm import gemm_operands_reason
+
 
 @register
 class FuseMatMulAddIntoGemm(PatternPass):

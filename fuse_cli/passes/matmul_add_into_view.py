@@ -9,8 +9,8 @@ from fuse_cli.graph.edit import GraphEditor, Replacement, rebuilt
 from fuse_cli.match import Match, Op, Var, constant_value, producer_of
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
-from fuse_cli.toolkit.gemm import gemm_operands_reason
 from fuse_cli.toolkit.constness import computed_at_run_time
+from fuse_cli.toolkit.gemm import gemm_operands_reason
 from fuse_cli.toolkit.shapes import same_dim, shape_entries
 
 # allowzero (a 0 entry is a 0, not a copy of the input's dim) is an attribute from opset 14

@@ -11,6 +11,7 @@ from fuse_cli.graph.weights import WeightBytes
 from fuse_cli.pipeline.base import GraphPass
 from fuse_cli.pipeline.registry import register
 
+
 @register
 class MergeEqualWeights(GraphPass):
     """Initializers of the same dtype, shape and bytes are one weight:
