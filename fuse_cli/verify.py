@@ -19,6 +19,8 @@ from fuse_cli.errors import FuseError
 from fuse_cli.core.feeds import random_inputs, value_key  # noqa: F401 (random_inputs: re-exported for callers)
 from fuse_cli.graph.io import read_original
 from fuse_cli.progress import model_run, update
+from fuse_cli.report.verification import (  # noqa: F401 (the verdict's records, re-exported for callers)
+    INCONCLUSIVE, MATCH, MISMATCH, UNVERIFIABLE, OutputComparison, VerifyResult)
 from fuse_cli.input_domain import (binding, branch_inputs, derived_settings, describe_setting, free_symbols,
                                    integer_ranges, shape_settings)
 
@@ -29,54 +31,6 @@ DEFAULT_TOLERANCES = {
     np.dtype(np.float32): (1e-4, 1e-5),
     np.dtype(np.float16): (1e-2, 1e-3),
 }
-
-
-MATCH, MISMATCH, INCONCLUSIVE, UNVERIFIABLE = "match", "mismatch", "inconclusive", "unverifiable"
-
-
-@dataclass(frozen=True)
-class OutputComparison:
-    """One output at one or more shape settings (the worst figures of all of them). Statistics
-    are over the elements finite in both models; `nonfinite_mismatches` counts positions where
-    NaN/inf in one model is not the same NaN/inf in the other."""
-
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    max_abs_diff: float
-    max_rel_diff: float
-    cosine_similarity: float
-    rtol: float
-    atol: float
-    passed: bool
-    nonfinite_mismatches: int = 0
-    all_nonfinite: bool = False  # nothing finite to compare in the original or the optimized output
-    problem: str | None = None  # a difference no statistic measures: another shape or dtype
-
-
-@dataclass(frozen=True)
-class VerifyResult:
-    """The verdict, with the evidence. `status`:
-    - match: every output within tolerance at every shape setting;
-    - mismatch: an output differs, or the optimized model fails where the original runs (`reason`);
-    - inconclusive: nothing differs, but an output is entirely NaN/inf in one model, so nothing
-      was compared;
-    - unverifiable: the original itself cannot load or run here (`reason`)."""
-
-    outputs: tuple[OutputComparison, ...]
-    status: str = MATCH
-    reason: str | None = None
-    settings: tuple[tuple[tuple[str, int], ...], ...] = ()  # the symbolic dims of each run
-    settings_note: str | None = None  # where the settings came from, when not the distinct primes
-
-    @property
-    def passed(self) -> bool:
-        return self.status == MATCH
-
-    def failing(self) -> tuple[OutputComparison, ...]:
-        return tuple(o for o in self.outputs if not o.passed)
-
-
 
 
 # verification's session, in this process (tests and tools that run a model themselves)

@@ -151,9 +151,9 @@ def test_dynamo_sdpa_near_forms_do_not_fuse(tmp_path, variant):
 def test_dynamo_key_transpose_is_also_proved_from_the_shape_vectors(tmp_path, monkeypatch):
     """BERT's export: shape inference may not know the flattened K's dims, then K^T is proved by
     the Shape(K) dims its shape vectors read ([-1, T, d] and [B, H, d, T])."""
-    import fuse_cli.passes.attention as attention
+    import fuse_cli.toolkit.heads as heads
 
-    monkeypatch.setattr(attention, "_flattened_by_inferred_shapes", lambda m, g: False)
+    monkeypatch.setattr(heads, "_flattened_by_inferred_shapes", lambda m, g, k: False)
     model = dynamo_sdpa_model(symbolic=True)
     result = optimize_model(model, tmp_path, target="ort-cpu", disable=UNPACKED)
     assert op_counts(result.model)[MHA] == 1

@@ -8,8 +8,9 @@ intermediates. The node list is rebuilt once per sweep by `commit`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import onnx
@@ -17,8 +18,19 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.core.order import topological
 from fuse_cli.errors import FuseError
+from fuse_cli.graph.values import constant_value, is_missing
 from fuse_cli.graph.weights import MappedValues, ParkingLot
-from fuse_cli.match import Match, constant_value
+
+
+class Match(Protocol):
+    """What the safety check reads of a match (fuse_cli.match.Match is one; the graph layer does not
+    import the matcher above it): the root, every node covered, root first, the captured tensors,
+    and the (capture name, consumer) of each the pattern wants constant."""
+
+    root: gs.Node
+    covered: list[gs.Node]
+    tensors: dict[str, gs.Tensor | None]
+    const_vars: list[tuple[str, gs.Node]]
 
 
 @dataclass
@@ -38,7 +50,16 @@ class Replacement:
 def kept(node: gs.Node) -> gs.Node:
     """A matched node as it is, for a replacement that keeps it: `GraphEditor.apply` detaches
     every covered node, so the replacement carries a copy (same name, attributes and tensors)."""
-    return gs.Node(node.op, node.name, dict(node.attrs), list(node.inputs), list(node.outputs), domain=node.domain)
+    return rebuilt(node)
+
+
+def rebuilt(node: gs.Node, *, inputs: Sequence[gs.Tensor] | None = None, outputs: Sequence[gs.Tensor] | None = None,
+            attrs: Mapping[str, object] | None = None) -> gs.Node:
+    """A matched node again, under its own name, op and domain, with the inputs, outputs or
+    attributes given (its own where not): a rewrite that changes a node rather than adding one."""
+    return gs.Node(node.op, node.name, dict(node.attrs if attrs is None else attrs),
+                   list(node.inputs if inputs is None else inputs), list(node.outputs if outputs is None else outputs),
+                   domain=node.domain)
 
 
 @dataclass(frozen=True)
@@ -235,6 +256,24 @@ class GraphEditor:
         dtype = self.dtype(like) if like is not None else None
         return gs.Variable(self.unique_name(base), dtype=dtype)
 
+    def node(self, op: str, inputs: Sequence[gs.Tensor], attrs: Mapping[str, object] | None = None, *, name: str,
+             outputs: Sequence[gs.Tensor] | int = 1, domain: str = "") -> gs.Node:
+        """A new node: named `name` made unique in the model; reading `inputs` less trailing
+        omitted ones (an optional input left out is never written as a trailing ""); writing
+        `outputs`, the tensors given (a matched root's, so its readers and graph outputs keep their
+        names) or that many new variables named after the node."""
+        inputs = list(inputs)
+        while inputs and is_missing(inputs[-1]):
+            inputs.pop()
+        name = self.unique_name(name)
+        if isinstance(outputs, int):
+            outputs = [self.variable(f"{name}_out") for _ in range(outputs)]
+        return gs.Node(op=op, name=name, domain=domain, attrs=dict(attrs or {}), inputs=inputs, outputs=list(outputs))
+
+    def builder(self, base: str) -> NodeBuilder:
+        """A node builder for one replacement, its nodes named after `base`."""
+        return NodeBuilder(self, base)
+
     def is_removed(self, node: gs.Node) -> bool:
         return id(node) in self._removed
 
@@ -312,6 +351,42 @@ def _detach_inputs(node: gs.Node) -> None:
         if index is not None:
             list.__delitem__(readers, index)
     list.clear(node.inputs)
+
+
+class NodeBuilder:
+    """A replacement's nodes, one call each, as onnxscript's rewriter builds them: `b.op.Where(c, x, y)`
+    makes a Where named `{base}_where` (unique in the model), gives it a new output, records it in
+    `b.nodes` and returns the output to wire into the next call. Attributes are keywords;
+    `_domain`, `_outputs` (existing tensors to write: a matched root's) and `_name` are the node's.
+    The engine records every node of the replacement as the pass's (FusionRecord.created)."""
+
+    def __init__(self, editor: GraphEditor, base: str):
+        self._editor = editor
+        self._base = base
+        self.nodes: list[gs.Node] = []
+        self.op = _Ops(self)
+
+    def add(self, op: str, inputs: Sequence[gs.Tensor], attrs: Mapping[str, object] | None = None, *,
+            domain: str = "", outputs: Sequence[gs.Tensor] | int = 1, name: str | None = None) -> gs.Tensor | list:
+        """The node's output (its outputs, where it has several)."""
+        node = self._editor.node(op, inputs, attrs, name=name or f"{self._base}_{op.lower()}", outputs=outputs,
+                                 domain=domain)
+        self.nodes.append(node)
+        return node.outputs[0] if len(node.outputs) == 1 else list(node.outputs)
+
+
+class _Ops:
+    """`builder.op.X(*inputs, **attributes)`: NodeBuilder.add of op X."""
+
+    def __init__(self, builder: NodeBuilder):
+        self._builder = builder
+
+    def __getattr__(self, op: str):
+        def build(*inputs: gs.Tensor, _domain: str = "", _outputs: Sequence[gs.Tensor] | int = 1,
+                  _name: str | None = None, **attrs: object) -> gs.Tensor | list:
+            return self._builder.add(op, inputs, attrs, domain=_domain, outputs=_outputs, name=_name)
+
+        return build
 
 
 def label(node: gs.Node) -> str:

@@ -23,7 +23,7 @@ from typing import Union
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from fuse_cli.core.domains import is_default_domain
+from fuse_cli.graph.values import constant_value, is_missing, producer_of  # noqa: F401 (the matcher's vocabulary)
 
 COMMUTATIVE_OPS = frozenset({"Add", "Mul", "Max", "Min", "Sum", "Equal", "And", "Or", "Xor"})
 
@@ -123,22 +123,6 @@ class Match:
 
     def copy(self) -> Match:
         return Match(self.root, dict(self.nodes), dict(self.tensors), list(self.covered), list(self.const_vars))
-
-
-def constant_value(tensor: gs.Tensor | None) -> np.ndarray | None:
-    """The value of a tensor known before run time: an initializer or a Constant node's output."""
-    if isinstance(tensor, gs.Constant):
-        return tensor.values
-    if isinstance(tensor, gs.Variable) and len(tensor.inputs) == 1:
-        producer = tensor.inputs[0]
-        if producer.op == "Constant" and is_default_domain(producer.domain) and "value" in producer.attrs:
-            value = producer.attrs["value"]
-            return value.values if isinstance(value, gs.Constant) else np.asarray(value)
-    return None
-
-
-def producer_of(tensor: gs.Tensor) -> gs.Node | None:
-    return tensor.inputs[0] if len(tensor.inputs) == 1 else None
 
 
 def root_op_types(pattern: Op | Alt) -> frozenset[str]:
@@ -313,11 +297,6 @@ def _domain(domain: str | None) -> str:
 def _may_bind(m: Match, name: str | None, tensor: gs.Tensor) -> bool:
     """A name already bound (by a Var, Const or named Op) must be bound to the same tensor."""
     return name is None or m.tensors.get(name, tensor) is tensor
-
-
-def is_missing(tensor: gs.Tensor | None) -> bool:
-    """An omitted optional input: graphsurgeon's nameless, producerless placeholder (or None)."""
-    return tensor is None or (isinstance(tensor, gs.Variable) and tensor.name == "" and not tensor.inputs)
 
 
 def _is_optional(pattern: Pattern) -> bool:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Match, Op, Var, constant_value
@@ -67,8 +66,8 @@ class BatchNormToAffine(PatternPass):
         dtype = g.dtype(x) or constant_value(m.tensor("scale")).dtype
         per_channel = (-1,) + (1,) * (g.shape(x).rank - 2)
         scaled = g.variable(f"{bn.name}_scaled", like=x)
-        mul = gs.Node(op="Mul", name=g.unique_name(f"{bn.name}_mul"), outputs=[scaled],
-                      inputs=[x, g.constant(f"{bn.name}_scale", s.reshape(per_channel).astype(dtype))])
-        add = gs.Node(op="Add", name=g.unique_name(f"{bn.name}_add"), outputs=[bn.outputs[0]],
-                      inputs=[scaled, g.constant(f"{bn.name}_shift", t.reshape(per_channel).astype(dtype))])
+        mul = g.node("Mul", [x, g.constant(f"{bn.name}_scale", s.reshape(per_channel).astype(dtype))],
+                     name=f"{bn.name}_mul", outputs=[scaled])
+        add = g.node("Add", [scaled, g.constant(f"{bn.name}_shift", t.reshape(per_channel).astype(dtype))],
+                     name=f"{bn.name}_add", outputs=[bn.outputs[0]])
         return Replacement(nodes=[mul, add])

@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import ClassVar
 
 import numpy as np
-import onnx_graphsurgeon as gs
 
-from fuse_cli.graph.edit import GraphEditor, Replacement
+from fuse_cli.graph.edit import GraphEditor, Replacement, rebuilt
 from fuse_cli.match import Const, Match, Op, Var, any_value, constant_value
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
@@ -68,8 +67,7 @@ class _FoldIntoBatchNorm(PatternPass):
                                                                          new_scale.astype(scale.dtype)),
                   g.constant(f"{bn.name}_bias_{self.tag}", new_beta.astype(scale.dtype)),
                   m.tensor("mean"), m.tensor("variance")]
-        return Replacement(nodes=[gs.Node(op="BatchNormalization", name=bn.name, domain=bn.domain,
-                                          attrs=dict(bn.attrs), inputs=inputs, outputs=[m.node("op").outputs[0]])])
+        return Replacement(nodes=[rebuilt(bn, inputs=inputs, outputs=[m.node("op").outputs[0]])])
 
 
 @register

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from fuse_cli.graph.edit import GraphEditor, Replacement
+from fuse_cli.graph.edit import GraphEditor, Replacement, rebuilt
 from fuse_cli.match import Alt, Match, Op, Var, constant_value, variadic
 from fuse_cli.toolkit.conv_weights import (FOLDABLE_DTYPES, batchnorm_affine, batchnorm_reason, bn_params_reason,
                                            output_channels, refolded_conv, scale_output_channels)
@@ -92,8 +92,7 @@ class FoldBatchNormIntoConcatenatedConvs(PatternPass):
                       g.constant(f"{conv.name}_bias_bnfolded", (b * s + t).astype(w.dtype))]
             nodes.append(refolded_conv(conv, inputs, out))
             outputs.append(out)
-        nodes.append(gs.Node(op="Concat", name=concat.name, domain=concat.domain, attrs=dict(concat.attrs),
-                             inputs=outputs, outputs=[bn.outputs[0]]))
+        nodes.append(rebuilt(concat, inputs=outputs, outputs=[bn.outputs[0]]))
         return Replacement(nodes=nodes)
 
 

@@ -13,18 +13,21 @@ from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
 from fuse_cli.toolkit.activations import ERF_GATE, TANH_GATE, X, bias_reason, bias_tensor, decomposed_gelu
 
+MS = "com.microsoft"
 # x = input + bias: named "x", the Add's output is the very x the rest of the pattern reads
 BIASED_X = Op("Add", Var("input"), Const(any_value, name="bias"), name="x")
+
+
+def approximated(form: str):
+    """A standard Gelu's `approximate` attribute predicate: the form a pass takes ("none" when unset);
+    the other form is another function, not a near-miss."""
+    return lambda value: _string(value if value is not None else "none") == form
 
 
 class _Activation(PatternPass):
     """One elementwise activation -> one onnxruntime op, optionally with its input's bias."""
 
     fused_op: ClassVar[str]
-    approximate: ClassVar[str] = "none"  # the standard Gelu's attribute this pass takes
-
-    def matches(self, m: Match, g: GraphEditor) -> bool:
-        return "gelu" not in m.nodes or _string(m.node("gelu").attrs.get("approximate", "none")) == self.approximate
 
     def emitted_at(self, m: Match, g: GraphEditor) -> tuple[np.dtype | None, gs.Node | None]:
         return g.dtype(m.tensor("input") if "input" in m.tensors else m.tensor("x")), None
@@ -45,8 +48,8 @@ class _Activation(PatternPass):
             inputs = [m.tensor("x")]
         else:
             inputs = [m.tensor("input"), bias_tensor(g, m.tensor("bias"), g.shape(m.tensor("input")).dims[-1])]
-        node = gs.Node(op=self.fused_op, domain="com.microsoft", attrs=self.attrs(m), inputs=inputs,
-                       name=g.unique_name(f"{m.root.name}_{self.fused_op}"), outputs=[m.root.outputs[0]])
+        node = g.node(self.fused_op, inputs, self.attrs(m), name=f"{m.root.name}_{self.fused_op}",
+                      outputs=[m.root.outputs[0]], domain="com.microsoft")
         return Replacement(nodes=[node])
 
     def attrs(self, m: Match) -> dict:
@@ -68,7 +71,7 @@ class FuseContribGelu(_Activation):
     label = "Erf GELU -> com.microsoft Gelu"
     fused_op = "Gelu"
     emits = ("com.microsoft::Gelu",)
-    pattern = Alt(decomposed_gelu(ERF_GATE), Op("Gelu", X, name="gelu"))
+    pattern = Alt(decomposed_gelu(ERF_GATE), Op("Gelu", X, name="gelu", approximate=approximated("none")))
 
 
 @register
@@ -88,8 +91,8 @@ class FuseFastGelu(_Activation):
     label = "tanh GELU (+ bias) -> FastGelu"
     fused_op = "FastGelu"
     emits = ("com.microsoft::FastGelu",)
-    approximate = "tanh"
-    pattern = Alt(decomposed_gelu(TANH_GATE, Alt(BIASED_X, X)), Op("Gelu", Alt(BIASED_X, X), name="gelu"))
+    pattern = Alt(decomposed_gelu(TANH_GATE, Alt(BIASED_X, X)),
+                  Op("Gelu", Alt(BIASED_X, X), name="gelu", approximate=approximated("tanh")))
 
 
 @register
@@ -139,15 +142,14 @@ class FuseBiasGelu(_Activation):
     label = "Add (bias) + Gelu -> BiasGelu"
     fused_op = "BiasGelu"
     emits = ("com.microsoft::BiasGelu",)
-    pattern = Alt(*(Op("Gelu", Op("Add", Var("input"), Var("bias", const=True), name="add"), name="gelu",
-                       domain=domain) for domain in ("com.microsoft", "")))
+    pattern = Alt(Op("Gelu", Op("Add", Var("input"), Var("bias", const=True), name="add"), name="gelu", domain=MS),
+                  Op("Gelu", Op("Add", Var("input"), Var("bias", const=True), name="add"), name="gelu",
+                     approximate=approximated("none")))
 
     def matches(self, m: Match, g: GraphEditor) -> bool:
         # Add(bias, x) is also tried as input=bias, bias=x: no candidate, and its near-miss ("x is
         # computed at run time") would hide the real one of the other ordering.
-        if constant_value(m.tensor("input")) is not None and constant_value(m.tensor("bias")) is None:
-            return False
-        return m.node("gelu").domain == "com.microsoft" or super().matches(m, g)
+        return constant_value(m.tensor("input")) is None or constant_value(m.tensor("bias")) is not None
 
     def emitted_at(self, m: Match, g: GraphEditor) -> tuple[np.dtype | None, gs.Node]:
         # the engine asks before check: on the CPU no other condition matters, and each ordering

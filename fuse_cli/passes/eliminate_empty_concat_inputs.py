@@ -37,8 +37,7 @@ class EliminateEmptyConcatInputs(PatternPass):
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
         concat = m.node("concat")
         inputs = [t for t in concat.inputs if not _empty(t, concat, g)]
-        node = gs.Node(op="Concat", name=g.unique_name(f"{concat.name}_nonempty"), attrs=dict(concat.attrs),
-                       inputs=inputs, outputs=[concat.outputs[0]])
+        node = g.node("Concat", inputs, dict(concat.attrs), name=f"{concat.name}_nonempty", outputs=[concat.outputs[0]])
         return Replacement(nodes=[node])
 
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import onnx_graphsurgeon as gs
-
-from fuse_cli.graph.edit import GraphEditor, Replacement
+from fuse_cli.graph.edit import GraphEditor, Replacement, rebuilt
 from fuse_cli.match import Match, Op, Var
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
@@ -46,5 +44,5 @@ class EliminateFlattenBeforeGemm(PatternPass):
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
         gemm, flattened = m.node("gemm"), m.node("flatten").outputs[0]
         inputs = [m.tensor("x") if t is flattened else t for t in gemm.inputs]
-        fused = gs.Node(op="Gemm", name=gemm.name, attrs=dict(gemm.attrs), inputs=inputs, outputs=list(gemm.outputs))
+        fused = rebuilt(gemm, inputs=inputs)
         return Replacement(nodes=[fused])

@@ -5,18 +5,18 @@ from __future__ import annotations
 import numpy as np
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
-from fuse_cli.match import Const, Match, Op, Var, constant_value
+from fuse_cli.match import Alt, Const, Match, Op, Var, constant_value
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
 
-IDENTITY_ELEMENT = {"Add": 0, "Sub": 0, "Mul": 1, "Div": 1, "And": True, "Or": False, "Xor": False}
+# the ops whose identity element is 0 (false) and those whose is 1 (true); a bool constant only meets
+# And/Or/Xor: ONNX's arithmetic operators take no bool
+BY_IDENTITY = {0: ("Add", "Sub", "Or", "Xor"), 1: ("Mul", "Div", "And")}
 
 
-def _uniform_zero_or_one(value: np.ndarray) -> bool:
-    # a bool constant only meets And/Or/Xor: ONNX's arithmetic operators take no bool
-    if value.size == 0 or value.flat[0] not in (0, 1):
-        return False
-    return bool(np.all(value == value.flat[0]))
+def all_equal_to(element: int):
+    """A Const test: every element is `element` (x*0 or x+1 is another computation, not a near-miss)."""
+    return lambda value: value.size > 0 and bool(np.all(value == element))
 
 
 @register
@@ -35,11 +35,8 @@ class EliminateNoopArithmetic(PatternPass):
     name = "eliminate-noop-arith"
     description = "Remove x*1, x/1, x+0, x-0, x and true, x or/xor false with a constant that does not broadcast x"
     label = "x*1, x/1, x+0, x-0, x and true, x or false"
-    pattern = Op(tuple(IDENTITY_ELEMENT), Var("x"), Const(_uniform_zero_or_one, name="constant"), name="op")
-
-    def matches(self, m: Match, g: GraphEditor) -> bool:
-        """x*0 or x+1 is not a near-miss of x*1: only the op's own identity element counts."""
-        return constant_value(m.tensor("constant")).flat[0] == IDENTITY_ELEMENT[m.node("op").op]
+    pattern = Alt(*(Op(ops, Var("x"), Const(all_equal_to(element), name="constant"), name="op")
+                    for element, ops in BY_IDENTITY.items()))
 
     def check(self, m: Match, g: GraphEditor) -> Decline | None:
         node, x = m.node("op"), m.tensor("x")

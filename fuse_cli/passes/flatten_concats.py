@@ -36,8 +36,7 @@ class FlattenConcats(PatternPass):
         for tensor in outer.inputs:
             inner = _inner(tensor, outer, g)
             inputs += list(inner.inputs) if inner is not None else [tensor]
-        node = gs.Node(op="Concat", name=g.unique_name(f"{outer.name}_flat"), attrs=dict(outer.attrs), inputs=inputs,
-                       outputs=[outer.outputs[0]])
+        node = g.node("Concat", inputs, dict(outer.attrs), name=f"{outer.name}_flat", outputs=[outer.outputs[0]])
         return Replacement(nodes=[node])
 
 

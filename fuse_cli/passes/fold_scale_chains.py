@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import onnx_graphsurgeon as gs
 
@@ -14,13 +16,15 @@ INTEGER_DTYPES = (np.int32, np.int64, np.uint32, np.uint64)
 FLOAT_DTYPES = (np.float16, np.float32, np.float64)
 
 
-def _numeric(value: np.ndarray) -> bool:
-    return value.dtype.type in INTEGER_DTYPES + FLOAT_DTYPES and value.size > 0
+def _of(dtypes: tuple) -> Callable[[np.ndarray], bool]:
+    """A Const test: a non-empty constant of one of `dtypes`."""
+    return lambda value: value.dtype.type in dtypes and value.size > 0
 
 
-def _scaled(x, name: str) -> Alt:
-    return Alt(Op("Mul", x, Const(_numeric, name=f"{name}_c"), name=name),
-               Op("Div", x, Const(_numeric, name=f"{name}_c"), name=name))
+def _chain(ops: tuple[str, ...], dtypes: tuple) -> Op:
+    """x ── op(a) ── op(b), a and b constants of `dtypes` (ONNX gives x, a and b one type)."""
+    inner = Op(ops, Var("x"), Const(_of(dtypes), name="inner_c"), name="inner")
+    return Op(ops, inner, Const(_of(dtypes), name="outer_c"), name="outer")
 
 
 @register
@@ -46,20 +50,14 @@ class FoldScaleChains(PatternPass):
     name = "fold-scale-chains"
     description = "Fold x*a*b, x/a*b (etc.) into one Mul/Div where the result is bit-exact"
     label = "constant scaling chain"
-    pattern = Alt(Op("Mul", _scaled(Var("x"), "inner"), Const(_numeric, name="outer_c"), name="outer"),
-                  Op("Div", _scaled(Var("x"), "inner"), Const(_numeric, name="outer_c"), name="outer"))
-
-    def matches(self, m: Match, g: GraphEditor) -> bool:
-        """Same dtype on both constants and x; an integer Div is a different operation (it truncates)."""
-        a, b = constant_value(m.tensor("inner_c")), constant_value(m.tensor("outer_c"))
-        x_dtype = g.dtype(m.tensor("x"))
-        if a.dtype != b.dtype or (x_dtype is not None and x_dtype != a.dtype):
-            return False
-        return a.dtype.type in FLOAT_DTYPES or (m.node("inner").op, m.node("outer").op) == ("Mul", "Mul")
+    # an integer Div truncates: a chain with one is another computation, not a near-miss
+    pattern = Alt(_chain(("Mul", "Div"), FLOAT_DTYPES), _chain(("Mul",), INTEGER_DTYPES))
 
     def check(self, m: Match, g: GraphEditor) -> Decline | None:
         inner, outer = m.node("inner"), m.node("outer")
         a, b = constant_value(m.tensor("inner_c")), constant_value(m.tensor("outer_c"))
+        if a.dtype != b.dtype:  # not a valid model (Mul and Div take one type): said, not folded
+            return Decline(f"{inner.name}'s constant is {a.dtype}, {outer.name}'s {b.dtype}")
         if a.dtype.type in FLOAT_DTYPES and _shrinks(b, outer.op):
             return Decline(f"{outer.name} scales down: where {inner.name}'s result overflows to inf, one scaling "
                            "would give a finite value")
@@ -73,9 +71,9 @@ class FoldScaleChains(PatternPass):
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
         op, c = _folded(m)
         outer = m.node("outer")
-        node = gs.Node(op=op, name=g.unique_name(f"{outer.name}_folded"),
-                       inputs=[m.tensor("x"), gs.Constant(g.unique_name(f"{outer.name}_factor"), c)],
-                       outputs=[outer.outputs[0]])  # not g.constant, whose ascontiguousarray makes a scalar 1-D
+        node = g.node(op, [m.tensor("x"), gs.Constant(g.unique_name(f"{outer.name}_factor"), c)],
+                      name=f"{outer.name}_folded",
+                      outputs=[outer.outputs[0]])  # not g.constant, whose ascontiguousarray makes a scalar 1-D
         return Replacement(nodes=[node])
 
 

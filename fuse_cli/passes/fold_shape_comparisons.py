@@ -60,9 +60,9 @@ class FoldShapeComparisons(PatternPass):
             return Replacement(reroute=[(m.node("where").outputs[0], m.tensor("s"))])
         equal = m.node("equal")
         value = np.asarray(_decided(m, g), dtype=np.bool_)
-        return Replacement(nodes=[gs.Node(op="Constant", name=g.unique_name(f"{equal.name}_decided"),
-                                          attrs={"value": gs.Constant(g.unique_name(f"{equal.name}_value"), value)},
-                                          outputs=[equal.outputs[0]])])
+        return Replacement(nodes=[g.node("Constant", [],
+                                         {"value": gs.Constant(g.unique_name(f"{equal.name}_value"), value)},
+                                         name=f"{equal.name}_decided", outputs=[equal.outputs[0]])])
 
 
 def _decided(m: Match, g: GraphEditor) -> list[bool] | None:

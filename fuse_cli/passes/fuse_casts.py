@@ -6,7 +6,7 @@ import onnx
 import onnx_graphsurgeon as gs
 from onnx import TensorProto as T
 
-from fuse_cli.graph.edit import GraphEditor, Replacement
+from fuse_cli.graph.edit import GraphEditor, Replacement, rebuilt
 from fuse_cli.match import Alt, Match, Op, Var
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
@@ -72,8 +72,7 @@ class FuseCasts(PatternPass):
         cast = m.node("cast")
         if "first" not in m.nodes:
             return Replacement(reroute=[(cast.outputs[0], m.tensor("x"))])
-        fused = gs.Node(op="Cast", name=cast.name, attrs=dict(cast.attrs), inputs=[m.tensor("x")],
-                        outputs=[cast.outputs[0]])
+        fused = rebuilt(cast, inputs=[m.tensor("x")], outputs=[cast.outputs[0]])
         return Replacement(nodes=[fused])
 
 

@@ -4,9 +4,8 @@ too), no-op Reshapes go."""
 from __future__ import annotations
 
 import numpy as np
-import onnx_graphsurgeon as gs
 
-from fuse_cli.graph.edit import GraphEditor, Replacement
+from fuse_cli.graph.edit import GraphEditor, Replacement, rebuilt
 from fuse_cli.match import Alt, Const, Match, Op, Var, constant_value
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
@@ -68,16 +67,15 @@ class FuseReshapes(PatternPass):
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
         reshape = m.node("reshape")
         if "transpose" in m.nodes:
-            return Replacement(nodes=[gs.Node(op="Reshape", name=reshape.name, attrs=dict(reshape.attrs),
-                                              inputs=[m.tensor("x"), m.tensor("shape")], outputs=[reshape.outputs[0]])])
+            return Replacement(nodes=[rebuilt(reshape, inputs=[m.tensor("x"), m.tensor("shape")],
+                                              outputs=[reshape.outputs[0]])])
         if "first" not in m.nodes:
             return Replacement(reroute=[(reshape.outputs[0], m.tensor("x"))])
         merged = _merged_shape(m, g)
         shape = m.tensor("shape")
         if not np.array_equal(merged, constant_value(shape)):
             shape = g.constant(f"{reshape.name}_shape", merged)
-        fused = gs.Node(op="Reshape", name=reshape.name, attrs=dict(reshape.attrs),
-                        inputs=[m.tensor("x"), shape], outputs=[reshape.outputs[0]])
+        fused = rebuilt(reshape, inputs=[m.tensor("x"), shape], outputs=[reshape.outputs[0]])
         return Replacement(nodes=[fused])
 
 

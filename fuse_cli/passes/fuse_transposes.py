@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import onnx_graphsurgeon as gs
-
-from fuse_cli.graph.edit import GraphEditor, Replacement
+from fuse_cli.graph.edit import GraphEditor, Replacement, rebuilt
 from fuse_cli.match import Match, Op, Var
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
@@ -40,8 +38,7 @@ class FuseTransposes(PatternPass):
         composed = _compose(first.attrs.get("perm"), second.attrs.get("perm"))
         if composed is None or composed == list(range(len(composed))):
             return Replacement(reroute=[(second.outputs[0], m.tensor("x"))])
-        fused = gs.Node(op="Transpose", name=second.name, attrs={"perm": composed},
-                        inputs=[m.tensor("x")], outputs=[second.outputs[0]])
+        fused = rebuilt(second, inputs=[m.tensor("x")], outputs=[second.outputs[0]], attrs={"perm": composed})
         return Replacement(nodes=[fused])
 
 

@@ -67,8 +67,7 @@ class FuseConvActivation(PatternPass):
             inputs += [bias if bias is not None else gs.Variable.empty(), m.tensor("z")]
         elif bias is not None:
             inputs.append(bias)
-        fused = gs.Node(op="FusedConv", domain=MS, name=g.unique_name(f"{conv.name}_fused"), attrs=attrs,
-                        inputs=inputs, outputs=[act.outputs[0]])
+        fused = g.node("FusedConv", inputs, attrs, name=f"{conv.name}_fused", outputs=[act.outputs[0]], domain=MS)
         return Replacement(nodes=[fused])
 
 

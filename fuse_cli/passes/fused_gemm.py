@@ -51,6 +51,5 @@ class FuseGemmActivation(PatternPass):
         attrs["activation"] = act.op
         attrs.update({f"activation_{k}": schema_attribute(act, k, g.opset) for k in ACTIVATIONS[act.op]})
         inputs = [m.tensor("a"), m.tensor("b")] + ([m.tensor("c")] if m.tensor("c") is not None else [])
-        fused = gs.Node(op="FusedGemm", domain=MS, name=g.unique_name(f"{gemm.name}_fused"), attrs=attrs,
-                        inputs=inputs, outputs=[act.outputs[0]])
+        fused = g.node("FusedGemm", inputs, attrs, name=f"{gemm.name}_fused", outputs=[act.outputs[0]], domain=MS)
         return Replacement(nodes=[fused])

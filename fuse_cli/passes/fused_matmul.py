@@ -30,20 +30,17 @@ class FuseMatMulTransposeScale(PatternPass):
     transA is refused when B is a vector: onnxruntime 1.31's CPU kernel returns wrong values
     then (measured). The scale is a one-element constant on either side of the Mul whose rank
     does not widen the product; alpha is a float32 attribute, so a float64 model's scale must
-    be exact in float32. One root op serves both forms (the matcher takes no alternatives at the
-    root): Mul(MatMul(A', B'), s) or MatMul(A', B'), and `matches` keeps the coherent ones.
+    be exact in float32. The forms: Mul(MatMul(A', B'), s), or MatMul(A', B') with at least one
+    Transpose (a plain MatMul is no FusedMatMul).
     """
 
     name = "fused-matmul"
     description = "Fuse Transpose of either MatMul input and a scalar Mul into com.microsoft FusedMatMul"
     label = "MatMul + Transpose / scalar Mul -> FusedMatMul"
     emits = (f"{MS}::FusedMatMul",)
-    pattern = Op(("Mul", "MatMul"), Alt(Op("MatMul", A, B, name="matmul"), A), Alt(SCALE, B), name="root")
-
-    def matches(self, m: Match, g: GraphEditor) -> bool:
-        scaled = m.root.op == "Mul"
-        transposed = "transpose_a" in m.nodes or "transpose_b" in m.nodes
-        return scaled == ("matmul" in m.nodes) == ("scale" in m.tensors) and (scaled or transposed)
+    pattern = Alt(Op("Mul", Op("MatMul", A, B, name="matmul"), SCALE, name="root"),
+                  Op("MatMul", Op("Transpose", Var("a"), name="transpose_a"), B, name="root"),
+                  Op("MatMul", Var("a"), Op("Transpose", Var("b"), name="transpose_b"), name="root"))
 
     def emitted_at(self, m: Match, g: GraphEditor) -> tuple[np.dtype | None, gs.Node]:
         matmul = m.nodes.get("matmul", m.root)
@@ -73,8 +70,8 @@ class FuseMatMulTransposeScale(PatternPass):
         attrs = {"transA": int("transpose_a" in m.nodes), "transB": int("transpose_b" in m.nodes)}
         if "scale" in m.tensors:
             attrs["alpha"] = float(constant_value(m.tensor("scale")).reshape(-1)[0])
-        fused = gs.Node(op="FusedMatMul", domain=MS, name=g.unique_name(f"{matmul.name}_fused"), attrs=attrs,
-                        inputs=[m.tensor("a"), m.tensor("b")], outputs=[m.root.outputs[0]])
+        fused = g.node("FusedMatMul", [m.tensor("a"), m.tensor("b")], attrs, name=f"{matmul.name}_fused",
+                       outputs=[m.root.outputs[0]], domain=MS)
         return Replacement(nodes=[fused])
 
 

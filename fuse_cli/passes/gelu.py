@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Alt, Match, Op
@@ -48,6 +47,5 @@ class FuseGelu(PatternPass):
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
         attrs = {"approximate": "tanh"} if "tanh" in m.nodes else {}
-        node = gs.Node(op="Gelu", name=g.unique_name(f"{m.node('outer').name}_gelu"), attrs=attrs,
-                       inputs=[m.tensor("x")], outputs=[m.root.outputs[0]])
+        node = g.node("Gelu", [m.tensor("x")], attrs, name=f"{m.node('outer').name}_gelu", outputs=[m.root.outputs[0]])
         return Replacement(nodes=[node])

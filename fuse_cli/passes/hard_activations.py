@@ -79,8 +79,8 @@ class FuseHardSigmoid(PatternPass):
         beta = float(constant_value(m.tensor("shift")).reshape(-1)[0])
         if "shift_first" in m.nodes:  # (x + c) * alpha = alpha * x + c * alpha
             beta *= alpha
-        node = gs.Node(op="HardSigmoid", name=g.unique_name(f"{m.node('clip').name}_hardsigmoid"),
-                       attrs={"alpha": alpha, "beta": beta}, inputs=[m.tensor("x")], outputs=[m.root.outputs[0]])
+        node = g.node("HardSigmoid", [m.tensor("x")], {"alpha": alpha, "beta": beta},
+                      name=f"{m.node('clip').name}_hardsigmoid", outputs=[m.root.outputs[0]])
         return Replacement(nodes=[node])
 
 
@@ -121,8 +121,7 @@ class FuseHardSwish(PatternPass):
         return rank_reason(m, g)
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
-        node = gs.Node(op="HardSwish", name=g.unique_name(f"{m.node('mul').name}_hardswish"),
-                       inputs=[m.tensor("x")], outputs=[m.root.outputs[0]])
+        node = g.node("HardSwish", [m.tensor("x")], name=f"{m.node('mul').name}_hardswish", outputs=[m.root.outputs[0]])
         return Replacement(nodes=[node])
 
 

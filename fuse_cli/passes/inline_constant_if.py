@@ -45,7 +45,7 @@ class InlineConstantIf(PatternPass):
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
         node = m.node("if")
         branch = _taken(node, constant_value(m.tensor("cond")))
-        renames = [gs.Node("Identity", g.unique_name(f"{node.name or 'If'}_out"), inputs=[inner], outputs=[outer])
+        renames = [g.node("Identity", [inner], name=f"{node.name or 'If'}_out", outputs=[outer])
                    for inner, outer in zip(branch.outputs, list(node.outputs))]
         return Replacement(nodes=[*branch.nodes, *renames])
 

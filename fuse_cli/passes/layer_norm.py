@@ -109,8 +109,8 @@ class FuseLayerNormalization(PatternPass):
         inputs = [x, param_tensor(g, m.tensor("gamma"), "gamma", shape, axis, dtype)]
         if m.tensor("beta") is not None:
             inputs.append(param_tensor(g, m.tensor("beta"), "beta", shape, axis, dtype))
-        node = gs.Node(op="LayerNormalization", name=g.unique_name(f"{m.node('mean').name}_layernorm"),
-                       attrs=attrs, inputs=inputs, outputs=[m.root.outputs[0]])
+        node = g.node("LayerNormalization", inputs, attrs, name=f"{m.node('mean').name}_layernorm",
+                      outputs=[m.root.outputs[0]])
         return Replacement(nodes=[node])
 
 

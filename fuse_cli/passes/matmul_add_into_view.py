@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from fuse_cli.graph.edit import GraphEditor, Replacement
+from fuse_cli.graph.edit import GraphEditor, Replacement, rebuilt
 from fuse_cli.match import Match, Op, Var, constant_value, producer_of
-from fuse_cli.passes.matmul_add import gemm_operands_reason
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
 from fuse_cli.toolkit.constness import computed_at_run_time
+from fuse_cli.toolkit.gemm import gemm_operands_reason
 from fuse_cli.toolkit.shapes import same_dim, shape_entries
 
 # allowzero (a 0 entry is a 0, not a copy of the input's dim) is an attribute from opset 14
@@ -82,12 +82,10 @@ class FuseMatMulAddIntoView(PatternPass):
         if _reads_dims_at_run_time(reshape, g):
             attrs["allowzero"] = 1
         return Replacement(nodes=[
-            gs.Node(op="Reshape", name=g.unique_name(f"{matmul.name}_rows"), attrs={},
-                    inputs=[x, g.constant(f"{matmul.name}_rows_shape", np.array([-1, k], np.int64))], outputs=[flat]),
-            gs.Node(op="Gemm", name=g.unique_name(f"{matmul.name}_gemm"), attrs={},
-                    inputs=[flat, weight, m.tensor("bias")], outputs=[rows]),
-            gs.Node(op="Reshape", name=reshape.name, attrs=attrs, inputs=[rows, m.tensor("shape")],
-                    outputs=list(reshape.outputs)),
+            g.node("Reshape", [x, g.constant(f"{matmul.name}_rows_shape", np.array([-1, k], np.int64))], {},
+                   name=f"{matmul.name}_rows", outputs=[flat]),
+            g.node("Gemm", [flat, weight, m.tensor("bias")], {}, name=f"{matmul.name}_gemm", outputs=[rows]),
+            rebuilt(reshape, inputs=[rows, m.tensor("shape")], attrs=attrs),
         ])
 
 

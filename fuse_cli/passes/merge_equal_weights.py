@@ -2,25 +2,14 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections import defaultdict
-from collections.abc import Iterator
-from pathlib import Path
 
-import numpy as np
 import onnx_graphsurgeon as gs
-from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from fuse_cli.graph.edit import GraphEditor
-from fuse_cli.graph.weights import MappedValues, reference
+from fuse_cli.graph.weights import WeightBytes
 from fuse_cli.pipeline.base import GraphPass
 from fuse_cli.pipeline.registry import register
-
-# Bytes read from each end and the middle of a weight before it is read whole: distinct weights
-# of one shape (almost always) differ there, so only equal ones are read in full.
-SAMPLE_BYTES = 256
-# Equal samples are compared in pieces of this size, so no weight is held whole for it.
-CHUNK_BYTES = 4 * 2**20
 
 
 @register
@@ -39,7 +28,7 @@ class MergeEqualWeights(GraphPass):
     Compared by bit pattern, so 0.0 and -0.0 (or two NaN payloads) stay apart. Weights of one
     dtype and shape are first compared on a sample (both ends and the middle), so a big model's
     distinct weights are never read whole; only equal samples are compared in full, in pieces,
-    and weights held in files are read from them, not mapped (WeightBytes).
+    and weights held in files are read from them, not mapped (graph/weights.WeightBytes).
 
     Left alone: graph inputs with defaults (callers may feed them; --freeze-inputs makes them
     constants), constants that are graph outputs, and constants read inside If/Loop/Scan bodies.
@@ -114,69 +103,3 @@ def _equal_values(group: list[gs.Constant]) -> list[tuple[gs.Constant, list[gs.C
             if equal:
                 merged.append((kept.tensor, equal))
     return merged
-
-
-class WeightBytes:
-    """A weight's bytes, read in pieces. A weight held by reference (graph/weights.py) is read
-    from its file, never mapped: a mapping's pages stay resident while graphsurgeon holds it, and
-    one page touched mapped megabytes (BERT-base: 72 samples of mapped weights held 200 MB). A
-    weight not loaded yet is loaded for each comparison and not kept, so a group of them is never
-    held at once."""
-
-    def __init__(self, tensor: gs.Constant, where: tuple[Path, int, int] | None, size: int):
-        self.tensor = tensor
-        self._where = where
-        self.size = size
-
-    @classmethod
-    def of(cls, tensor: gs.Constant) -> WeightBytes | None:
-        """None for strings, which have no fixed-width bytes. (Sparse initializers are dense by
-        now: graph/io.py.)"""
-        values = tensor._values
-        lazy = values if isinstance(values, MappedValues) else getattr(values, "fuse_lazy_source", None)
-        if lazy is not None:
-            where = reference(lazy.tensor)
-            return cls(tensor, where, where[2])
-        data = _flat_bytes(values)
-        return None if data is None else cls(tensor, None, data.size)
-
-    def _data(self) -> np.ndarray:
-        return _flat_bytes(self.tensor._values)
-
-    def _read(self, start: int, length: int) -> bytes:
-        file, offset, _ = self._where
-        with open(file, "rb") as f:
-            f.seek(offset + start)
-            return f.read(min(length, self.size - start))
-
-    def chunks(self) -> Iterator[bytes]:
-        data = None if self._where is not None else self._data()
-        for start in range(0, self.size, CHUNK_BYTES):
-            yield self._read(start, CHUNK_BYTES) if data is None else data[start:start + CHUNK_BYTES].tobytes()
-
-    def sample(self) -> bytes:
-        if self.size <= 3 * SAMPLE_BYTES:
-            return b"".join(self.chunks())
-        middle, end = self.size // 2, self.size - SAMPLE_BYTES
-        if self._where is not None:
-            return b"".join(self._read(start, SAMPLE_BYTES) for start in (0, middle, end))
-        data = self._data()
-        return b"".join(data[start:start + SAMPLE_BYTES].tobytes() for start in (0, middle, end))
-
-    def digest(self) -> bytes:
-        digest = hashlib.sha256()
-        for chunk in self.chunks():
-            digest.update(chunk)
-        return digest.digest()
-
-    def equals(self, other: WeightBytes) -> bool:
-        return self.size == other.size and all(a == b for a, b in zip(self.chunks(), other.chunks()))
-
-
-def _flat_bytes(values) -> np.ndarray | None:
-    """An in-memory or not yet loaded weight's bytes, little-endian as a file holds them (loaded
-    afresh, not kept, when not loaded yet); None for strings."""
-    array = np.asarray(values.load() if isinstance(values, LazyValues) else values)
-    if array.dtype == object:
-        return None
-    return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).reshape(-1).view(np.uint8)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement, kept
 from fuse_cli.match import Match, Op, Var, constant_value
@@ -47,8 +46,7 @@ class MergeUnsqueezes(PatternPass):
             inputs, attrs = [m.tensor("x"), g.constant(f"{outer.name}_axes", axes)], {}
         else:
             inputs, attrs = [m.tensor("x")], {"axes": axes.tolist()}
-        node = gs.Node(op="Unsqueeze", name=g.unique_name(f"{outer.name}_merged"), attrs=attrs, inputs=inputs,
-                       outputs=[outer.outputs[0]])
+        node = g.node("Unsqueeze", inputs, attrs, name=f"{outer.name}_merged", outputs=[outer.outputs[0]])
         inner = m.node("inner")
         if not g.outside_readers(inner.outputs[0], m):
             return Replacement(nodes=[node])

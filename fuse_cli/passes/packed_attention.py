@@ -90,7 +90,5 @@ class PackQkvAttention(PatternPass):
         bias = m.tensor("bias") or g.constant(f"{attention.name}_qkv_bias", np.zeros(sum(widths), weights[0].dtype))
         inputs = [m.tensor("query_input"), packed, bias, gs.Variable.empty(), gs.Variable.empty(),
                   m.tensor("attention_bias") or gs.Variable.empty()]
-        while inputs[-1].name == "":
-            inputs.pop()
-        return Replacement(nodes=[gs.Node("Attention", g.unique_name(f"{attention.name}_packed"), attrs, inputs,
-                                          [attention.outputs[0]], domain=MS)])
+        return Replacement(nodes=[g.node("Attention", inputs, attrs, name=f"{attention.name}_packed",
+                                         outputs=[attention.outputs[0]], domain=MS)])

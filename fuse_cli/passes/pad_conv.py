@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-import onnx_graphsurgeon as gs
 
-from fuse_cli.graph.edit import GraphEditor, Replacement
+from fuse_cli.graph.edit import GraphEditor, Replacement, rebuilt
 from fuse_cli.match import Match, Op, Var, constant_value
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
@@ -63,8 +62,7 @@ class FoldPadIntoConv(PatternPass):
         attrs = {k: v for k, v in conv.attrs.items() if k != "auto_pad"}
         attrs["pads"] = [int(p) for p in (np.asarray(old).reshape(2, -1) + spatial.T).reshape(-1)]
         inputs = [m.tensor("x"), m.tensor("weight")] + ([m.tensor("bias")] if m.tensor("bias") is not None else [])
-        return Replacement(nodes=[gs.Node(op="Conv", name=conv.name, domain=conv.domain, attrs=attrs,
-                                          inputs=inputs, outputs=list(conv.outputs))])
+        return Replacement(nodes=[rebuilt(conv, inputs=inputs, attrs=attrs)])
 
 
 def _pads_per_axis(m: Match, g: GraphEditor) -> np.ndarray | None:

@@ -3,7 +3,6 @@ BiasGelu fusion does not take."""
 
 from __future__ import annotations
 
-import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Alt, Const, Match, Op, Var, constant_value, match_root
@@ -62,8 +61,7 @@ class PinGeluBias(PatternPass):
         add, bias = m.node("add"), m.tensor("bias")
         row = g.constant(f"{bias.name}_row", constant_value(bias).reshape(1, -1))
         inputs = [row if t is bias else t for t in add.inputs]
-        return Replacement(nodes=[gs.Node(op="Add", name=g.unique_name(f"{add.name}_row_bias"), inputs=inputs,
-                                          outputs=[add.outputs[0]])])
+        return Replacement(nodes=[g.node("Add", inputs, name=f"{add.name}_row_bias", outputs=[add.outputs[0]])])
 
 
 def _exact_gelu(gelu: Match) -> bool:

@@ -6,7 +6,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from fuse_cli.core.domains import is_default_domain
-from fuse_cli.graph.edit import GraphEditor, Replacement
+from fuse_cli.graph.edit import GraphEditor, Replacement, rebuilt
 from fuse_cli.match import Match, constant_value, is_missing, producer_of
 from fuse_cli.pipeline.base import GraphPass
 from fuse_cli.pipeline.registry import register
@@ -139,6 +139,5 @@ def _on_input(first: gs.Node, region: list[gs.Node], last: gs.Node, g: GraphEdit
     for node in region:
         output = g.variable(node.outputs[0].name, like=node.outputs[0])
         renamed[id(node.outputs[0])] = output
-        nodes.append(gs.Node(op=node.op, name=node.name, attrs=dict(node.attrs), domain=node.domain,
-                             inputs=[renamed.get(id(t), t) for t in node.inputs], outputs=[output]))
+        nodes.append(rebuilt(node, inputs=[renamed.get(id(t), t) for t in node.inputs], outputs=[output]))
     return Replacement(nodes=nodes, reroute=[(last.outputs[0], nodes[-1].outputs[0])])

@@ -62,8 +62,8 @@ class FuseRMSNormalization(PatternPass):
         axis = normalized_axis(shape, [(m.node("mean_square"), m.tensor("mean_square_axes"))])
         gamma = param_tensor(g, m.tensor("gamma"), "gamma", shape, axis, np.dtype(np.float32))
         attrs = {"axis": axis - shape.rank, "epsilon": float(constant_value(m.tensor("eps")).reshape(-1)[0])}
-        node = gs.Node(op="RMSNormalization", name=g.unique_name(f"{m.node('mean_square').name}_rmsnorm"),
-                       attrs=attrs, inputs=[x, gamma], outputs=[m.root.outputs[0]])
+        node = g.node("RMSNormalization", [x, gamma], attrs, name=f"{m.node('mean_square').name}_rmsnorm",
+                      outputs=[m.root.outputs[0]])
         return Replacement(nodes=[node])
 
 

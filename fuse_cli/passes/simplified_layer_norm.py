@@ -72,9 +72,9 @@ class FuseSimplifiedLayerNormalization(PatternPass):
         else:
             source = m.node("mean_square")
             epsilon, stash_type = float(constant_value(m.tensor("eps")).reshape(-1)[0]), 1
-        node = gs.Node(op="SimplifiedLayerNormalization", name=g.unique_name(f"{source.name}_simplified"),
-                       attrs={"axis": axis - shape.rank, "epsilon": epsilon, "stash_type": stash_type},
-                       inputs=[x, gamma], outputs=[m.root.outputs[0]])
+        node = g.node("SimplifiedLayerNormalization", [x, gamma],
+                      {"axis": axis - shape.rank, "epsilon": epsilon, "stash_type": stash_type},
+                      name=f"{source.name}_simplified", outputs=[m.root.outputs[0]])
         return Replacement(nodes=[node])
 
 

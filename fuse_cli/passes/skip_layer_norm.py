@@ -63,9 +63,9 @@ class _SkipNorm(PatternPass):
         total = add.outputs[0]
         read_elsewhere = g.is_graph_output(total) or any(reader is not norm for reader in total.outputs)
         outputs = [norm.outputs[0]] + ([gs.Variable.empty(), gs.Variable.empty(), total] if read_elsewhere else [])
-        node = gs.Node(op=self.fused_op, domain="com.microsoft", name=g.unique_name(f"{norm.name}_skip"),
-                       attrs={"epsilon": float(norm.attrs.get("epsilon", 1e-5))},
-                       inputs=[m.tensor("input"), m.tensor("skip"), *params], outputs=outputs)
+        node = g.node(self.fused_op, [m.tensor("input"), m.tensor("skip"), *params],
+                      {"epsilon": float(norm.attrs.get("epsilon", 1e-5))}, name=f"{norm.name}_skip", outputs=outputs,
+                      domain="com.microsoft")
         return Replacement(nodes=[node])
 
 

@@ -7,22 +7,16 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from fuse_cli import targets
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Match
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
 from fuse_cli.toolkit.attention_forms import DECODER
-from fuse_cli.toolkit.attention_proofs import (grouped_heads, key_t_decline, mask_fits, merge_decline, merged_rows,
+from fuse_cli.toolkit.attention_proofs import (grouped_heads, key_t_decline, merge_decline, merged_rows,
                                                read_outside, scale_decline, scale_of, softcap_of, split_of)
 from fuse_cli.toolkit.runtime_shapes import unnamed_like_the_original, unnamed_where_it_was
 from fuse_cli.toolkit.shapes import same_dim
-
-
-# s + MASK_FLOOR rounds to MASK_FLOOR in float32 for every |s| < 3e22, as s + float32's lowest rounds to
-# the lowest: a row masked throughout stays uniform, while onnxruntime 1.31/1.32's CPU Attention
-# writes zeros for a row whose mask is -inf or exactly float32's lowest (one-node probe).
-MASK_FLOOR = -1e30
+from fuse_cli.toolkit.standard_attention import attn_mask_decline, clamped_mask, softcap_decline
 
 
 @register
@@ -43,8 +37,8 @@ class FuseStandardAttention(PatternPass):
     decode step's cache Concat becomes the operator's past inputs and present outputs. The
     graph's own additive mask (causal with the past's offset, padding; [B or 1, 1 or H, S, T]) is
     passed as attn_mask with is_causal=0, so whatever mask the graph computes stays exact, clamped
-    to -1e30 from below (see MASK_FLOOR: exact for finite masks; a row masked throughout with -inf,
-    NaN or zeros in the graph, becomes uniform). A
+    to -1e30 from below (toolkit.standard_attention.MASK_FLOOR: exact for finite masks; a row
+    masked throughout with -inf, NaN or zeros in the graph, becomes uniform). A
     prefill whose K/V heads are graph outputs keeps their Reshape + Transpose (ONNX allows present
     outputs only with past inputs). onnxruntime's CPU kernel: float32, float16; its float64 is
     the function body, not a kernel (targets.STANDARD). dynamo's SDPA forms (d^-1/4 on Q and K^T,
@@ -95,8 +89,7 @@ class FuseStandardAttention(PatternPass):
         y = written = g.variable(f"{m.root.name}_attention_named") if unnamed else final
         if merged_rows(m, h * d):  # [B, S, H*d], then the rows the graph's merge made
             y = g.variable(f"{m.root.name}_attention_out", like=m.tensor("query"))
-            nodes.append(gs.Node("Reshape", g.unique_name(f"{m.root.name}_rows"), {}, [y, m.tensor("merge_shape")],
-                                 [written]))
+            nodes.append(g.node("Reshape", [y, m.tensor("merge_shape")], name=f"{m.root.name}_rows", outputs=[written]))
         outputs = [y]
         if "key_cache" in m.nodes:
             inputs += [m.tensor("key_past"), m.tensor("value_past")]
@@ -105,55 +98,12 @@ class FuseStandardAttention(PatternPass):
             split, heads = m.node(f"{role}_split"), m.node(f"{role}_heads")
             if read_outside(heads.outputs[0], m, g):
                 out = g.variable(f"{split.name}_out", like=m.tensor(role))
-                nodes += [gs.Node("Reshape", g.unique_name(split.name), dict(split.attrs), [m.tensor(role), split.inputs[1]],
-                                  [out]),
-                          gs.Node("Transpose", g.unique_name(heads.name), dict(heads.attrs), [out], heads.outputs[:1])]
-        while inputs[-1].name == "":
-            inputs.pop()
-        nodes.append(gs.Node("Attention", g.unique_name(f"{m.node('softmax').name}_attention"), attrs, inputs, outputs))
+                nodes += [g.node("Reshape", [m.tensor(role), split.inputs[1]], split.attrs, name=split.name, outputs=[out]),
+                          g.node("Transpose", [out], heads.attrs, name=heads.name, outputs=heads.outputs[:1])]
+        nodes.append(g.node("Attention", inputs, attrs, name=f"{m.node('softmax').name}_attention", outputs=outputs))
         if unnamed:
             nodes += unnamed_like_the_original(written, final, g, m.root.name)
         return Replacement(nodes=nodes)
-
-
-def softcap_decline(m: Match, g: GraphEditor) -> Decline | None:
-    """A soft cap that is not one, or one the measured runtime runs slower: standard operators are
-    for every runtime, and the one fuse measures (and verifies with) is onnxruntime's CPU provider,
-    where a soft cap costs more than the fusion saves (targets.SLOWER)."""
-    if isinstance(cap := softcap_of(m), Decline):
-        return cap
-    if cap is not None and (measured := targets.slower("ort-cpu", "Attention:softcap")) is not None:
-        return Decline(measured.reason.format(target=g.target))
-    return None
-
-
-def attn_mask_decline(m: Match, g: GraphEditor, h: int, length) -> Decline | None:
-    """The graph's mask as attn_mask: [B or 1, 1 or h, S, key length] (onnxruntime's Attention does
-    not broadcast it over the queries) and float32 (the only dtype clamped_mask clamps)."""
-    mask = m.tensor("mask")
-    if mask is None:
-        return None
-    if not mask_fits(m, g, h, length):
-        shape = g.shape(mask)
-        return Decline(f"the mask {mask.name!r} of shape {shape and list(shape.dims)} is not provably "
-                       f"[batch or 1, 1 or {h}, sequence, key length] of the query's dtype (onnxruntime's "
-                       f"Attention does not broadcast attn_mask over the queries: targets.STANDARD)")
-    if g.dtype(mask) != np.float32:
-        return Decline(f"the mask {mask.name!r} is {g.dtype(mask)}: onnxruntime's Attention zeroes rows masked with "
-                       f"the dtype's lowest value, which the graph averages, and only a float32 mask is clamped")
-    return None
-
-
-def clamped_mask(m: Match, g: GraphEditor, nodes: list[gs.Node]) -> gs.Tensor | None:
-    """Max(mask, MASK_FLOOR), its node appended to `nodes`: onnxruntime zeroes rows masked with
-    exactly float32's lowest; -1e30 averages them as the graph does. None without a mask."""
-    mask = m.tensor("mask")
-    if mask is None:
-        return None
-    clamped = g.variable(f"{mask.name}_clamped", like=mask)
-    nodes.append(gs.Node("Max", g.unique_name(f"{mask.name}_clamp"), {},
-                         [mask, g.constant("mask_floor", np.array(MASK_FLOOR, np.float32))], [clamped]))
-    return clamped
 
 
 def _cache_decline(m: Match, g: GraphEditor, kv: int, d: int) -> Decline | None:

@@ -10,7 +10,7 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement, kept
 from fuse_cli.match import Match
-from fuse_cli.passes.standard_attention import attn_mask_decline, clamped_mask, softcap_decline
+from fuse_cli.toolkit.standard_attention import attn_mask_decline, clamped_mask, softcap_decline
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
 from fuse_cli.toolkit.attention_forms import OVER_HEADS

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from fuse_cli.graph.edit import GraphEditor, Replacement, label
+from fuse_cli.graph.edit import GraphEditor, Replacement, label, rebuilt
 from fuse_cli.match import Match, Op, Var, constant_value
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
@@ -69,14 +69,13 @@ class StaticReshapeShape(PatternPass):
             t, k, rest = _leading_dims(m, g)
             dims, shape = g.variable(f"{base}_leading_dims"), g.variable(f"{base}_shape")
             dims.dtype = shape.dtype = np.int64
-            nodes = [gs.Node(op="Shape", name=g.unique_name(f"{base}_shape_of"), attrs={"start": 0, "end": k},
-                             inputs=[t], outputs=[dims]),
-                     gs.Node(op="Concat", name=g.unique_name(f"{base}_concat"), attrs={"axis": 0},
-                             inputs=[dims, g.constant(f"{base}_rest", np.array(rest, np.int64))], outputs=[shape])]
+            nodes = [g.node("Shape", [t], {"start": 0, "end": k}, name=f"{base}_shape_of", outputs=[dims]),
+                     g.node("Concat", [dims, g.constant(f"{base}_rest", np.array(rest, np.int64))], {"axis": 0},
+                            name=f"{base}_concat", outputs=[shape])]
         else:
             shape = g.constant(f"{base}_shape", shape)
-        return Replacement(nodes=nodes + [gs.Node(op="Reshape", name=reshape.name, attrs=dict(reshape.attrs),
-                                                  inputs=[m.tensor("x"), shape], outputs=[reshape.outputs[0]])])
+        return Replacement(nodes=nodes + [rebuilt(reshape, inputs=[m.tensor("x"), shape],
+                                                  outputs=[reshape.outputs[0]])])
 
 
 def _leading_dims(m: Match, g: GraphEditor) -> tuple[gs.Tensor, int, list[int]] | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from fuse_cli.graph.edit import GraphEditor, Replacement
+from fuse_cli.graph.edit import GraphEditor, Replacement, rebuilt
 from fuse_cli.match import Alt, Const, Match, Op, Var, constant_value
 from fuse_cli.pipeline.base import PatternPass
 from fuse_cli.pipeline.registry import register
@@ -46,17 +46,16 @@ class FoldStaticShapeDims(PatternPass):
         shape = m.node("shape")
         if "gather" not in m.nodes:
             value = np.asarray(_selected_dims(m, g), dtype=np.int64)
-            return Replacement(nodes=[gs.Node(op="Constant", name=g.unique_name(f"{shape.name}_static"),
-                                              attrs={"value": gs.Constant(g.unique_name(f"{shape.name}_value"), value)},
-                                              outputs=[shape.outputs[0]])])
+            return Replacement(nodes=[g.node("Constant", [],
+                                             {"value": gs.Constant(g.unique_name(f"{shape.name}_value"), value)},
+                                             name=f"{shape.name}_static", outputs=[shape.outputs[0]])])
         gather = m.node("gather")
         indices = constant_value(m.tensor("indices"))
         # not g.constant: np.ascontiguousarray makes a scalar index's 0-d value 1-d
         value = np.asarray(_picked(m, _selected_dims(m, g)), dtype=np.int64).reshape(indices.shape)
-        constant = gs.Node(op="Constant", name=g.unique_name(f"{gather.name}_static"),
-                           attrs={"value": gs.Constant(g.unique_name(f"{gather.name}_value"), value)}, outputs=[gather.outputs[0]])
-        again = gs.Node(op="Shape", name=shape.name, attrs=dict(shape.attrs), inputs=[m.tensor("x")],
-                        outputs=[shape.outputs[0]])
+        constant = g.node("Constant", [], {"value": gs.Constant(g.unique_name(f"{gather.name}_value"), value)},
+                          name=f"{gather.name}_static", outputs=[gather.outputs[0]])
+        again = rebuilt(shape, inputs=[m.tensor("x")], outputs=[shape.outputs[0]])
         return Replacement(nodes=[again, constant])
 
 

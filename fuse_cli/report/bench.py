@@ -9,7 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from fuse_cli.bench import BENCH_SCHEMA_VERSION, PEAK_RATIO_FLOOR_BYTES, BenchResult
+from fuse_cli.report.bench_records import BENCH_SCHEMA_VERSION, PEAK_RATIO_FLOOR_BYTES, BenchResult
 from fuse_cli.report.render import human_bytes
 from fuse_cli.report.text import markdown, plain, terminal
 

@@ -10,7 +10,7 @@ from fuse_cli.analysis.memory import MemoryProfile
 from fuse_cli.errors import EXIT_CHECK_FAILED, EXIT_OK
 from fuse_cli.pipeline.records import FusionRecord, NearMiss, OrderRecord
 from fuse_cli.progress import Timings
-from fuse_cli.verify import MISMATCH, VerifyResult
+from fuse_cli.report.verification import MISMATCH, VerifyResult
 
 SCHEMA_VERSION = 2
 

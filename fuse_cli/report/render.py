@@ -20,7 +20,7 @@ from fuse_cli.report.text import markdown, plain, terminal
 from fuse_cli.report.upgrade_hint import upgrade_hint_lines
 from fuse_cli.config import UNBOUND_DIM
 from fuse_cli.input_domain import describe_setting
-from fuse_cli.verify import INCONCLUSIVE, MATCH, MISMATCH, UNVERIFIABLE, VerifyResult
+from fuse_cli.report.verification import INCONCLUSIVE, MATCH, MISMATCH, UNVERIFIABLE, VerifyResult
 from fuse_cli.progress import BESIDE, StepTime, Timings
 
 # "Tensors removed" are intermediate activations; "Memory saved" is their bytes at the bound shapes

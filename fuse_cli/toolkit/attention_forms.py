@@ -9,14 +9,40 @@ from __future__ import annotations
 
 from fuse_cli.match import Alt, Const, Op, Pattern, Var
 
-HEADS_PERM = [0, 2, 1, 3]
+HEADS_PERM, KEY_PERM, LAST_TWO_PERM = [0, 2, 1, 3], [0, 2, 3, 1], [0, 1, 3, 2]
 NOT_SET = lambda value: not value  # noqa: E731
 SEQUENCE_AXIS = lambda axis: axis in (2, -2)  # noqa: E731
 
 
-def heads(role: str) -> Op:
-    return Op("Transpose", Op("Reshape", Var(role), Var(f"{role}_shape"), name=f"{role}_split"), name=f"{role}_heads",
-              perm=HEADS_PERM)
+def split(role: str, source: Pattern | None = None) -> Op:
+    """The Reshape of `source` (the projection Var(role) where not given) into [B, S, H, d]."""
+    return Op("Reshape", Var(role) if source is None else source, Var(f"{role}_shape"), name=f"{role}_split")
+
+
+def heads(role: str, source: Pattern | None = None) -> Op:
+    """[B, H, S, d]: the split, its heads axis moved before the sequence."""
+    return Op("Transpose", split(role, source), name=f"{role}_heads", perm=HEADS_PERM)
+
+
+def flattened_key_t(key: Pattern) -> Op:
+    """K^T as torch's dynamo writes it, through a batch-flattened view: Reshape [-1, T, d], Transpose
+    [0, 2, 1], Reshape [B, H, d, T] (toolkit.heads.flattened_key_t proves the shapes)."""
+    flat = Op("Reshape", key, Var("key_flat_shape"), name="key_flatten")
+    return Op("Reshape", Op("Transpose", flat, name="key_t", perm=[0, 2, 1]), Var("key_unflat_shape"),
+              name="key_unflatten")
+
+
+def nan_guarded(softmax: Op) -> Alt:
+    """dynamo's SDPA zeroes NaN probabilities, Where(IsNaN(p), 0, p), p this very softmax (the Var
+    shares the softmax's name): the identity on a softmax of finite scores. Or no guard."""
+    zero = Const(lambda v: v.size == 1 and v.item() == 0)
+    return Alt(Op("Where", Op("IsNaN", Var(softmax.name), name="nan_test"), zero, softmax, name="nan_guard"), softmax)
+
+
+def merged(context: Pattern) -> Op:
+    """[B, H, S, d] -> Transpose [0, 2, 1, 3] -> Reshape [B, S, H*d]: the heads merged again."""
+    return Op("Reshape", Op("Transpose", context, name="merge_transpose", perm=HEADS_PERM), Var("merge_shape"),
+              name="merge")
 
 
 def cached(role: str) -> Alt:
@@ -56,19 +82,13 @@ def attention(key: Pattern, value: Pattern) -> Op:
     [-1, T, d], Transpose [0, 2, 1], Reshape [B, H, d, T] (toolkit.heads.flattened_key_t proves it).
     dynamo's SDPA zeroes NaN probabilities, Where(IsNaN(p), 0, p): the identity on a softmax of
     finite scores."""
-    key_t = Alt(Op("Transpose", key, name="key_t", perm=[0, 1, 3, 2]),
-                Op("Reshape", Op("Transpose", Op("Reshape", key, Var("key_flat_shape"), name="key_flatten"),
-                                 name="key_t", perm=[0, 2, 1]), Var("key_unflat_shape"), name="key_unflatten"))
+    key_t = Alt(Op("Transpose", key, name="key_t", perm=LAST_TWO_PERM), flattened_key_t(key))
     scores = scaled(Alt(Op("MatMul", scaled(heads("query"), "query"), scaled(key_t, "key"), name="qk"),
                         Op("FusedMatMul", heads("query"), key, domain="com.microsoft", name="qk", transB=1,
                            transA=NOT_SET, transBatchA=NOT_SET, transBatchB=NOT_SET)), "score")
     scores = soft_capped(scores)
     softmax = Op("Softmax", Alt(Op("Add", scores, Var("mask"), name="mask_add"), scores), name="softmax")
-    zero = Const(lambda v: v.size == 1 and v.item() == 0)
-    probs = Alt(Op("Where", Op("IsNaN", Var("softmax"), name="nan_test"), zero, softmax, name="nan_guard"), softmax)
-    context = Op("MatMul", probs, value, name="context")
-    return Op("Reshape", Op("Transpose", context, name="merge_transpose", perm=HEADS_PERM), Var("merge_shape"),
-              name="merge")
+    return merged(Op("MatMul", nan_guarded(softmax), value, name="context"))
 
 
 # K/V split from their projections, repeated or not: a prefill (group-query-attention)

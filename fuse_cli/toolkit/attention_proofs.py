@@ -10,19 +10,15 @@ import onnx_graphsurgeon as gs
 from fuse_cli.graph.edit import GraphEditor
 from fuse_cli.match import Match, constant_value
 from fuse_cli.pipeline.base import Decline
-from fuse_cli.toolkit.heads import flattened_key_t, head_split, softmax_key_axis_decline
+from fuse_cli.toolkit.heads import flattened_key_t, softmax_key_axis_decline, split_heads_or_reason
 from fuse_cli.toolkit.shapes import same_dim
 
 
 def split_of(m: Match, g: GraphEditor, role: str) -> tuple[int, int] | Decline:
-    """(heads, head size) of the Reshape splitting the [B, S, heads*head_size] input (toolkit.heads)."""
-    reshape = m.node(f"{role}_split")
-    split = head_split(reshape, g)
-    if split is None:
-        source = g.shape(m.tensor(role))
-        return Decline(f"{reshape.name} is not provably a split of {m.tensor(role).name!r} "
-                       f"({source and list(source.dims)}) into [batch, sequence, heads, head_size]")
-    return split
+    """(heads, head size) of the Reshape splitting the [B, S, heads*head_size] input `role`
+    (toolkit.heads.split_heads_or_reason), or why it is not provably that split."""
+    split = split_heads_or_reason(m.node(f"{role}_split"), g, m.tensor(role))
+    return Decline(split) if isinstance(split, str) else split
 
 
 def grouped_heads(m: Match, g: GraphEditor) -> tuple[int, int, int] | Decline:
@@ -151,8 +147,10 @@ def merged_rows(m: Match, hidden: int) -> bool:
 
 
 def merge_decline(m: Match, g: GraphEditor, hidden: int, *, rows: bool) -> Decline | None:
-    """The merge Reshape gives [B, S, H*d] of the query's B and S (a constant [0, 0|-1, H*d], or by
-    inference), or, where the pass reshapes its output (rows=True), the rows [B*S, H*d] (merged_rows)."""
+    """The merge Reshape gives [B, S, H*d] of the query's B and S: a constant [0, 0|-1, H*d], or
+    [0|-1, S, H*d] with S the query's static length written out (ViT's 197; -1 is then exactly the
+    batch), allowzero unset where it holds a 0; or by inference; or, where the pass reshapes its
+    output (rows=True), the rows [B*S, H*d] (merged_rows)."""
     if rows and merged_rows(m, hidden):
         return None
     q = g.shape(m.tensor("query"))
@@ -161,8 +159,13 @@ def merge_decline(m: Match, g: GraphEditor, hidden: int, *, rows: bool) -> Decli
         if (out is not None and out.rank == 3 and out.static(2) == hidden and same_dim(out.dims[0], q.dims[0])
                 and same_dim(out.dims[1], q.dims[1])):
             return None
-    elif [int(s) for s in merged.reshape(-1)] in ([0, 0, hidden], [0, -1, hidden]) and not m.root.attrs.get("allowzero", 0):
-        return None
+    else:
+        merged = [int(s) for s in merged.reshape(-1)]
+        length = q.static(1) if q is not None else None
+        if (len(merged) == 3 and merged[2] == hidden and not (m.root.attrs.get("allowzero", 0) and 0 in merged)
+                and (merged[:2] in ([0, 0], [0, -1]) or length is not None and merged[0] in (0, -1)
+                     and merged[1] == length)):
+            return None
     wanted = f"[0, 0, {hidden}] or [-1, {hidden}]" if rows else f"[0, 0, {hidden}]"
     return Decline(f"{m.node('merge').name} reshapes to {merged}, not {wanted} (merging the heads)")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from fuse_cli.graph.edit import GraphEditor
+from fuse_cli.graph.edit import GraphEditor, rebuilt
 from fuse_cli.match import Match, constant_value
 from fuse_cli.pipeline.base import Decline
 
@@ -35,8 +35,7 @@ def scale_output_channels(conv: gs.Node, w: np.ndarray, scale: np.ndarray) -> np
 
 def refolded_conv(conv: gs.Node, inputs: list[gs.Tensor], output: gs.Tensor) -> gs.Node:
     """The same Conv/ConvTranspose (name, attributes, domain) over new weights, writing `output`."""
-    return gs.Node(op=conv.op, name=conv.name, domain=conv.domain, attrs=dict(conv.attrs), inputs=inputs,
-                   outputs=[output])
+    return rebuilt(conv, inputs=inputs, outputs=[output])
 
 
 def conv_bias_reason(m: Match, conv: gs.Node, channels: int) -> Decline | None:

@@ -61,9 +61,8 @@ def unnamed_where_it_was(m_inputs: Iterable[gs.Tensor | None], out: gs.Variable)
 
 def unnamed_like_the_original(y: gs.Variable, out: gs.Variable, g: GraphEditor, base: str) -> list[gs.Node]:
     """out = Reshape(y, Shape(y)): y's values as they are, its dims unnamed to onnxruntime's planner."""
-    shape = g.variable(f"{base}_shape_out")
-    return [gs.Node("Shape", g.unique_name(f"{base}_shape"), {}, [y], [shape]),
-            gs.Node("Reshape", g.unique_name(f"{base}_unnamed"), {}, [y, shape], [out])]
+    shape = g.node("Shape", [y], name=f"{base}_shape")
+    return [shape, g.node("Reshape", [y, shape.outputs[0]], name=f"{base}_unnamed", outputs=[out])]
 
 
 def is_unnamed_view(node: gs.Node) -> bool:
