@@ -25,7 +25,7 @@ from fuse_cli.graph.io import load_model, node_count
 from fuse_cli.graph.opset import default_opset, upgrade_opset
 from fuse_cli.graph.output import CandidateWriter, check_not_over_weights, check_output_path, output_lock
 from fuse_cli.graph.weights import ParkingLot, read_in
-from fuse_cli.input_domain import binding
+from fuse_cli.input_domain import binding, free_symbols
 from fuse_cli.load_check import loadable
 from fuse_cli.passes import resolve
 from fuse_cli.pipeline.base import Pass
@@ -154,6 +154,7 @@ def _optimize(source: Path, config: FuseConfig, target_path: Path | None, *, dry
             weight_bytes_before=weight_bytes(loaded.model) + sum(payload_bytes(t) or 0 for t in loaded.input_defaults.values()),
             weight_bytes_after=weight_bytes(optimized),
             unbound_dims=tables.assumed,
+            input_dims=tuple(free_symbols(loaded.model)),
             dims=tuple(sorted(tables.bound.bound_dims.items())),
             written_files=written,
             dry_run=dry_run,

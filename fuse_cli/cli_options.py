@@ -164,9 +164,10 @@ def config_from_options(target, passes, disable, dims, input_shapes, freeze_inpu
 
 
 def console(stderr: bool = False) -> Console:
-    """A terminal gets its own width; logs and pipes get 120 columns rather than rich's 80."""
+    """A terminal gets its own width; logs and pipes get COLUMNS where it is set, else 120 columns
+    rather than rich's 80."""
     console = Console(stderr=stderr)
-    if not console.is_terminal:
+    if not console.is_terminal and not os.environ.get("COLUMNS", "").isdigit():
         console = Console(stderr=stderr, width=120)
     return console
 

@@ -66,6 +66,14 @@ def _quiet_onnxruntime():
     yield
 
 
+@pytest.fixture(autouse=True)
+def _a_logs_width(monkeypatch):
+    """The command line renders as in a CI log (120 columns): pytest-xdist's workers inherit
+    COLUMNS=80 from execnet, a plain run none. Tests of a width set COLUMNS themselves."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.delenv("LINES", raising=False)
+
+
 def pytest_terminal_summary(terminalreporter):
     """The mutation suite's catch rate (tests/test_mutations.py), over every worker's reports."""
     caught = [value for report in terminalreporter.stats.get("passed", [])

@@ -7,15 +7,19 @@ from dataclasses import asdict
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
+from rich.text import Text
 
 from fuse_cli.report.bench_records import BENCH_SCHEMA_VERSION, PEAK_RATIO_FLOOR_BYTES, BenchResult
 from fuse_cli.report.render import human_bytes
+from fuse_cli.report.table_fit import Column, fitted_table
 from fuse_cli.report.text import markdown, plain, terminal
 
 BENCH_HEADERS = ("Provider", "Graph opt", "Model", "Session", "Wall ms median / p90", "CPU ms median / p90",
                  "Runs", "Peak memory", "Wall ×", "CPU ×", "Peak ×", "Session ×")
-
+# The terminal's headers are short, so the table fits 120 columns unwrapped: the run's provider,
+# level and model as one label, "median / p90" said once in the summary lines.
+BENCH_COLUMNS = (Column("Run"), *(Column(h, figure=True) for h in
+                                  ("Session", "Wall ms", "CPU ms", "Runs", "Peak", *BENCH_HEADERS[8:])))
 
 
 def bench_table_rows(result: BenchResult) -> list[tuple[str, ...]]:
@@ -32,8 +36,9 @@ def bench_summary_lines(result: BenchResult) -> list[str]:
     lines = [
         f"Fused model: {result.fused_by}; nodes {result.nodes_original} -> {result.nodes_fused}",
         f"Inputs (seed {result.seed}): {shapes or 'none'}",
-        "Runs: samples x runs per sample, after warm-up, one intra-op thread; CPU = the calling thread's CPU "
-        f"time; onnxruntime {result.onnxruntime_version}. Ratios: fused / original (below 1 is better).",
+        "Runs: samples x runs per sample, after warm-up, one intra-op thread; wall and CPU ms: median / p90 per "
+        f"run; CPU = the calling thread's CPU time; onnxruntime {result.onnxruntime_version}. Ratios: fused / "
+        "original (below 1 is better).",
     ]
     if result.peak_not_measured:
         lines.append(f"Peak memory not measured: {result.peak_not_measured}")
@@ -45,14 +50,11 @@ def bench_summary_lines(result: BenchResult) -> list[str]:
 
 
 def render_bench_rich(result: BenchResult, console: Console) -> None:
-    table = Table(title=f"fuse bench: {terminal(result.original)}", title_justify="left")
-    for i, header in enumerate(BENCH_HEADERS):
-        table.add_column(header, justify="left" if i < 3 else "right", no_wrap=i < 3)
     rows = bench_table_rows(result)
-    for i, row in enumerate(rows):
-        last_of_group = i + 1 == len(rows) or rows[i + 1][:2] != row[:2]
-        table.add_row(*map(plain, row), end_section=last_of_group)
-    console.print(table)
+    cells = [(Text.assemble(plain(f"{row[0]}, {row[1]}"), "\n", plain(row[2])), *map(plain, row[3:])) for row in rows]
+    sections = [i + 1 < len(rows) and rows[i + 1][:2] != row[:2] for i, row in enumerate(rows)]
+    console.print(fitted_table(BENCH_COLUMNS, cells, console.width, title=f"fuse bench: {terminal(result.original)}",
+                               sections=sections))
     for line in bench_summary_lines(result):
         console.print(plain(line), highlight=False)
 

@@ -14,7 +14,7 @@ from fuse_cli.report.files import write_text_atomically
 from fuse_cli.report.model import Report
 from fuse_cli.report.plot import render_timeline_svg
 from fuse_cli.report.render import SAVINGS_HEADERS, human_bytes, memory_lines, savings_rows, summary_lines
-from fuse_cli.report.text import xml
+from fuse_cli.report.text import short_dims_in, xml
 
 _CSS = """
 body { font: 14px/1.45 system-ui, Helvetica, Arial, sans-serif; color: #222; max-width: 1100px;
@@ -55,7 +55,7 @@ def render_html(report: Report) -> str:
                    for op in ops]
         body += ["<h2>Bytes written per op type</h2>", _table(("Op type", "Before", "After"), op_rows, numeric_from=1)]
     if report.near_misses:
-        misses = [(m.pattern, m.pass_name, " -> ".join(m.nodes), m.reason) for m in report.near_misses]
+        misses = [(m.pattern, m.pass_name, " -> ".join(m.nodes), short_dims_in(m.reason)) for m in report.near_misses]
         body += [f"<h2>Not fused ({len(misses)})</h2>", _table(("Pattern", "Pass", "Nodes", "Why not"), misses)]
     return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
             f"<title>{xml(title)}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"

@@ -160,6 +160,9 @@ class Report:
     peak_tolerances: tuple[int, ...] = ()  # bytes the estimated peak may grow by at each of peak_settings
     orders: tuple[OrderRecord, ...] = ()  # what the `schedule` pass did (empty: it did not run)
     timings: Timings | None = None  # where the run's time went (api.optimize always records them)
+    # The dims --dim and --input-shape bind: the graph inputs' (None: not known, all count as such).
+    # Other unbound dims (onnx's unk__N inside the graph) are taken as 1 too, but no option sets them.
+    input_dims: tuple[str, ...] | None = None
 
     def rows(self) -> list[FusionRow]:
         """Fusions grouped by (pass, pattern) in the order they first happened."""

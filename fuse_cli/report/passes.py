@@ -7,11 +7,19 @@ import inspect
 import re
 
 from rich.console import Console
-from rich.table import Table
+from rich.text import Text
 
 from fuse_cli.passes import REGISTRY, pipeline_for
 from fuse_cli.pipeline.base import Pass
+from fuse_cli.report.table_fit import Column, fitted_table
 from fuse_cli.targets import (CAPABILITY_HEADERS, PROVIDER_NAMES, PROVIDERS_OF, SLOWER, TARGETS, capability_rows)
+
+# Pass and operator names stay whole (to copy into --passes / --disable); a description squeezed
+# under 30 cells is read a word a line, so narrower terminals get each pass as a block of lines.
+PASS_COLUMNS = (Column("Pass", whole=True), Column("Default", figure=True), Column("Min opset", figure=True),
+                Column("Targets"), Column("Description", weight=3, min_width=30))
+CAPABILITY_COLUMNS = (Column(CAPABILITY_HEADERS[0], whole=True),
+                      *(Column(h) for h in CAPABILITY_HEADERS[1:-1]), Column(CAPABILITY_HEADERS[-1], weight=3))
 
 
 def render_explanation(chosen: Pass, console: Console) -> None:
@@ -21,23 +29,15 @@ def render_explanation(chosen: Pass, console: Console) -> None:
 
 def render_passes(target: str, console: Console) -> None:
     default = pipeline_for(target)
-    table = Table(title=f"Passes (target {target}; * = in the default pipeline, in run order)", title_justify="left")
-    table.add_column("Pass", no_wrap=True)  # whole, to copy into --passes / --disable
-    for header in ("Default", "Min opset", "Targets", "Description"):
-        table.add_column(header)
-    for name in list(default) + sorted(set(REGISTRY) - set(default)):
-        p = REGISTRY[name]
-        table.add_row(name, "*" if name in default else "", str(p.required_opset(target)), ",".join(sorted(p.targets)),
-                      p.description)
-    console.print(table)
+    rows = [(Text(name), Text("*" if name in default else ""), Text(str(REGISTRY[name].required_opset(target))),
+             Text(", ".join(sorted(REGISTRY[name].targets))), Text(REGISTRY[name].description))
+            for name in list(default) + sorted(set(REGISTRY) - set(default))]
+    console.print(fitted_table(PASS_COLUMNS, rows, console.width,
+                               title=f"Passes (target {target}; * = in the default pipeline, in run order)"))
     if target != "onnx":
-        capabilities = Table(title=f"onnxruntime fused operators and where they run (target {target})",
-                             title_justify="left")
-        for header in CAPABILITY_HEADERS:
-            capabilities.add_column(header, overflow="fold")
-        for row in capability_rows(target):
-            capabilities.add_row(*row)
-        console.print(capabilities)
+        console.print(fitted_table(CAPABILITY_COLUMNS, [tuple(map(Text, row)) for row in capability_rows(target)],
+                                   console.width,
+                                   title=f"onnxruntime fused operators and where they run (target {target})"))
 
 
 # The Markdown reference (docs/passes.md is `fuse passes --markdown`): every pass's docstring, the

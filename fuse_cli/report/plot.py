@@ -16,7 +16,7 @@ from fuse_cli.errors import UsageError
 from fuse_cli.report.files import replacing, write_text_atomically
 from fuse_cli.report.model import Report
 from fuse_cli.report.render import human_bytes
-from fuse_cli.report.text import visible, xml
+from fuse_cli.report.text import short_dim, visible, xml
 
 X_TICKS = (0, 0.25, 0.5, 0.75, 1)
 X_LABEL = "execution progress, normalized 0 to 1 (before and after have different node counts)"
@@ -51,7 +51,7 @@ class Chart:
 
 def timeline_chart(report: Report) -> Chart:
     name = Path(report.model_path).name
-    dims = ", ".join(f"{k}={v}" + (" assumed" if k in report.unbound_dims else "") for k, v in report.dims)
+    dims = ", ".join(f"{short_dim(k)}={v}" + (" assumed" if k in report.unbound_dims else "") for k, v in report.dims)
     title = f"Activation memory: {name}" + (f" ({dims})" if dims else "")
     audit = report.memory
     if audit is None:

@@ -5,18 +5,20 @@ Rich and Markdown share `savings_rows`, so their columns cannot drift apart.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import asdict
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
+from rich.text import Text
 
 from fuse_cli import __version__
 from fuse_cli.analysis.bodies import BodyCost
 from fuse_cli.report.model import SCHEMA_VERSION, Report, describe_rolled_back
-from fuse_cli.report.text import markdown, plain, terminal
+from fuse_cli.report.table_fit import Column, fitted_table
+from fuse_cli.report.text import markdown, plain, short_dim, short_dims_in, terminal, visible
 from fuse_cli.report.upgrade_hint import upgrade_hint_lines
 from fuse_cli.config import UNBOUND_DIM
 from fuse_cli.input_domain import describe_setting
@@ -26,8 +28,27 @@ from fuse_cli.progress import BESIDE, StepTime, Timings
 # "Tensors removed" are intermediate activations; "Memory saved" is their bytes at the bound shapes
 # (the traffic that no longer happens); "Peak change" is what removing them alone does to the peak.
 SAVINGS_HEADERS = ("Pattern", "Pass", "Count", "Nodes removed", "Tensors removed", "Memory saved", "Peak change")
+# The terminal's table stacks the pass under its pattern (Markdown keeps the two columns).
+PASS_NAME_KEPT = 24  # 80 columns hold a label this wide beside the figures
+SAVINGS_COLUMNS = (Column("Pattern / pass", weight=2), *(Column(h, figure=True) for h in SAVINGS_HEADERS[2:]))
+NEAR_MISS_COLUMNS = (Column("Pattern"), Column("Count", figure=True), Column("Nodes (first)"),
+                     Column("Why not (first)", weight=2))
+TENSOR_COLUMNS = (Column("Tensor", weight=2), Column("Produced by", weight=2), Column("Size", figure=True))
+OP_TYPE_COLUMNS = (Column("Op type"), Column("Before", figure=True), Column("After", figure=True))
+VERIFY_COLUMNS = (Column("Output", weight=2), Column("Shape, dtype", figure=True),
+                  Column("Max abs / rel diff", figure=True), Column("Cosine", figure=True),
+                  Column("atol / rtol", figure=True), Column("Result", min_width=7))
+STEP_COLUMNS = (Column("Step", weight=2), Column("Runs", figure=True), Column("Seconds", figure=True),
+                Column("Share", figure=True), Column("Peak RSS at its end", figure=True))
+PASS_TIME_COLUMNS = (Column("Pass", whole=True), Column("Runs", figure=True), Column("Seconds", figure=True),
+                     Column("Matching", figure=True), Column("Rewriting", figure=True))
+RUN_TIME_COLUMNS = (Column("Model"), Column("Setting", weight=2), Column("Seconds", figure=True))
+BATCH_COLUMNS = (Column("Model", weight=2), Column("Result", min_width=7), Column("Nodes", figure=True),
+                 Column("Memory saved", figure=True), Column("Peak before -> after", figure=True),
+                 Column("Output / error", weight=2))
 SPARK = " ▁▂▃▄▅▆▇█"
 NEAR_MISS_LIMIT = 20
+INNER_DIMS_SHOWN = 3
 
 
 def human_bytes(n: int | None) -> str:
@@ -193,11 +214,18 @@ def summary_lines(report: Report) -> list[str]:
         f"Nodes: {report.nodes_before} -> {report.nodes_after} ({report.nodes_after - report.nodes_before:+d})",
         f"Weights: {human_bytes(report.weight_bytes_before)} -> {human_bytes(report.weight_bytes_after)}",
     ]
-    if report.unbound_dims:
-        lines.append(f"Symbolic dims taken as {UNBOUND_DIM} for the estimate: {', '.join(report.unbound_dims)} "
+    bindable, inner = unbound_dims(report)
+    if bindable:
+        lines.append(f"Symbolic dims taken as {UNBOUND_DIM} for the estimate: {', '.join(map(short_dim, bindable))} "
                      "(bind them with --dim NAME=VALUE)")
-    if report.dims:
-        lines.append("Bound dims: " + ", ".join(f"{k}={v}" for k, v in report.dims))
+    if inner:
+        shown = ", ".join(map(short_dim, inner[:INNER_DIMS_SHOWN])) + (" ..." if len(inner) > INNER_DIMS_SHOWN else "")
+        noun, them = ("dims", "them") if len(inner) != 1 else ("dim", "it")
+        lines.append(f"Also taken as {UNBOUND_DIM}: {len(inner)} {noun} inside the graph that shape inference could "
+                     f"not size ({shown}); no graph input has {them}, so no option binds {them}")
+    dims = [(k, v) for k, v in report.dims if k not in inner]
+    if dims:
+        lines.append("Bound dims: " + ", ".join(f"{short_dim(k)}={v}" for k, v in dims))
     if report.runtime_target_would_add:
         extra = ", ".join(f"+{count} {pattern}" for pattern, count in report.runtime_target_would_add)
         lines.append(f"With --target ort (onnxruntime's fused operators) fuse would also make: {extra}")
@@ -208,20 +236,29 @@ def summary_lines(report: Report) -> list[str]:
         lines.append("Dry run: nothing written.")
     elif report.written_files:
         lines.append("Wrote " + ", ".join(report.written_files))
-    return lines
+    return [short_dims_in(line) for line in lines]  # notes and failures quote dims too
+
+
+def unbound_dims(report: Report) -> tuple[list[str], list[str]]:
+    """The symbols the estimate took as 1, split: those of graph inputs, the user's to bind with
+    --dim, and those inside the graph (onnx's unk__N, an exporter's names on intermediates),
+    which follow from the inputs or from data and which no option binds."""
+    if report.input_dims is None:
+        return list(report.unbound_dims), []
+    inputs = set(report.input_dims)
+    return ([d for d in report.unbound_dims if d in inputs], [d for d in report.unbound_dims if d not in inputs])
 
 
 def render_rich(report: Report, console: Console) -> None:
     title = f"fuse {'report' if report.dry_run else 'optimize'}: {terminal(report.model_path)} (target {report.target})"
-    table = Table(title=title, title_justify="left")
-    for i, header in enumerate(SAVINGS_HEADERS):
-        # the pattern wraps; the figures never do (a squeezed number shows as an ellipsis)
-        table.add_column(header, justify="left" if i < 2 else "right", no_wrap=i > 0, overflow="fold")
     rows = savings_rows(report)
-    for i, row in enumerate(rows):
-        table.add_row(*map(plain, row), style="bold" if i == len(rows) - 1 else None)
     if rows:
-        console.print(table)
+        # a pass name is a word to copy into --passes: the label column folds none of usual length
+        longest = max(len(visible(row[1])) for row in rows)
+        label = dataclasses.replace(SAVINGS_COLUMNS[0], min_width=min(longest, PASS_NAME_KEPT))
+        console.print(fitted_table((label, *SAVINGS_COLUMNS[1:]), [_savings_cells(row) for row in rows],
+                                   console.width, title=title, styles=[None] * (len(rows) - 1) + ["bold"],
+                                   sections=[True] * len(rows)))
     else:
         console.print(f"[bold]{title}[/bold]\nNo fusion applied.")
     for line in summary_lines(report) + memory_lines(report):
@@ -230,14 +267,24 @@ def render_rich(report: Report, console: Console) -> None:
         _render_audit(report, console)
     if report.near_misses:
         groups = near_miss_groups(report)
-        misses = Table(title=f"Not fused ({len(report.near_misses)})", title_justify="left")
-        for header in ("Pattern", "Count", "Nodes (first)", "Why not (first)"):
-            misses.add_column(header, overflow="fold")
-        for pattern, items in groups[:NEAR_MISS_LIMIT]:
-            misses.add_row(*map(plain, (pattern, str(len(items)), " -> ".join(items[0].nodes), items[0].reason)))
-        console.print(misses)
+        cells = [(plain(pattern), plain(str(len(items))), plain(" -> ".join(items[0].nodes)),
+                  plain(short_dims_in(items[0].reason)))
+                 for pattern, items in groups[:NEAR_MISS_LIMIT]]
+        console.print(fitted_table(NEAR_MISS_COLUMNS, cells, console.width,
+                                   title=f"Not fused ({len(report.near_misses)})"))
         if len(groups) > NEAR_MISS_LIMIT:
             console.print(f"... and {len(groups) - NEAR_MISS_LIMIT} more kinds (see --json)")
+
+
+def _savings_cells(row: tuple[str, ...]) -> list[Text]:
+    """A savings row for the terminal: the pass under its pattern, so the label column gets the
+    width two would share (at 80 columns two label columns are 11 cells each, a pattern folded
+    into strips that are not read); a rule between rows says which pass is whose."""
+    pattern, pass_name, *figures = row
+    label = plain(pattern)
+    if pass_name:
+        label.append("\n" + visible(pass_name), style="dim")
+    return [label, *map(plain, figures)]
 
 
 def near_miss_groups(report: Report) -> list[tuple[str, list]]:
@@ -262,23 +309,17 @@ def _render_audit(report: Report, console: Console) -> None:
     if audit.unscheduled is not None:  # the `schedule` pass reordered: the fused model in its input order too
         lines.insert(1, ("after, input node order", audit.unscheduled.timeline))
     width = max(len(label) for label, _ in lines)
+    cells = max(1, min(60, console.width - width - 5))  # "  label |...|" on one line
     for label, timeline in lines:
-        console.print(f"  {label:<{width}} |{sparkline(timeline, scale=scale)}|", highlight=False)
+        console.print(f"  {label:<{width}} |{sparkline(timeline, width=cells, scale=scale)}|", highlight=False)
     for title, tensors in (("Alive at the peak (after fusion)", audit.after.live_at_peak[:10]),
                            ("Largest activations (after fusion)", audit.after.largest)):
-        table = Table(title=title, title_justify="left")
-        for header in ("Tensor", "Produced by", "Size"):
-            table.add_column(header, justify="right" if header == "Size" else "left")
-        for t in tensors:
-            table.add_row(*map(plain, (t.name, t.producer, human_bytes(t.nbytes))))
-        console.print(table)
-    ops = Table(title="Bytes written per op type", title_justify="left")
-    for header in ("Op type", "Before", "After"):
-        ops.add_column(header, justify="left" if header == "Op type" else "right")
-    for op in dict.fromkeys([*audit.before.by_op_type, *audit.after.by_op_type]):
-        ops.add_row(plain(op), human_bytes(audit.before.by_op_type.get(op, 0)),
-                    human_bytes(audit.after.by_op_type.get(op, 0)))
-    console.print(ops)
+        rows = [(plain(t.name), plain(t.producer), plain(human_bytes(t.nbytes))) for t in tensors]
+        console.print(fitted_table(TENSOR_COLUMNS, rows, console.width, title=title))
+    rows = [(plain(op), plain(human_bytes(audit.before.by_op_type.get(op, 0))),
+             plain(human_bytes(audit.after.by_op_type.get(op, 0))))
+            for op in dict.fromkeys([*audit.before.by_op_type, *audit.after.by_op_type])]
+    console.print(fitted_table(OP_TYPE_COLUMNS, rows, console.width, title="Bytes written per op type"))
 
 
 def to_json_dict(report: Report) -> dict[str, Any]:
@@ -400,7 +441,7 @@ def render_markdown(report: Report) -> str:
     if report.near_misses:
         out += ["", f"<details><summary>Not fused ({len(report.near_misses)})</summary>", "",
                 "| Pattern | Nodes | Why not |", "|---|---|---|"]
-        out += [f"| {markdown(m.pattern)} | {markdown(' -> '.join(m.nodes))} | {markdown(m.reason)} |"
+        out += [f"| {markdown(m.pattern)} | {markdown(' -> '.join(m.nodes))} | {markdown(short_dims_in(m.reason))} |"
                 for m in report.near_misses]
         out += ["", "</details>"]
     return "\n".join(out) + "\n"
@@ -409,14 +450,15 @@ def render_markdown(report: Report) -> str:
 def render_verify_rich(result: VerifyResult, console: Console) -> None:
     title = {MATCH: "outputs match", MISMATCH: "OUTPUTS DIFFER", INCONCLUSIVE: "INCONCLUSIVE",
              UNVERIFIABLE: "UNVERIFIABLE"}[result.status]
-    table = Table(title=f"fuse verify: {title}", title_justify="left")
-    for header in ("Output", "Dtype", "Shape", "Max abs diff", "Max rel diff", "Cosine", "rtol / atol", "Result"):
-        table.add_column(header, justify="left" if header in ("Output", "Dtype", "Shape", "Result") else "right")
+    rows = []
     for o in result.outputs:
         verdict = "ok" if o.passed and not o.all_nonfinite else "all NaN/inf" if o.passed else "[bold red]FAIL[/bold red]"
-        table.add_row(terminal(o.name), o.dtype, "x".join(map(str, o.shape)) or "scalar", f"{o.max_abs_diff:.3g}",
-                      f"{o.max_rel_diff:.3g}", f"{o.cosine_similarity:.6f}", f"{o.rtol:g} / {o.atol:g}", verdict)
-    console.print(table)
+        # the dtype under the shape, relative beside absolute difference (each over its tolerance):
+        # three columns fewer leave the output's name its width at 80 columns
+        rows.append((terminal(o.name), f"{'x'.join(map(str, o.shape)) or 'scalar'}\n{o.dtype}",
+                     f"{o.max_abs_diff:.3g} / {o.max_rel_diff:.3g}", f"{o.cosine_similarity:.6f}",
+                     f"{o.atol:g} / {o.rtol:g}", verdict))
+    console.print(fitted_table(VERIFY_COLUMNS, rows, console.width, title=f"fuse verify: {title}"))
     console.print(plain(verdict_line(result)), highlight=False)
 
 
@@ -426,26 +468,25 @@ def render_verify_json(result: VerifyResult) -> str:
 
 def render_batch_rich(items, console: Console) -> None:
     """One row per model: what happened, and the headline numbers."""
-    table = Table(title=f"fuse batch: {sum(i.ok for i in items)} of {len(items)} models ok", title_justify="left")
-    for header in ("Model", "Result", "Nodes", "Memory saved", "Peak before -> after", "Output / error"):
-        table.add_column(header, overflow="fold")
+    rows = []
     for item in items:
         r = item.report
         if r is None:
-            table.add_row(terminal(item.model), "[bold red]error[/bold red]", "", "", "", terminal(item.error or ""))
+            rows.append((terminal(item.model), "[bold red]error[/bold red]", "", "", "", terminal(item.error or "")))
             continue
         peak = r["memory"]["peak_bytes"] if r.get("memory") else None
         status = (r.get("verification") or {}).get("status")
         unconfirmed = f" [bold yellow]({status})[/bold yellow]" if status in (UNVERIFIABLE, INCONCLUSIVE) else ""
-        table.add_row(
+        rows.append((
             terminal(item.model),
             ("ok" if item.ok else "[bold yellow]check failed[/bold yellow]") + unconfirmed,
             f"{r['nodes']['before']} -> {r['nodes']['after']}",
             human_bytes(sum(f["removed_bytes"] for f in r["fusions"])),
             f"{human_bytes(peak['before'])} -> {human_bytes(peak['after'])}" if peak else "-",
             terminal((item.output or "dry run") if item.ok else "; ".join(r["failures"])),
-        )
-    console.print(table)
+        ))
+    console.print(fitted_table(BATCH_COLUMNS, rows, console.width,
+                               title=f"fuse batch: {sum(i.ok for i in items)} of {len(items)} models ok"))
 
 
 def render_batch_json(items) -> str:
@@ -488,34 +529,27 @@ def render_timings(timings: Timings | None, console: Console) -> None:
               if timings.worker_peak_rss_bytes is not None else "")
     console.print(f"Timings: {timings.wall_seconds:.2f} s wall; peak resident memory: fuse "
                   f"{human_bytes(timings.peak_rss_bytes)}{worker}", highlight=False)
-    steps = Table(title="Steps (the top level adds up to the wall time)", title_justify="left")
-    for header in ("Step", "Runs", "Seconds", "Share", "Peak RSS at its end"):
-        steps.add_column(header, justify="left" if header == "Step" else "right")
+    rows = []
     for depth, step in _step_tree(timings):
         share = f"{step.seconds / timings.wall_seconds:.0%}" if step.within is None and timings.wall_seconds else ""
         label = "(beside the run) " + step.name if step.within == BESIDE else step.name
-        steps.add_row(plain("  " * depth + label), str(step.count), f"{step.seconds:.2f}", share,
-                      human_bytes(step.peak_rss_bytes))
-    console.print(steps)
+        rows.append((plain("  " * depth + label), str(step.count), f"{step.seconds:.2f}", share,
+                     human_bytes(step.peak_rss_bytes)))
+    console.print(fitted_table(STEP_COLUMNS, rows, console.width, title="Steps (the top level adds up to the wall time)"))
     if timings.passes:
         slowest = sorted(timings.passes, key=lambda p: -p.seconds)
-        passes = Table(title=f"Passes ({len(slowest)}, slowest first)", title_justify="left")
-        for header in ("Pass", "Runs", "Seconds", "Matching", "Rewriting"):
-            passes.add_column(header, justify="left" if header == "Pass" else "right")
-        for p in slowest[:TIMED_PASSES_SHOWN]:
-            passes.add_row(plain(p.name), str(p.runs), f"{p.seconds:.3f}",
-                           *("-" if v is None else f"{v:.3f}" for v in (p.matching_seconds, p.rewriting_seconds)))
-        console.print(passes)
+        rows = [(plain(p.name), str(p.runs), f"{p.seconds:.3f}",
+                 *("-" if v is None else f"{v:.3f}" for v in (p.matching_seconds, p.rewriting_seconds)))
+                for p in slowest[:TIMED_PASSES_SHOWN]]
+        console.print(fitted_table(PASS_TIME_COLUMNS, rows, console.width, title=f"Passes ({len(slowest)}, slowest first)"))
         if len(slowest) > TIMED_PASSES_SHOWN:
             console.print(f"... and {len(slowest) - TIMED_PASSES_SHOWN} more passes (see --json)", highlight=False)
     if timings.verification:
-        runs = Table(title="Verification runs", title_justify="left")
-        for header in ("Model", "Setting", "Seconds"):
-            runs.add_column(header, justify="right" if header == "Seconds" else "left")
+        rows = []
         for v in timings.verification:
             together = f" (with {v.at_once - 1} more at once)" if v.at_once > 1 else ""
-            runs.add_row(v.model, plain(describe_setting(dict(v.setting)) + together), f"{v.seconds:.2f}")
-        console.print(runs)
+            rows.append((plain(v.model), plain(describe_setting(dict(v.setting)) + together), f"{v.seconds:.2f}"))
+        console.print(fitted_table(RUN_TIME_COLUMNS, rows, console.width, title="Verification runs"))
 
 
 def _step_tree(timings: Timings) -> list[tuple[int, StepTime]]:

@@ -52,3 +52,60 @@ def markdown(text: object) -> str:
 def xml(text: object) -> str:
     """HTML and SVG text and attribute values."""
     return html.escape(visible(text), quote=True)
+
+
+# Torch exports name a computed dim by its arithmetic (`floor(height/2 - 1/2) + 1`); nested through
+# a network's strides and pools such a name reaches 1,500 characters, printed as one line.
+DIM_SHOWN = 40
+_CALL = re.compile(r"\b(?:floor|ceil|Floor|Ceil|Max|Min|Mod|max|min|mod)\(")
+_OPERATOR = re.compile(r"\s*(?:[-+*%]|//?)\s*")
+_OPERAND = re.compile(r"\d+(?:\.\d+)?|[A-Za-z_][\w.]*(?![\w(])")
+_NOT_SYMBOLS = frozenset({"floor", "ceil", "Floor", "Ceil", "Max", "Min", "Mod", "max", "min", "mod"})
+
+
+def short_dim(name: str) -> str:
+    """A dim's name as a reader can take it in: whole when short, else its start, an ellipsis,
+    its length and the symbols it is computed from."""
+    if len(name) <= DIM_SHOWN:
+        return name
+    symbols = dict.fromkeys(w for w in re.findall(r"[A-Za-z_][\w.]*", name) if w not in _NOT_SYMBOLS)
+    return (f"{name[:DIM_SHOWN].rstrip()}… (a {len(name):,}-character expression"
+            f"{' of ' + ', '.join(symbols) if symbols else ''})")
+
+
+def short_dims_in(text: str) -> str:
+    """`text` with each long dim expression in it (one that calls floor, ceil, ...) shortened
+    by `short_dim`: notes and reasons quote dims inside sentences."""
+    out, done = [], 0
+    for match in _CALL.finditer(text):
+        if match.start() < done:
+            continue  # inside an expression already taken
+        end = _expression_end(text, match.start())
+        if end is None or "…" in text[match.start():end]:
+            continue  # a call left open is no dim; an ellipsis marks one shortened already
+        out += [text[done:match.start()], short_dim(text[match.start():end])]
+        done = end
+    return "".join(out) + text[done:]
+
+
+def _expression_end(text: str, start: int) -> int | None:
+    """Where the expression that starts with a call at `start` ends: after the call's closing
+    parenthesis and any `+ 1`, `/ 2` or further calls that follow; None where the call's
+    parenthesis never closes."""
+    depth, i = 0, text.index("(", start)
+    while depth or i == text.index("(", start):
+        if i == len(text):
+            return None
+        depth += {"(": 1, ")": -1}.get(text[i], 0)
+        i += 1
+    while op := _OPERATOR.match(text, i):
+        if _CALL.match(text, op.end()):
+            end = _expression_end(text, op.end())
+            if end is None:
+                break
+            i = end
+        elif operand := _OPERAND.match(text, op.end()):
+            i = operand.end()
+        else:
+            break
+    return i
