@@ -137,12 +137,6 @@ def render(rows: list[Row], device: str, seconds: float, when: datetime) -> str:
     return "\n".join(lines)
 
 
-def not_measured_stub(when: datetime) -> str:
-    return (f"# fuse `--target ort-cuda` on CUDA\n\nNot yet measured ({when:%Y-%m-%d}): no GPU was at hand. "
-            "`make gpu-check` on a machine where onnxruntime's CUDA provider loads writes this file "
-            "(scripts/gpu_check.py says how to run it on a lent GPU machine).\n")
-
-
 # ---- the measurements (need onnxruntime-gpu and a GPU) ---------------------------------------
 
 def session(path: Path, providers, *, level: str = "ORT_ENABLE_ALL", lean: bool = False):

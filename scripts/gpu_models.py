@@ -124,9 +124,9 @@ def encoder_attention(net: Net, x: str, name: str, hidden: int, heads: int, mask
     return linear(net, merge_heads(net, context, hidden), f"{name}.output", hidden, hidden)
 
 
-def build_cnn(dtype=np.float32, seed: int = 0, classes: int = 1000) -> onnx.ModelProto:
+def build_cnn(dtype=np.float32, seed: int = 0, width: int = 64, image: int = 224, classes: int = 1000) -> onnx.ModelProto:
     net = Net(dtype, seed)
-    x = net.input("pixel_values", ["batch", 3, 224, 224])
+    x = net.input("pixel_values", ["batch", 3, image, image])
 
     def conv_bn(t: str, name: str, c_in: int, c_out: int, kernel: int, stride: int, relu: bool) -> str:
         conv = net.op("Conv", t, net.weight(f"{name}.weight", c_out, c_in, kernel, kernel), kernel_shape=[kernel] * 2,
@@ -137,20 +137,20 @@ def build_cnn(dtype=np.float32, seed: int = 0, classes: int = 1000) -> onnx.Mode
                     epsilon=1e-5, name=f"{name}_bn")
         return net.op("Relu", bn) if relu else bn
 
-    t = conv_bn(x, "stem", 3, 64, 7, 2, relu=True)
+    t = conv_bn(x, "stem", 3, width, 7, 2, relu=True)
     t = net.op("MaxPool", t, kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
-    c_in = 64
-    for stage, width in enumerate((64, 128, 256, 512)):
+    c_in = width
+    for stage, c_out in enumerate((width, 2 * width, 4 * width, 8 * width)):
         for block in range(2):
             stride = 2 if stage > 0 and block == 0 else 1
             name = f"layer{stage + 1}.{block}"
-            y = conv_bn(t, f"{name}.conv1", c_in, width, 3, stride, relu=True)
-            y = conv_bn(y, f"{name}.conv2", width, width, 3, 1, relu=False)
-            shortcut = conv_bn(t, f"{name}.downsample", c_in, width, 1, stride, relu=False) if stride > 1 else t
+            y = conv_bn(t, f"{name}.conv1", c_in, c_out, 3, stride, relu=True)
+            y = conv_bn(y, f"{name}.conv2", c_out, c_out, 3, 1, relu=False)
+            shortcut = conv_bn(t, f"{name}.downsample", c_in, c_out, 1, stride, relu=False) if stride > 1 else t
             t = net.op("Relu", net.op("Add", y, shortcut))
-            c_in = width
+            c_in = c_out
     pooled = net.op("Flatten", net.op("GlobalAveragePool", t), axis=1)
-    net.output(linear(net, pooled, "fc", 512, classes), "logits", ["batch", classes])
+    net.output(linear(net, pooled, "fc", c_in, classes), "logits", ["batch", classes])
     return net.model("resnet18")
 
 
