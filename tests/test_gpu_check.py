@@ -192,3 +192,40 @@ def test_pack_refuses_a_provider_without_gpu_code(tmp_path):
     result = subprocess.run([sys.executable, str(REPO / "scripts" / "pack_cuda_runtime.py"), str(wheel),
                              str(tmp_path / "o.tar.xz")], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and "no .nv_fatbin" in result.stderr
+
+
+def test_each_case_is_fused_verified_timed_and_written_with_the_cpu_standing_in_for_cuda(tmp_path, monkeypatch):
+    """The glue between fuse, the runs and the table, run where there is no GPU: the CPU provider
+    in CUDA's place, device memory reported as not measured."""
+    monkeypatch.setattr(gpu_check, "CUDA", ["CPUExecutionProvider"])
+    monkeypatch.setattr(gpu_check, "device_run", lambda session, feeds: lambda: session.run(None, feeds))
+    monkeypatch.setattr(gpu_check, "measured_growth", lambda path, feeds: None)
+    cases = [gpu_models.Case("bert", TINY["bert"], {"batch": 2, "sequence": 8},
+                             {"input_ids": (0, 50), "attention_mask": (0, 2)}),
+             gpu_models.Case("llm-decode", TINY["llm-decode"], {"batch": 1, "sequence": 1, "past_sequence": 7,
+                                                                "total_sequence": 8},
+                             {"input_ids": (0, 50), "position_ids": (7, 8)}, "float16")]
+    out = tmp_path / "gpu.md"
+    rows = gpu_check.run_subset(cases, budget_s=600, out=out)
+    assert [(r.model, r.dtype) for r in rows] == [("bert", "float32"), ("llm-decode", "float16")]
+    for row in rows:
+        assert row.verified, row
+        assert row.nodes_after < row.nodes_before and row.contrib_ops
+        assert row.original_ms > 0 and row.fused_ms > 0
+        assert row.estimate_before > 0 and row.estimate_after > 0 and row.measured_after is None
+    text = out.read_text()
+    assert "| bert | float32 | batch=2, sequence=8 |" in text and "| llm-decode | float16 |" in text
+
+
+def test_no_case_starts_without_the_time_it_needs(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_check, "run_case", lambda case, scratch: pytest.fail("a case started"))
+    rows = gpu_check.run_subset(list(gpu_models.SUBSET[:2]), budget_s=gpu_check.CASE_SECONDS - 1,
+                                out=tmp_path / "gpu.md")
+    assert [r.note.startswith("not run:") for r in rows] == [True, True]
+    assert (tmp_path / "gpu.md").read_text().count("not run:") == 2
+
+
+def test_an_unknown_model_name_is_a_one_line_usage_error():
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_check.py"), "--only", "cnn,gpt9"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and result.stderr == "gpu-check: no model named gpt9 (--only)\n"
