@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -121,7 +122,7 @@ def table_row(row: Row) -> list[str]:
             row.note.replace("|", "/")]
 
 
-def render(rows: list[Row], device: str, seconds: float, when: datetime) -> str:
+def render(rows: list[Row], device: str, seconds: float, when: datetime, floor_bytes: int | None = None) -> str:
     slower = [f"{r.model} {r.dtype}" for r in rows if r.fused_ms and r.original_ms and r.fused_ms > r.original_ms]
     failed = [f"{r.model} {r.dtype}" for r in rows if r.verified is False]
     lines = [f"# fuse `--target ort-cuda` on CUDA ({when:%Y-%m-%d})", "",
@@ -132,6 +133,8 @@ def render(rows: list[Row], device: str, seconds: float, when: datetime) -> str:
              "rounds on CUDA, inputs and outputs on the device, graph optimizations on (ENABLE_ALL). Memory: "
              "device memory (NVML) added by one run in a fresh session, arena growing by what is asked, memory "
              "pattern and graph optimizations off; estimate: fuse's peak before and after fusion.", "",
+             f"A one-MatMul model adds {_mib(floor_bytes)} MiB the same way (the session's library handles and "
+             "workspaces, not activations): a floor under every measured figure.", "",
              "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(table_row(r)) + " |" for r in rows]
     lines += ["", f"Verified: {sum(r.verified is True for r in rows)} of {len(rows)}"
@@ -217,6 +220,8 @@ def measured_growth(path: Path, feeds_path: Path) -> int | None:
     child = subprocess.run([sys.executable, __file__, "--memory-of", str(path), str(feeds_path)],
                            capture_output=True, text=True, timeout=300)
     if child.returncode != 0:
+        why = (child.stderr.strip().splitlines() or [f"exit {child.returncode}"])[-1]
+        print(f"gpu-check: device memory of {path.name} not measured: {why}", file=sys.stderr)
         return None
     return json.loads(child.stdout.strip().splitlines()[-1])["bytes"]
 
@@ -296,11 +301,24 @@ def write(path: Path, text: str) -> None:
     path.write_text(text)
 
 
+def one_matmul(scratch: Path) -> tuple[Path, Path]:
+    """A model with one small MatMul and its inputs: what a session adds to device memory beyond
+    the activations (cuBLAS's handle and workspace) is measured on it."""
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [8, 8])
+    y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [8, 8])
+    graph = onnx.helper.make_graph([onnx.helper.make_node("MatMul", ["x", "x"], ["y"])], "one_matmul", [x], [y])
+    path, feeds = scratch / "one_matmul.onnx", scratch / "one_matmul.npz"
+    onnx.save(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=8), str(path))
+    np.savez(feeds, x=np.ones((8, 8), np.float32))
+    return path, feeds
+
+
 def run_subset(cases: list[Case], budget_s: float, out: Path) -> list[Row]:
     """Each case in turn, gpu.md rewritten after each; a case that fails is a row that says so."""
     started, device = time.monotonic(), device_name()
     rows = []
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as scratch:
+        floor = measured_growth(*one_matmul(Path(scratch)))
         for case in cases:
             left = budget_s - (time.monotonic() - started)
             if left < CASE_SECONDS:
@@ -309,10 +327,11 @@ def run_subset(cases: list[Case], budget_s: float, out: Path) -> list[Row]:
                 try:
                     rows.append(run_case(case, Path(scratch)))
                 except Exception as exc:  # one model's failure is a row of the table, not the end of the check
+                    traceback.print_exc()  # to the log the GPU machine returns: its one run must say why
                     first_line = (str(exc).splitlines() or [type(exc).__name__])[0]
                     rows.append(Row(case.name, case.dtype, "", verified=False, note=f"failed: {first_line}"))
             print(" | ".join(table_row(rows[-1])), flush=True)
-            write(out, render(rows, device, time.monotonic() - started, datetime.now(timezone.utc)))
+            write(out, render(rows, device, time.monotonic() - started, datetime.now(timezone.utc), floor))
     return rows
 
 

@@ -60,7 +60,8 @@ def _cells(line: str) -> list[str]:
 
 def test_report_renders_every_column_for_every_row():
     rows = _fake_rows()
-    text = gpu_check.render(rows, "NVIDIA H100, driver 580", 312.0, datetime(2026, 12, 6, tzinfo=timezone.utc))
+    text = gpu_check.render(rows, "NVIDIA H100, driver 580", 312.0, datetime(2026, 12, 6, tzinfo=timezone.utc),
+                            floor_bytes=5 * 2**20)
     table = [line for line in text.splitlines() if line.startswith("|")]
     assert _cells(table[0]) == list(gpu_check.COLUMNS)
     body = [dict(zip(gpu_check.COLUMNS, _cells(line))) for line in table[2:]]
@@ -73,6 +74,7 @@ def test_report_renders_every_column_for_every_row():
     assert cnn["measured MiB before / after"] == "n/a" and cnn["note"] == "a / b"  # a | would split the cell
     assert vit["ms fused"] == "n/a" and vit["note"].startswith("not run")
     assert "Device: NVIDIA H100, driver 580" in text and "2026-12-06" in text
+    assert "A one-MatMul model adds 5.0 MiB" in text
     assert "NOT verified: cnn float32" in text and "slower than the original on CUDA: cnn float32." in text
 
 
