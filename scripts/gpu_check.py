@@ -197,33 +197,38 @@ def interleaved_ms(original, fused, rounds: int = 9, round_seconds: float = 0.1)
     return statistics.median(times[0]), statistics.median(times[1])
 
 
-def device_memory_growth(path: Path, feeds_path: Path) -> dict:
-    """In this (child) process: device memory one run adds in a fresh CUDA session. A first session
-    runs the model once and is dropped, so the kernels' code and the libraries' handles are loaded
-    before the measured one starts."""
+def device_memory_growth(feeds_path: Path, *paths: Path) -> list[int]:
+    """In this (child) process, per model: device memory one run adds in a fresh CUDA session. A
+    first session runs the model once and is dropped, so the kernels' code and the libraries'
+    handles are loaded before the measured one starts."""
     import pynvml
 
     pynvml.nvmlInit()
     handle = pynvml.nvmlDeviceGetHandleByIndex(0)
     feeds = dict(np.load(feeds_path))
-    warm = session(path, CUDA_MEASURED, level="ORT_DISABLE_ALL", lean=True)
-    warm.run(None, feeds)
-    del warm
-    sess = session(path, CUDA_MEASURED, level="ORT_DISABLE_ALL", lean=True)
-    before = pynvml.nvmlDeviceGetMemoryInfo(handle).used
-    sess.run(None, feeds)
-    after = pynvml.nvmlDeviceGetMemoryInfo(handle).used
-    return {"bytes": after - before}
+    growth = []
+    for path in paths:
+        warm = session(path, CUDA_MEASURED, level="ORT_DISABLE_ALL", lean=True)
+        warm.run(None, feeds)
+        del warm
+        measured = session(path, CUDA_MEASURED, level="ORT_DISABLE_ALL", lean=True)
+        before = pynvml.nvmlDeviceGetMemoryInfo(handle).used
+        measured.run(None, feeds)
+        growth.append(pynvml.nvmlDeviceGetMemoryInfo(handle).used - before)
+        del measured
+    return growth
 
 
-def measured_growth(path: Path, feeds_path: Path) -> int | None:
-    child = subprocess.run([sys.executable, __file__, "--memory-of", str(path), str(feeds_path)],
+def measured_growth(feeds_path: Path, *paths: Path) -> list[int | None]:
+    """device_memory_growth in a child process (one CUDA start for all the models), None each
+    where it failed, the reason on stderr."""
+    child = subprocess.run([sys.executable, __file__, "--memory-of", str(feeds_path), *map(str, paths)],
                            capture_output=True, text=True, timeout=300)
     if child.returncode != 0:
         why = (child.stderr.strip().splitlines() or [f"exit {child.returncode}"])[-1]
-        print(f"gpu-check: device memory of {path.name} not measured: {why}", file=sys.stderr)
-        return None
-    return json.loads(child.stdout.strip().splitlines()[-1])["bytes"]
+        print(f"gpu-check: device memory of {', '.join(p.name for p in paths)} not measured: {why}", file=sys.stderr)
+        return [None] * len(paths)
+    return json.loads(child.stdout.strip().splitlines()[-1])
 
 
 def left_out(report) -> str:
@@ -277,10 +282,10 @@ def run_case(case: Case, scratch: Path) -> Row:
     del original, fused
     feeds_path = scratch / f"{case.name}-{case.dtype}.npz"
     np.savez(feeds_path, **feeds)
+    measured_before, measured_after = measured_growth(feeds_path, original_path, fused_path)
     return replace(row, fused_diff=fused_diff, original_diff=original_diff, verified=verified,
-                   original_ms=original_ms, fused_ms=fused_ms,
-                   measured_before=measured_growth(original_path, feeds_path),
-                   measured_after=measured_growth(fused_path, feeds_path))
+                   original_ms=original_ms, fused_ms=fused_ms, measured_before=measured_before,
+                   measured_after=measured_after)
 
 
 def device_name() -> str:
@@ -318,7 +323,8 @@ def run_subset(cases: list[Case], budget_s: float, out: Path) -> list[Row]:
     started, device = time.monotonic(), device_name()
     rows = []
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as scratch:
-        floor = measured_growth(*one_matmul(Path(scratch)))
+        matmul, matmul_feeds = one_matmul(Path(scratch))
+        floor, = measured_growth(matmul_feeds, matmul)
         for case in cases:
             left = budget_s - (time.monotonic() - started)
             if left < CASE_SECONDS:
@@ -341,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=480.0, help="no case starts with under 45 s of it left")
     parser.add_argument("--only", default="", help="comma-separated model names: " + ", ".join(dict.fromkeys(
         c.name for c in SUBSET)))
-    parser.add_argument("--memory-of", nargs=2, type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--memory-of", nargs="+", type=Path, help=argparse.SUPPRESS)  # FEEDS MODEL...
     args = parser.parse_args(argv)
     wanted = {n.strip() for n in args.only.split(",") if n.strip()}
     unknown = wanted - {c.name for c in SUBSET}

@@ -23,8 +23,10 @@ wheel=$(ls "$CACHE"/onnxruntime_gpu-"$ORT_VERSION"-cp312-*.whl)
 if [ ! -f "$PACKED" ] || [ "$wheel" -nt "$PACKED" ]; then
     python3 scripts/pack_cuda_runtime.py "$wheel" "$PACKED.partial" && mv "$PACKED.partial" "$PACKED"
 fi
-tracked=$(git ls-files -z | xargs -0 cat | wc -c)
+# what a call sends besides carried paths: tracked files and untracked ones git does not ignore
+tracked=$(git ls-files -z --cached --others --exclude-standard | python3 -c \
+    "import os, sys; print(sum(os.path.getsize(p) for p in sys.stdin.read().split(chr(0)) if os.path.isfile(p)))")
 carried=$(cat .whl/* | wc -c)
-echo "gpu-prepare: .whl/ $((carried / 1048576)) MiB + tracked files $((tracked / 1048576)) MiB" \
+echo "gpu-prepare: .whl/ $((carried / 1048576)) MiB + working tree $((tracked / 1048576)) MiB" \
      "= $(((carried + tracked) / 1048576)) MiB of the 64 MiB a call may carry"
 [ $((carried + tracked)) -le $((64 * 1048576)) ] || { echo "gpu-prepare: over the limit" >&2; exit 1; }

@@ -201,7 +201,7 @@ def test_each_case_is_fused_verified_timed_and_written_with_the_cpu_standing_in_
     in CUDA's place, device memory reported as not measured."""
     monkeypatch.setattr(gpu_check, "CUDA", ["CPUExecutionProvider"])
     monkeypatch.setattr(gpu_check, "device_run", lambda session, feeds: lambda: session.run(None, feeds))
-    monkeypatch.setattr(gpu_check, "measured_growth", lambda path, feeds: None)
+    monkeypatch.setattr(gpu_check, "measured_growth", lambda feeds, *paths: [None] * len(paths))
     cases = [gpu_models.Case("bert", TINY["bert"], {"batch": 2, "sequence": 8},
                              {"input_ids": (0, 50), "attention_mask": (0, 2)}),
              gpu_models.Case("llm-decode", TINY["llm-decode"], {"batch": 1, "sequence": 1, "past_sequence": 7,
@@ -231,3 +231,13 @@ def test_an_unknown_model_name_is_a_one_line_usage_error():
     result = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_check.py"), "--only", "cnn,gpt9"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and result.stderr == "gpu-check: no model named gpt9 (--only)\n"
+
+
+def test_device_memory_not_measurable_is_none_per_model_with_the_reason_on_stderr(tmp_path, capsys):
+    model, feeds = gpu_check.one_matmul(tmp_path)
+    if gpu_check.cuda_loads()[0]:
+        pytest.skip("CUDA loads here: the figures are measured")
+    assert gpu_check.measured_growth(feeds, model, model) == [None, None]
+    err = capsys.readouterr().err
+    assert err.startswith("gpu-check: device memory of one_matmul.onnx, one_matmul.onnx not measured: ")
+    assert err.count("\n") == 1
