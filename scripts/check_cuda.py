@@ -12,8 +12,10 @@ REPO = Path(__file__).resolve().parents[1]
 SAMPLES = {"cnn_bn_relu.onnx": {"batch": 4}, "mlp.onnx": {"batch": 4},
            "transformer_block_opset14.onnx": {"batch": 2, "sequence": 64},
            "transformer_block_opset17.onnx": {"batch": 2, "sequence": 64}}
+# one run as well: a session is created before any kernel loads, so a build without machine code
+# for this GPU ("no kernel image is available") shows only when something runs
 PROBE = """
-import onnx, onnxruntime as ort
+import numpy as np, onnx, onnxruntime as ort
 from onnx import helper, TensorProto
 g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
                       [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
@@ -21,6 +23,7 @@ g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
 m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 o = ort.SessionOptions(); o.log_severity_level = 4
 s = ort.InferenceSession(m.SerializeToString(), o, providers=["CUDAExecutionProvider"])
+s.run(None, {"x": np.ones(1, np.float32)})
 print(",".join(s.get_providers()))
 """
 
@@ -62,7 +65,8 @@ def cuda_loads() -> tuple[bool, str]:
     probe = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120, env=environ)
     providers = probe.stdout.strip().split(",")
     if probe.returncode != 0:
-        return False, f"onnxruntime could not start a CUDA session (exit {probe.returncode})"
+        why = (probe.stderr.strip().splitlines() or [f"exit {probe.returncode}"])[-1]
+        return False, f"onnxruntime could not run a CUDA session: {why}"
     if "CUDAExecutionProvider" not in providers:
         return False, f"a session asking for CUDA got {providers}: the CUDA libraries do not load here"
     return True, ""

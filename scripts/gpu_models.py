@@ -124,7 +124,8 @@ def encoder_attention(net: Net, x: str, name: str, hidden: int, heads: int, mask
     return linear(net, merge_heads(net, context, hidden), f"{name}.output", hidden, hidden)
 
 
-def build_cnn(dtype=np.float32, seed: int = 0, width: int = 64, image: int = 224, classes: int = 1000) -> onnx.ModelProto:
+def build_cnn(dtype=np.float32, seed: int = 0, width: int = 64, image: int = 224,
+              classes: int = 1000) -> onnx.ModelProto:
     net = Net(dtype, seed)
     x = net.input("pixel_values", ["batch", 3, image, image])
 
@@ -192,7 +193,8 @@ def build_vit(dtype=np.float32, seed: int = 0, layers: int = 4, hidden: int = 76
     batch = net.op("Slice", net.op("Shape", pixels), net.ints(0), net.ints(1))
     cls = net.op("Expand", net.weight("vit.cls_token", 1, 1, hidden, scale=0.02),
                  net.op("Concat", batch, net.ints(1, hidden), axis=0))
-    x = net.op("Add", net.op("Concat", cls, patches, axis=1), net.weight("vit.position", 1, tokens + 1, hidden, scale=0.02))
+    position = net.weight("vit.position", 1, tokens + 1, hidden, scale=0.02)
+    x = net.op("Add", net.op("Concat", cls, patches, axis=1), position)
     for i in range(layers):
         p = f"vit.layer{i}"
         x = net.op("Add", x, encoder_attention(net, layer_norm(net, x, f"{p}.norm1", hidden), f"{p}.attention",
@@ -235,9 +237,9 @@ def build_llm(dtype=np.float32, seed: int = 0, with_past: bool = False, layers: 
     for i in range(layers):
         p = f"layers.{i}"
         h = rms_norm(x, f"{p}.input_norm")
-        q = rotary(split_heads(net, linear(net, h, f"{p}.q_proj", hidden, hidden, bias=False), heads, head_size, [0, 2, 1, 3]))
-        k = rotary(split_heads(net, linear(net, h, f"{p}.k_proj", hidden, hidden, bias=False), heads, head_size, [0, 2, 1, 3]))
-        v = split_heads(net, linear(net, h, f"{p}.v_proj", hidden, hidden, bias=False), heads, head_size, [0, 2, 1, 3])
+        q, k, v = (split_heads(net, linear(net, h, f"{p}.{kind}_proj", hidden, hidden, bias=False), heads, head_size,
+                               [0, 2, 1, 3]) for kind in ("q", "k", "v"))
+        q, k = rotary(q), rotary(k)
         if with_past:
             past = ["batch", heads, "past_sequence", head_size]
             k = net.op("Concat", net.input(f"past_key.{i}", past), k, axis=2)

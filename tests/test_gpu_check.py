@@ -44,7 +44,8 @@ def test_without_cuda_it_says_so_in_one_line_and_exits_0(tmp_path):
 
 
 def _fake_rows() -> list:
-    measured = gpu_check.Row("bert", "float16", "batch=8, sequence=128", contrib_ops="Attention, SkipLayerNormalization",
+    measured = gpu_check.Row("bert", "float16", "batch=8, sequence=128",
+                             contrib_ops="Attention, SkipLayerNormalization",
                              nodes_before=149, nodes_after=61, fused_diff=3e-3, original_diff=2e-3, verified=True,
                              original_ms=2.0, fused_ms=1.5, measured_before=96 * 2**20, measured_after=64 * 2**20,
                              estimate_before=90 * 2**20, estimate_after=60 * 2**20)
@@ -89,7 +90,8 @@ def _feeds(session, dims: dict, vocab: int = 50, seed: int = 0) -> dict:
             feeds[i.name] = rng.standard_normal(shape).astype(np.float16 if "float16" in i.type else np.float32)
     if "position_ids" in feeds:
         start = dims.get("past_sequence", 0) if "past_key.0" in feeds else 0
-        feeds["position_ids"] = np.broadcast_to(np.arange(start, start + dims["sequence"]), feeds["input_ids"].shape).copy()
+        positions = np.arange(start, start + dims["sequence"])
+        feeds["position_ids"] = np.broadcast_to(positions, feeds["input_ids"].shape).copy()
     return feeds
 
 
