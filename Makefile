@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 FUZZ_EXAMPLES ?= 500
 
-.PHONY: install demo test fuzz bench bench-corpus memory-truth schedule-bench llm-bench near-miss-corpus verify-corpus fp16-parity sample-models clean control-flow-corpus control-flow-bench
+.PHONY: install demo test fuzz bench bench-corpus memory-truth schedule-bench llm-bench near-miss-corpus verify-corpus fp16-parity sample-models clean control-flow-corpus control-flow-bench gpu-check
 
 install: $(STAMP)
 
@@ -70,6 +70,12 @@ control-flow-bench: $(BENCH_STAMP)
 # counts per pass and target; a pass the float16 copy lacks must say why.
 fp16-parity: $(STAMP)
 	$(BIN)/python benchmarks/fp16_parity.py --models $(CORPUS_MODELS)
+
+# fuse's ort-cuda outputs on onnxruntime's CUDA provider: verified, timed and their device memory against
+# the estimate, into benchmarks/results/gpu.md (issue 34); one line and exit 0 where CUDA does not load.
+# On a lent GPU machine: scripts/gpu_prepare.sh here first, then the call in scripts/gpu_check.py.
+gpu-check: $(STAMP)
+	$(BIN)/python scripts/gpu_check.py
 
 verify-corpus: $(STAMP)
 	$(BIN)/python benchmarks/verify_corpus.py benchmarks/corpus/models benchmarks/corpus/heldout-models --backend \

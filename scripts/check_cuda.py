@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
@@ -11,8 +12,10 @@ REPO = Path(__file__).resolve().parents[1]
 SAMPLES = {"cnn_bn_relu.onnx": {"batch": 4}, "mlp.onnx": {"batch": 4},
            "transformer_block_opset14.onnx": {"batch": 2, "sequence": 64},
            "transformer_block_opset17.onnx": {"batch": 2, "sequence": 64}}
+# one run as well: a session is created before any kernel loads, so a build without machine code
+# for this GPU ("no kernel image is available") shows only when something runs
 PROBE = """
-import onnx, onnxruntime as ort
+import numpy as np, onnx, onnxruntime as ort
 from onnx import helper, TensorProto
 g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
                       [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
@@ -20,23 +23,57 @@ g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
 m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 o = ort.SessionOptions(); o.log_severity_level = 4
 s = ort.InferenceSession(m.SerializeToString(), o, providers=["CUDAExecutionProvider"])
+s.run(None, {"x": np.ones(1, np.float32)})
 print(",".join(s.get_providers()))
 """
+
+
+def cuda_library_dirs() -> list[str]:
+    """The folders of the CUDA libraries that pip's nvidia-* packages installed (torch's, on the GPU
+    machine: nvidia/cu13/lib, nvidia/cudnn/lib, ...). onnxruntime-gpu looks for libcublas.so.13 and
+    libcudnn.so.9 through the loader's search path, which those folders are not on."""
+    found = []
+    for entry in map(Path, sys.path):
+        root = entry / "nvidia"
+        if root.is_dir():
+            found += sorted(str(lib) for lib in root.glob("**/lib") if any(lib.glob("lib*.so*")))
+    return found
+
+
+def with_cuda_libraries(environ: dict[str, str]) -> dict[str, str] | None:
+    """`environ` with the CUDA library folders first on LD_LIBRARY_PATH, None if it has them: the
+    loader reads the variable once, at process start, so a process that needs it must be re-run."""
+    current = [d for d in environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if d]
+    missing = [d for d in cuda_library_dirs() if d not in current]
+    if not missing:
+        return None
+    return {**environ, "LD_LIBRARY_PATH": os.pathsep.join(missing + current)}
+
+
+def rerun_with_cuda_libraries() -> None:
+    """Replaces this process by itself with the CUDA library folders on LD_LIBRARY_PATH, unless
+    it has them already."""
+    environ = with_cuda_libraries(dict(os.environ))
+    if environ is not None:
+        os.execve(sys.executable, [sys.executable, *sys.argv], environ)
 
 
 def cuda_loads() -> tuple[bool, str]:
     """Ask in a child process: listing CUDAExecutionProvider is not proof that its libraries load,
     and a failed load prints loud errors we keep out of this script's output."""
-    probe = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120)
+    environ = with_cuda_libraries(dict(os.environ)) or dict(os.environ)
+    probe = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120, env=environ)
     providers = probe.stdout.strip().split(",")
     if probe.returncode != 0:
-        return False, f"onnxruntime could not start a CUDA session (exit {probe.returncode})"
+        why = (probe.stderr.strip().splitlines() or [f"exit {probe.returncode}"])[-1]
+        return False, f"onnxruntime could not run a CUDA session: {why}"
     if "CUDAExecutionProvider" not in providers:
         return False, f"a session asking for CUDA got {providers}: the CUDA libraries do not load here"
     return True, ""
 
 
 def main() -> int:
+    rerun_with_cuda_libraries()
     ok, reason = cuda_loads()
     if not ok:
         print(f"SKIPPED: CUDA check not run: {reason}")
