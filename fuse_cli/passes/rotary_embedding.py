@@ -9,7 +9,7 @@ import onnx_graphsurgeon as gs
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Match
 from fuse_cli.pipeline.registry import register
-from fuse_cli.toolkit.rotary import RotateHalfFusion, split_heads
+from fuse_cli.toolkit.rotary import RotateHalfFusion, per_batch_row, row_position_ids, split_heads
 
 
 @register
@@ -25,6 +25,9 @@ class FuseRotaryEmbedding(RotateHalfFusion):
     position ids times inv_freq in the graph, or tensors given) holds one row per position s of
     x, so that row is the cache and position_ids [0] (the kernel reads row start + s) picks it:
     no table of max positions is materialized, and any position ids the graph used stay exact.
+    cos and sin computed from position_ids given to the model ([B, 1, S, d], a decode step's form)
+    hold one row per (batch, position): flattened to [B*S, d/2], row b*S + s is (b, s)'s, so
+    position_ids = Range(0, B*S) viewed as [B, S] (toolkit.rotary.row_position_ids).
     The kernel rotates with the first half of each row only, so the two halves must be provably
     equal: Cos/Sin of Concat(f, f) (times a constant scalar), or a constant checked entrywise.
     Where x is Transpose[0,2,1,3](Reshape(x3) to [B, S, H, d]) (toolkit.heads), the kernel runs on the 3-D x3
@@ -47,7 +50,11 @@ class FuseRotaryEmbedding(RotateHalfFusion):
                                                                   for v in (0, d // 2, -1))], f"{base}_{role}")
             caches.append(_node(g, nodes, "Reshape", [first, g.constant(f"{base}_cache_shape",
                                                                       np.array([-1, d // 2], np.int64))], f"{base}_{role}"))
-        start = g.constant(f"{base}_position_start", np.array([0], np.int64))
+        if per_batch_row(m.tensor("cos"), g):  # rotary_decline proved sin of the same [B, 1, S, d] form
+            id_nodes, start = row_position_ids(m.tensor("cos"), g, base)
+            nodes += id_nodes
+        else:
+            start = g.constant(f"{base}_position_start", np.array([0], np.int64))
         attrs = {"interleaved": 0}
         if split is None:
             nodes.append(gs.Node("RotaryEmbedding", g.unique_name(base), attrs, [x, start, *caches], [m.root.outputs[0]],
