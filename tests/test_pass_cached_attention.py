@@ -20,7 +20,7 @@ TOTAL = "past_sequence + sequence"
 # distinct primes for distinct symbols, and a decode step of one token
 SIZES = ({"batch": 3, "sequence": 5, "past_sequence": 7, TOTAL: 12},
          {"batch": 5, "sequence": 1, "past_sequence": 11, TOTAL: 12})
-MASK_VALUES = {"attention_mask": (0, 2)}
+MASK_VALUES = {"attention_mask": (0, 2), "position_ids": (0, 64)}
 
 
 def assert_same_outputs(original, fused) -> None:
@@ -46,6 +46,9 @@ FORMS = {
     "custom-scale": dict(scale="div"),
     "no-mask": dict(mask="none"),
     "dynamo-sdpa": dict(dynamo=True),
+    # transformers 5.x's decode step: position_ids given, cos/sin one row per (batch, position)
+    "position-ids-given": dict(positions="input"),
+    "position-ids-given-dynamo-sdpa": dict(positions="input", dynamo=True),
 }
 
 

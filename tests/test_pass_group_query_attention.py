@@ -28,6 +28,8 @@ FORMS = {
     "custom-scale": (dict(scale="div"), 4, 2),
     "no-repeat": (dict(kv_heads=4, repeat="none"), 4, 4),
     "dynamo-sdpa": (dict(dynamo=True), 4, 2),
+    # position_ids given (transformers 5.x): rotary-embedding's rows per (batch, position) first
+    "position-ids-given": (dict(positions="input"), 4, 2),
 }
 
 

@@ -124,3 +124,17 @@ def test_near_decode_forms_decline_with_the_reason(case, tmp_path):
     assert ROPE not in op_counts(result.model)
     misses = [m.reason for m in result.report.near_misses if m.pass_name == "rotary-embedding"]
     assert len(misses) == 2 and all(reason in miss for miss in misses), misses
+
+
+@pytest.mark.parametrize("form", POSITION_IDS_FORMS)
+def test_tables_from_given_position_ids_fuse_into_the_standard_operator(form, tmp_path):
+    # opset 23's RotaryEmbedding without position_ids reads row (b, s) of caches [B, S, d/2]: the
+    # tables' first halves as they are, no Expand over the batch; the decode step's attention then fuses
+    model = llama_attention_model(positions="input", **POSITION_IDS_FORMS[form])
+    result = optimize_model(model, tmp_path, upgrade_opset=23, passes=("standard-rotary-embedding", "standard-attention"))
+    counts = op_counts(result.model)
+    assert counts["RotaryEmbedding"] == 2 and counts["Attention"] == 1 and "Neg" not in counts, counts
+    assert "Expand" not in counts, counts
+    rotary = next(n for n in result.model.graph.node if n.op_type == "RotaryEmbedding")
+    assert len(rotary.input) == 3  # X, cos_cache, sin_cache: no position_ids
+    assert_same_step_outputs(model, result.model)

@@ -138,19 +138,27 @@ def _equal_halves(t: gs.Tensor, g: GraphEditor) -> bool:
 def row_position_ids(table: gs.Tensor, g: GraphEditor, base: str) -> tuple[list[gs.Node], gs.Variable]:
     """com.microsoft RotaryEmbedding's position_ids [B, S] for a cache of per-(batch, position) rows:
     the first halves of cos/sin `table` [B, 1, S, d] flattened to [B*S, d/2] hold (b, s)'s row at
-    b*S + s, so the ids are Range(0, B*S) viewed as [B, S]."""
-    batch_seq = g.variable(f"{base}_batch_seq")
-    count, flat, ids = g.variable(f"{base}_rows"), g.variable(f"{base}_row_range"), g.variable(f"{base}_position_ids")
-    ids.dtype, ids.shape = np.int64, [g.shape(table).dims[0], g.shape(table).dims[2]]
+    b*S + s, so ids = Range(0, B*S, S) as a column [B, 1] + Range(0, S). (Built from sums, not by
+    reshaping Range(0, B*S) to a run-time [B, S]: every Reshape here has a constant shape.)"""
     shape = g.variable(f"{base}_rows_shape")
-    nodes = [
-        gs.Node("Shape", g.unique_name(f"{base}_rows_shape"), {}, [table], [shape]),
-        gs.Node("Gather", g.unique_name(f"{base}_batch_seq"), {"axis": 0},
-                [shape, g.constant(f"{base}_batch_seq_axes", np.array([0, 2], np.int64))], [batch_seq]),
-        gs.Node("ReduceProd", g.unique_name(f"{base}_rows"), {"keepdims": 0}, [batch_seq], [count]),
-        gs.Node("Range", g.unique_name(f"{base}_row_range"), {},
-                [g.constant(f"{base}_zero", np.array(0, np.int64)), count,
-                 g.constant(f"{base}_one", np.array(1, np.int64))], [flat]),
-        gs.Node("Reshape", g.unique_name(f"{base}_position_ids"), {}, [flat, batch_seq], [ids]),
-    ]
-    return nodes, ids
+    batch, sequence, total = (g.variable(f"{base}_{role}") for role in ("batch", "sequence", "rows"))
+    starts, column, offsets = (g.variable(f"{base}_{role}") for role in ("row_starts", "row_column", "row_offsets"))
+    ids = g.variable(f"{base}_position_ids")
+    ids.dtype, ids.shape = np.int64, [g.shape(table).dims[0], g.shape(table).dims[2]]
+
+    def scalar(role: str, value: int) -> gs.Constant:
+        return g.constant(f"{base}_{role}", np.array(value, np.int64))
+
+    def node(op: str, inputs: list[gs.Tensor], out: gs.Variable, **attrs) -> gs.Node:
+        return gs.Node(op, g.unique_name(out.name), attrs, inputs, [out])
+
+    return [
+        node("Shape", [table], shape),
+        node("Gather", [shape, scalar("batch_axis", 0)], batch, axis=0),
+        node("Gather", [shape, scalar("sequence_axis", 2)], sequence, axis=0),
+        node("Mul", [batch, sequence], total),
+        node("Range", [scalar("zero", 0), total, sequence], starts),
+        node("Reshape", [starts, g.constant(f"{base}_column", np.array([-1, 1], np.int64))], column),
+        node("Range", [scalar("zero", 0), sequence, scalar("one", 1)], offsets),
+        node("Add", [column, offsets], ids),
+    ], ids
