@@ -20,6 +20,7 @@ class FuseRotaryEmbedding(RotateHalfFusion):
                       ├ Slice[d/2:] ─ Neg ─┐                              Add ─ y
                       └ Slice[:d/2] ───────┴ Concat(-1) ─────── Mul(sin) ─┘
         =>  RotaryEmbedding(x, position_ids=[0], cos[..., :d/2] as [S, d/2], sin likewise)
+            (cos [B, 1, S, d] from given position_ids: position_ids=b*S + s, caches [B*S, d/2])
 
     cos and sin broadcast as [1, 1, S, d] (leading dims 1): whatever computed them (Cos/Sin of the
     position ids times inv_freq in the graph, or tensors given) holds one row per position s of
@@ -27,7 +28,7 @@ class FuseRotaryEmbedding(RotateHalfFusion):
     no table of max positions is materialized, and any position ids the graph used stay exact.
     cos and sin computed from position_ids given to the model ([B, 1, S, d], a decode step's form)
     hold one row per (batch, position): flattened to [B*S, d/2], row b*S + s is (b, s)'s, so
-    position_ids = Range(0, B*S) viewed as [B, S] (toolkit.rotary.row_position_ids).
+    position_ids[b, s] = b*S + s (toolkit.rotary.row_position_ids).
     The kernel rotates with the first half of each row only, so the two halves must be provably
     equal: Cos/Sin of Concat(f, f) (times a constant scalar), or a constant checked entrywise.
     Where x is Transpose[0,2,1,3](Reshape(x3) to [B, S, H, d]) (toolkit.heads), the kernel runs on the 3-D x3

@@ -21,6 +21,7 @@ class FuseStandardRotaryEmbedding(RotateHalfFusion):
                       └ Slice[:d/2] ───────┴ Concat(-1) ─────── Mul(sin) ─┘
         =>  RotaryEmbedding(x, cos_cache, sin_cache)   (no position_ids; opset 23)
             cos_cache = Expand(Reshape(cos[..., :d/2], [1, S, d/2]), [B, 1, 1]), sin_cache likewise
+            (cos [B, 1, S, d] from given position_ids: cos_cache = Reshape(cos[..., :d/2], [0, -1, d/2]))
 
     Without position_ids the standard operator reads one cache row per (batch, position):
     caches [B, S, d/2]. cos and sin broadcast as [1, 1, S, d] (toolkit.rotary's proofs: one row
@@ -29,9 +30,10 @@ class FuseStandardRotaryEmbedding(RotateHalfFusion):
     'cos_cache' and 'sin_cache' are expected to have the same shape as input 'x'"), hence the
     Expand. cos and sin computed from position_ids given to the model ([B, 1, S, d], a decode
     step's form) already hold one row per (batch, position): their first halves are the caches as
-    [B, S, d/2] (Reshape [0, -1, d/2]), no Expand. Where x is Transpose[0,2,1,3](Reshape(x3) to [B, S, H, d]), the operator runs on the
-    3-D x3 (num_heads H) and the split is redone after it, so standard-attention finds Q and K in
-    their projected [B, S, H*d] form. onnxruntime's CPU kernel: float32, float16 (targets.STANDARD).
+    [B, S, d/2] (Reshape [0, -1, d/2]), no Expand. Where x is Transpose[0,2,1,3](Reshape(x3) to
+    [B, S, H, d]), the operator runs on the 3-D x3 (num_heads H) and the split is redone after it,
+    so standard-attention finds Q and K in their projected [B, S, H*d] form. onnxruntime's CPU
+    kernel: float32, float16 (targets.STANDARD).
     """
 
     name = "standard-rotary-embedding"

@@ -138,10 +138,10 @@ def _equal_halves(t: gs.Tensor, g: GraphEditor) -> bool:
 def row_position_ids(table: gs.Tensor, g: GraphEditor, base: str) -> tuple[list[gs.Node], gs.Variable]:
     """com.microsoft RotaryEmbedding's position_ids [B, S] for a cache of per-(batch, position) rows:
     the first halves of cos/sin `table` [B, 1, S, d] flattened to [B*S, d/2] hold (b, s)'s row at
-    b*S + s, so ids = Range(0, B*S, S) as a column [B, 1] + Range(0, S). (Built from sums, not by
+    b*S + s, so ids = Range(0, B) * S as a column [B, 1] + Range(0, S). (Built from sums, not by
     reshaping Range(0, B*S) to a run-time [B, S]: every Reshape here has a constant shape.)"""
     shape = g.variable(f"{base}_rows_shape")
-    batch, sequence, total = (g.variable(f"{base}_{role}") for role in ("batch", "sequence", "rows"))
+    batch, sequence, rows = (g.variable(f"{base}_{role}") for role in ("batch", "sequence", "rows"))
     starts, column, offsets = (g.variable(f"{base}_{role}") for role in ("row_starts", "row_column", "row_offsets"))
     ids = g.variable(f"{base}_position_ids")
     ids.dtype, ids.shape = np.int64, [g.shape(table).dims[0], g.shape(table).dims[2]]
@@ -156,8 +156,8 @@ def row_position_ids(table: gs.Tensor, g: GraphEditor, base: str) -> tuple[list[
         node("Shape", [table], shape),
         node("Gather", [shape, scalar("batch_axis", 0)], batch, axis=0),
         node("Gather", [shape, scalar("sequence_axis", 2)], sequence, axis=0),
-        node("Mul", [batch, sequence], total),
-        node("Range", [scalar("zero", 0), total, sequence], starts),
+        node("Range", [scalar("zero", 0), batch, scalar("one", 1)], rows),
+        node("Mul", [rows, sequence], starts),
         node("Reshape", [starts, g.constant(f"{base}_column", np.array([-1, 1], np.int64))], column),
         node("Range", [scalar("zero", 0), sequence, scalar("one", 1)], offsets),
         node("Add", [column, offsets], ids),
