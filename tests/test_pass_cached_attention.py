@@ -164,3 +164,25 @@ def test_query_group_members_are_unnamed_to_the_planner_only_behind_a_runtime_sh
     assert len(members) == 2
     assert [shapes[name].shape for name in members] == [(None, None, 16) if mask != "none" else ("batch", "sequence", 16)] * 2
     assert_same_outputs(model, result.model)
+
+
+DECODE_STEPS_WITH_POSITION_IDS = {
+    "llama": dict(),
+    "phi3-partial-rotary": dict(partial=True),
+    "qwen3-head-norm": dict(head_norm=True),
+    "dynamo-sdpa": dict(dynamo=True),
+}
+ATTENTION_AT = {"ort-cpu": (dict(target="ort-cpu"), MHA, "com.microsoft::RotaryEmbedding", 2),
+                "opset-23": (dict(upgrade_opset=23), "Attention", "RotaryEmbedding", 1)}
+
+
+@pytest.mark.parametrize("target", ATTENTION_AT)
+@pytest.mark.parametrize("form", DECODE_STEPS_WITH_POSITION_IDS)
+def test_decode_steps_given_position_ids_fuse_in_the_default_pipelines(form, target, tmp_path):
+    # issue 32: transformers 5.x's decode step (position_ids an input) fused no attention at all
+    model = llama_attention_model(cache="past", positions="input", **DECODE_STEPS_WITH_POSITION_IDS[form])
+    config, attention, rotary, attentions = ATTENTION_AT[target]
+    result = optimize_model(model, tmp_path, **config)
+    counts = op_counts(result.model)
+    assert counts[rotary] == 2 and counts[attention] == attentions and "Softmax" not in counts, counts
+    assert_same_outputs(model, result.model)
