@@ -8,6 +8,7 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Match
+from fuse_cli.pipeline.base import Decline
 from fuse_cli.pipeline.registry import register
 from fuse_cli.toolkit.rotary import RotateHalfFusion, per_batch_row, row_position_ids, split_heads
 
@@ -40,6 +41,12 @@ class FuseRotaryEmbedding(RotateHalfFusion):
     description = "Fuse rotate-half rotary position embedding (x*cos + rotate_half(x)*sin) into RotaryEmbedding"
     label = "rotary embedding -> RotaryEmbedding"
     emits = ("com.microsoft::RotaryEmbedding",)
+
+    def check(self, m: Match, g: GraphEditor) -> Decline | None:
+        if (reason := super().check(m, g)) is None and per_batch_row(m.tensor("cos"), g) and g.opset < 11:
+            return Decline(f"the row ids for cos {m.tensor('cos').name!r} [batch, 1, sequence, head_size] need "
+                           f"Range (opset 11); the model is opset {g.opset}")
+        return reason
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
         x, base, nodes = m.tensor("x"), m.node("rotary").name, []
