@@ -131,7 +131,8 @@ def test_tables_from_given_position_ids_fuse_into_the_standard_operator(form, tm
     # opset 23's RotaryEmbedding without position_ids reads row (b, s) of caches [B, S, d/2]: the
     # tables' first halves as they are, no Expand over the batch; the decode step's attention then fuses
     model = llama_attention_model(positions="input", **POSITION_IDS_FORMS[form])
-    result = optimize_model(model, tmp_path, upgrade_opset=23, passes=("standard-rotary-embedding", "standard-attention"))
+    result = optimize_model(model, tmp_path, upgrade_opset=23,
+                            passes=("standard-rotary-embedding", "standard-attention"))
     counts = op_counts(result.model)
     assert counts["RotaryEmbedding"] == 2 and counts["Attention"] == 1 and "Neg" not in counts, counts
     assert "Expand" not in counts, counts

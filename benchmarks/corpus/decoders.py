@@ -528,8 +528,8 @@ def export_one(entry: Decoder, size: str, form: str, kind: str, out: Path, force
             record.update(export(step, args, tmp, graph, opset, entry.dim_max(config)))
         pin_static_dims(tmp, graph)
         at = {**CHECK, "sequence": CHECK["sequence"] if decode else CHECK_PREFILL_SEQUENCE}
-        record.update(check(tmp, step, graph, entry.inputs(config, decode, at, torch.Generator().manual_seed(2), **given),
-                            at))
+        checked = entry.inputs(config, decode, at, torch.Generator().manual_seed(2), **given)
+        record.update(check(tmp, step, graph, checked, at))
         os.replace(tmp, file)
         record.update(describe(file))
         record.update({"attn_implementation": attn, "exporter_kind": exporter, "seed": seed, "family": entry.family,
