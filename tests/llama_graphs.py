@@ -19,7 +19,8 @@ def llama_attention_model(*, heads: int = 4, kv_heads: int = 2, head_size: int =
                           repeat: str = "expand", scale: str = "mul", seq: str | int = "sequence",
                           rotate_order: str = "neg-upper", dynamo: bool = False,
                           flat_shape: str = "key", cache: str = "none", partial: bool = False,
-                          softcap: tuple[float, float] | None = None, head_norm: bool = False) -> onnx.ModelProto:
+                          softcap: tuple[float, float] | None = None, head_norm: bool = False,
+                          positions: str = "range") -> onnx.ModelProto:
     """freqs: positions times inv_freq by "mul" ([1, S, 1] * [d/2]) or "matmul" ([1, d/2, 1] @ [1, 1, S],
     transposed). tables: "computed" (Cos/Sin of Concat(f, f)), "uneven" (Concat(f, 2f): halves differ),
     "inputs" (cos/sin graph inputs [1, sequence, d]) or "constant" (a static-length table; seq must be
@@ -39,7 +40,10 @@ def llama_attention_model(*, heads: int = 4, kv_heads: int = 2, head_size: int =
     transformers' partial-rotary code (Phi-3) writes it with a rotary dim that is the whole head:
     Concat(rotary(x[..., :d]), x[..., d:]), the second piece empty. softcap (a, b): Gemma2's soft cap on
     the scaled scores before the mask, tanh(s / a) * b (a == b is a soft cap). head_norm: Qwen3's RMSNorm of
-    each Q and K head over its head_size, between the split's Reshape and its Transpose."""
+    each Q and K head over its head_size, between the split's Reshape and its Transpose. positions: the
+    rotary angles' positions, "range" (0..S-1 made in the graph, [1, S]), "input" (a position_ids input
+    [batch, sequence], as transformers 5.x takes it in a decode step: cos/sin [batch, 1, S, d]), "other-batch"
+    (position_ids [rows, sequence], rows a dim of its own) or "mixed" (cos from position_ids, sin from the range)."""
     b = GraphBuilder(opset=17, seed=5)
     hidden, kv_hidden, half = heads * head_size, kv_heads * head_size, head_size // 2
     x = b.input("hidden", ["batch", seq, hidden])
@@ -51,18 +55,26 @@ def llama_attention_model(*, heads: int = 4, kv_heads: int = 2, head_size: int =
         return b.op("MatMul", x, b.const(b.rand(hidden, width) * hidden**-0.5))
 
     length = b.op("Gather", b.op("Shape", x), b.const(np.array(1, np.int64)), axis=0)
-    positions = b.op("Unsqueeze", b.op("Range", b.const(np.array(0, np.int64)), length, b.const(np.array(1, np.int64))),
-                     ints(0))  # [1, S]
+    made = b.op("Unsqueeze", b.op("Range", b.const(np.array(0, np.int64)), length, b.const(np.array(1, np.int64))),
+                ints(0))  # [1, S]
+    given = (b.input("position_ids", ["rows" if positions == "other-batch" else "batch", seq], TensorProto.INT64)
+             if positions != "range" else made)  # [batch, S]
     inv_freq = (10000.0 ** (-np.arange(half) / half)).astype(np.float32)
-    if freqs == "mul":
-        f = b.op("Mul", b.op("Cast", b.op("Unsqueeze", positions, ints(2)), to=TensorProto.FLOAT), b.const(inv_freq))
-    else:
-        p = b.op("Cast", b.op("Unsqueeze", positions, ints(1)), to=TensorProto.FLOAT)  # [1, 1, S]
-        f = b.op("Transpose", b.op("MatMul", b.const(inv_freq.reshape(1, half, 1)), p), perm=[0, 2, 1])
+
+    def angles(ids: str) -> str:  # [1 or batch, S, d/2]
+        if freqs == "mul":
+            return b.op("Mul", b.op("Cast", b.op("Unsqueeze", ids, ints(2)), to=TensorProto.FLOAT), b.const(inv_freq))
+        p = b.op("Cast", b.op("Unsqueeze", ids, ints(1)), to=TensorProto.FLOAT)  # [1 or batch, 1, S]
+        return b.op("Transpose", b.op("MatMul", b.const(inv_freq.reshape(1, half, 1)), p), perm=[0, 2, 1])
+
+    f = angles(given)
     if tables in ("computed", "uneven"):
         other = f if tables == "computed" else b.op("Mul", f, b.const(np.float32(2.0)))
         emb = b.op("Concat", f, other, axis=-1)
         cos, sin = b.op("Cos", emb), b.op("Sin", emb)
+        if positions == "mixed":
+            f_made = angles(made)
+            sin = b.op("Sin", b.op("Concat", f_made, f_made, axis=-1))
     elif tables == "inputs":
         cos, sin = b.input("cos", [1, seq, head_size]), b.input("sin", [1, seq, head_size])
     else:

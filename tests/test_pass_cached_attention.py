@@ -20,7 +20,7 @@ TOTAL = "past_sequence + sequence"
 # distinct primes for distinct symbols, and a decode step of one token
 SIZES = ({"batch": 3, "sequence": 5, "past_sequence": 7, TOTAL: 12},
          {"batch": 5, "sequence": 1, "past_sequence": 11, TOTAL: 12})
-MASK_VALUES = {"attention_mask": (0, 2)}
+MASK_VALUES = {"attention_mask": (0, 2), "position_ids": (0, 64)}
 
 
 def assert_same_outputs(original, fused) -> None:
@@ -46,6 +46,9 @@ FORMS = {
     "custom-scale": dict(scale="div"),
     "no-mask": dict(mask="none"),
     "dynamo-sdpa": dict(dynamo=True),
+    # transformers 5.x's decode step: position_ids given, cos/sin one row per (batch, position)
+    "position-ids-given": dict(positions="input"),
+    "position-ids-given-dynamo-sdpa": dict(positions="input", dynamo=True),
 }
 
 
@@ -160,4 +163,26 @@ def test_query_group_members_are_unnamed_to_the_planner_only_behind_a_runtime_sh
     members = [n.output[0] for n in result.model.graph.node if n.op_type == "MultiHeadAttention"]
     assert len(members) == 2
     assert [shapes[name].shape for name in members] == [(None, None, 16) if mask != "none" else ("batch", "sequence", 16)] * 2
+    assert_same_outputs(model, result.model)
+
+
+DECODE_STEPS_WITH_POSITION_IDS = {
+    "llama": dict(),
+    "phi3-partial-rotary": dict(partial=True),
+    "qwen3-head-norm": dict(head_norm=True),
+    "dynamo-sdpa": dict(dynamo=True),
+}
+ATTENTION_AT = {"ort-cpu": (dict(target="ort-cpu"), MHA, "com.microsoft::RotaryEmbedding", 2),
+                "opset-23": (dict(upgrade_opset=23), "Attention", "RotaryEmbedding", 1)}
+
+
+@pytest.mark.parametrize("target", ATTENTION_AT)
+@pytest.mark.parametrize("form", DECODE_STEPS_WITH_POSITION_IDS)
+def test_decode_steps_given_position_ids_fuse_in_the_default_pipelines(form, target, tmp_path):
+    # issue 32: transformers 5.x's decode step (position_ids an input) fused no attention at all
+    model = llama_attention_model(cache="past", positions="input", **DECODE_STEPS_WITH_POSITION_IDS[form])
+    config, attention, rotary, attentions = ATTENTION_AT[target]
+    result = optimize_model(model, tmp_path, **config)
+    counts = op_counts(result.model)
+    assert counts[rotary] == 2 and counts[attention] == attentions and "Softmax" not in counts, counts
     assert_same_outputs(model, result.model)

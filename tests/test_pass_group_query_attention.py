@@ -28,6 +28,8 @@ FORMS = {
     "custom-scale": (dict(scale="div"), 4, 2),
     "no-repeat": (dict(kv_heads=4, repeat="none"), 4, 4),
     "dynamo-sdpa": (dict(dynamo=True), 4, 2),
+    # position_ids given (transformers 5.x): rotary-embedding's rows per (batch, position) first
+    "position-ids-given": (dict(positions="input"), 4, 2),
 }
 
 
@@ -80,7 +82,8 @@ def test_targets_with_cuda_decline(tmp_path):
                for m in result.report.near_misses if m.pass_name == "group-query-attention")
 
 
-@pytest.mark.parametrize("form", [dict(), dict(dynamo=True), dict(cache="present")], ids=["torchscript", "dynamo", "present"])
+@pytest.mark.parametrize("form", [dict(), dict(dynamo=True), dict(cache="present"), dict(positions="input")],
+                         ids=["torchscript", "dynamo", "present", "position-ids-given"])
 def test_phi3_partial_rotary_over_the_whole_head_fuses(form, tmp_path):
     """Concat(rotary(x[..., :d]), x[..., d:]): the empty pass-through goes, the rotary moves onto the projection."""
     model = llama_attention_model(partial=True, **form)

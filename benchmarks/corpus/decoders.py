@@ -9,6 +9,13 @@ Each model in two graphs per exporter:
            -> last_hidden_state, present.N.key/value [batch, kv_heads, past_sequence + sequence, head_size]
            (a decode step has sequence 1; the graph takes any)
 
+each also with `position_ids` [batch, sequence] as an input (file names `...-positions-...`, manifest
+`positions: true`): transformers 5.x's `model(input_ids, attention_mask, position_ids,
+past_key_values)`, as a generation loop calls it, the rotary cos/sin then computed per row from the
+given ids ([batch, 1, sequence, head_size], not the [1, 1, sequence, head_size] of positions the
+model makes itself). The ids fed are generation's: cumsum(attention_mask) - 1 (0 on padding), the
+last `sequence` of them. Decoder-only models (not Whisper's decoder).
+
 and two exporters: `opset17` (TorchScript, eager attention: MatMul/Softmax/MatMul) and `dynamo18`
 (torch.export, opset 18, the library's default sdpa attention). Models (vocab 1000): Llama, Qwen2,
 Qwen3, Mistral, Gemma and Gemma2 with grouped K/V heads, Phi-3 (packed QKV) and GPT-2 (one K/V head
@@ -36,14 +43,16 @@ attention_mask (neither Optimum's nor onnxruntime's Whisper export has one):
 
 (d_model, heads and decoder layers from SIZES: tiny 128, 4 of 32, 2 layers; small 512, 8 of 64, 4).
 
-    .venv-corpus/bin/python benchmarks/corpus/decoders.py [--out DIR] [--only NAME,...] [--sizes tiny,small] [--force]
+    .venv-corpus/bin/python benchmarks/corpus/decoders.py [--out DIR] [--only NAME,...] [--sizes tiny,small]
+        [--positions without,with] [--force]
 
 DIR defaults to $FUSE_DECODER_MODELS or benchmarks/corpus/decoder-models. Every export is traced at
 batch 2, sequence 7, past 5 (encoder 9) and checked in onnxruntime (optimizations off) against torch
 at batch 3, sequence 2 (decode) or 11 (prefill), past 13 (encoder 15), with padding in the first
 row's mask where there is one; the manifest records the check, node and op counts, inputs with
 symbolic dims and their ranges, the size (`size`, `size_config`) and the dynamo form's dim bounds
-(`dim_max`). `--sizes` (default all: tiny,small) chooses the sizes exported.
+(`dim_max`). `--sizes` (default all: tiny,small) chooses the sizes exported, `--positions` (default both:
+without,with) the graphs without and with a position_ids input.
 
 Gemma2's decode step is bounded to past_sequence <= 511: its sliding-window layer (window 512)
 masks by whether the window is full, which torch.export decides at trace time (guard
@@ -81,6 +90,7 @@ DEFAULT_OUT = Path(os.environ.get("FUSE_DECODER_MODELS", base.HERE / "decoder-mo
 VOCAB = 1000
 FORMS = {"opset17": ("torchscript", 17), "dynamo18": ("dynamo", 18)}
 KINDS = ("prefill", "decode")
+POSITIONS = {"without": False, "with": True}  # --positions: a position_ids input or not
 TRACE = {"batch": 2, "sequence": 7, "past_sequence": 5, "encoder_sequence": 9}
 CHECK = {"batch": 3, "sequence": 2, "past_sequence": 13, "encoder_sequence": 15}
 # What the dynamo exports accept (Decoder.dim_max lowers past_sequence below a sliding window);
@@ -152,12 +162,15 @@ class Decoder:
     dynamo_attention: str = "sdpa"  # the library's attention for the dynamo export (Gemma2 has no sdpa)
     family = "decoder-only"
 
-    def graph(self, config, decode: bool) -> Graph:
+    def graph(self, config, decode: bool, positions: bool = False) -> Graph:
         total = TOTAL if decode else "sequence"
         graph = Graph(["input_ids", "attention_mask"], ["last_hidden_state"],
                       {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: total},
                        "last_hidden_state": {0: "batch", 1: "sequence"}},
                       {"last_hidden_state": {2: config.hidden_size}})
+        if positions:
+            graph.inputs.append("position_ids")
+            graph.axes["position_ids"] = {0: "batch", 1: "sequence"}
         kv, size = kv_heads(config)
         if decode:
             cache_tensors(graph, "past_key_values", config.num_hidden_layers, {"": "past_sequence"}, kv, size)
@@ -165,44 +178,51 @@ class Decoder:
         return graph
 
     def step(self, model, graph: Graph, decode: bool):
-        """forward(input_ids, attention_mask[, past K, past V per layer]) -> (last_hidden_state,
-        present K, present V per layer): plain tensors in and out, the cache built inside."""
+        """forward(input_ids, attention_mask[, position_ids][, past K, past V per layer]) ->
+        (last_hidden_state, present K, present V per layer): plain tensors in and out, the cache
+        built inside."""
         torch = base._torch()
         from transformers import DynamicCache
         layers = model.config.num_hidden_layers
+        positions = "position_ids" in graph.inputs
 
         class Step(torch.nn.Module):
             def __init__(self):
                 super().__init__()
                 self.model = model
 
-            def forward(self, input_ids, attention_mask, *past):
+            def forward(self, input_ids, attention_mask, *rest):
+                position_ids, past = (rest[0], rest[1:]) if positions else (None, rest)
                 pairs = [(past[2 * i], past[2 * i + 1]) for i in range(layers)] if past else None
                 cache = DynamicCache(pairs, config=self.model.config)
-                out = self.model(input_ids=input_ids, attention_mask=attention_mask, cache=cache, use_cache=True,
-                                 return_dict=True)
+                out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                 cache=cache, use_cache=True, return_dict=True)
                 present = [t for layer in out.cache.layers for t in (layer.keys, layer.values)]
                 return (out.last_hidden_state, *present)
 
         named_forward(Step, graph.inputs)
         return Step().eval()
 
-    def inputs(self, config, decode: bool, dims: dict[str, int], gen) -> tuple:
+    def inputs(self, config, decode: bool, dims: dict[str, int], gen, positions: bool = False) -> tuple:
         """Ids over the vocabulary; a 0/1 mask padding the first row by 2: at the end for a prefill
         (left padding there makes fully masked query rows, whose outputs torch's sdpa and eager
         attention define differently), at the start for a decode step (the padded prompt of a batch
-        being generated); random past K/V."""
+        being generated); with `positions`, generation's position ids for that mask (cumsum - 1,
+        0 on padding: the first row's differ from the others'); random past K/V."""
         torch = base._torch()
         batch, past = dims["batch"], dims["past_sequence"]
         ids = token_ids(dims, gen)
         mask = torch.ones(batch, past + dims["sequence"] if decode else dims["sequence"], dtype=torch.int64)
-        if not decode:
+        if decode:
+            mask[0, :2] = 0
+        else:
             mask[0, -2:] = 0
-            return ids, mask
-        mask[0, :2] = 0
+        given = ((mask.cumsum(-1) - 1).clamp(min=0)[:, -dims["sequence"]:],) if positions else ()
+        if not decode:
+            return (ids, mask, *given)
         kv, size = kv_heads(config)
-        return (ids, mask, *(torch.randn(batch, kv, past, size, generator=gen)
-                             for _ in range(2 * config.num_hidden_layers)))
+        return (ids, mask, *given, *(torch.randn(batch, kv, past, size, generator=gen)
+                                     for _ in range(2 * config.num_hidden_layers)))
 
     def dim_max(self, config) -> dict[str, int]:
         """The dynamo export's upper bounds. A sliding-window layer keeps the last `window - 1`
@@ -475,13 +495,16 @@ def sized_name(entry: Decoder, size: str) -> str:
     return entry.name if size == "tiny" else f"{entry.name}-{size}"
 
 
-def export_one(entry: Decoder, size: str, form: str, kind: str, out: Path, force: bool) -> dict:
+def export_one(entry: Decoder, size: str, form: str, kind: str, out: Path, force: bool,
+               positions: bool = False) -> dict:
     torch = base._torch()
     name = sized_name(entry, size)
-    file = out / f"{name}-{kind}-{form}.onnx"
+    file = out / f"{name}-{kind}{'-positions' if positions else ''}-{form}.onnx"
     dims = SIZES[size]
     record: dict[str, Any] = {"model": entry.name, "size": size, "size_config": dims.fields(), "form": form,
-                              "kind": kind, "file": file.name, "note": entry.note.format(**dims.fields())}
+                              "kind": kind, "positions": positions, "file": file.name,
+                              "note": entry.note.format(**dims.fields())}
+    given = {"positions": True} if positions else {}  # only Decoder's graph and inputs take it
     if file.exists() and not force:
         return {**record, "status": "kept"}
     exporter, opset = FORMS[form]
@@ -496,17 +519,17 @@ def export_one(entry: Decoder, size: str, form: str, kind: str, out: Path, force
         model = cls._from_config(config, attn_implementation=attn).eval()
         spec = base.Spec(name, "transformers", lambda _a: model, None, {}, "last_hidden_state")
         record.update(base.perturb(model, spec, torch.Generator().manual_seed(seed)))
-        graph = entry.graph(config, decode)
+        graph = entry.graph(config, decode, **given)
         step = entry.step(model, graph, decode)
-        args = entry.inputs(config, decode, TRACE, torch.Generator().manual_seed(1))
+        args = entry.inputs(config, decode, TRACE, torch.Generator().manual_seed(1), **given)
         export = export_torchscript if exporter == "torchscript" else export_dynamo
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
             record.update(export(step, args, tmp, graph, opset, entry.dim_max(config)))
         pin_static_dims(tmp, graph)
         at = {**CHECK, "sequence": CHECK["sequence"] if decode else CHECK_PREFILL_SEQUENCE}
-        record.update(check(tmp, step, graph, entry.inputs(config, decode, at, torch.Generator().manual_seed(2)),
-                            at))
+        checked = entry.inputs(config, decode, at, torch.Generator().manual_seed(2), **given)
+        record.update(check(tmp, step, graph, checked, at))
         os.replace(tmp, file)
         record.update(describe(file))
         record.update({"attn_implementation": attn, "exporter_kind": exporter, "seed": seed, "family": entry.family,
@@ -526,7 +549,8 @@ def describe(path: Path) -> dict:
     model = onnx.load(str(path), load_external_data=False)
     ops = collections.Counter(n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}"
                               for n in model.graph.node)
-    ranges = {"input_ids": [0, VOCAB], "attention_mask": [0, 2]}
+    # position ids up to the configs' max_position_embeddings (512; GPT-2's n_positions)
+    ranges = {"input_ids": [0, VOCAB], "attention_mask": [0, 2], "position_ids": [0, 512]}
     inputs = [{"name": v.name, "dtype": str(tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type)),
                "shape": [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim],
                **({"range": ranges[v.name]} if v.name in ranges else {})} for v in model.graph.input]
@@ -541,6 +565,8 @@ def main(argv=None) -> int:
     parser.add_argument("--only", default="", help="comma-separated: " + ", ".join(m.name for m in MODELS))
     parser.add_argument("--sizes", default=",".join(SIZES),
                         help="comma-separated sizes to export: " + ", ".join(SIZES) + " (default: all)")
+    parser.add_argument("--positions", default=",".join(POSITIONS),
+                        help="comma-separated: graphs without and/or with a position_ids input (default: both)")
     parser.add_argument("--force", action="store_true", help="re-export files that exist")
     args = parser.parse_args(argv)
     names = [n for n in args.only.split(",") if n]
@@ -549,6 +575,9 @@ def main(argv=None) -> int:
     sizes = [s for s in args.sizes.split(",") if s]
     if unknown := sorted(set(sizes) - set(SIZES)) or (not sizes and ["(none)"]):
         parser.error(f"unknown size: {unknown}")
+    positions = [p for p in args.positions.split(",") if p]
+    if unknown := sorted(set(positions) - set(POSITIONS)) or (not positions and ["(none)"]):
+        parser.error(f"unknown --positions: {unknown}")
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
 
@@ -568,8 +597,10 @@ def main(argv=None) -> int:
         if names and entry.name not in names:
             continue
         for form in FORMS:
-            for kind in KINDS:
-                record = export_one(entry, size, form, kind, out, args.force)
+            for kind, given in ((k, POSITIONS[p]) for p in positions for k in KINDS):
+                if given and entry.family != "decoder-only":
+                    continue
+                record = export_one(entry, size, form, kind, out, args.force, given)
                 if record["status"] == "kept":
                     print(f"  {record['file']}: exists, kept (--force re-exports)", flush=True)
                     continue

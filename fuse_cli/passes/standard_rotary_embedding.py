@@ -9,7 +9,7 @@ import onnx_graphsurgeon as gs
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Match
 from fuse_cli.pipeline.registry import register
-from fuse_cli.toolkit.rotary import RotateHalfFusion, split_heads
+from fuse_cli.toolkit.rotary import RotateHalfFusion, per_batch_row, split_heads
 
 
 @register
@@ -21,15 +21,19 @@ class FuseStandardRotaryEmbedding(RotateHalfFusion):
                       └ Slice[:d/2] ───────┴ Concat(-1) ─────── Mul(sin) ─┘
         =>  RotaryEmbedding(x, cos_cache, sin_cache)   (no position_ids; opset 23)
             cos_cache = Expand(Reshape(cos[..., :d/2], [1, S, d/2]), [B, 1, 1]), sin_cache likewise
+            (cos [B, 1, S, d] from given position_ids: cos_cache = Reshape(cos[..., :d/2], [0, -1, d/2]))
 
     Without position_ids the standard operator reads one cache row per (batch, position):
     caches [B, S, d/2]. cos and sin broadcast as [1, 1, S, d] (toolkit.rotary's proofs: one row
     per position of x, equal halves), so their first halves, repeated over the batch, are
     exactly those rows; onnxruntime refuses a batch-1 cache for a larger batch ("Inputs
     'cos_cache' and 'sin_cache' are expected to have the same shape as input 'x'"), hence the
-    Expand. Where x is Transpose[0,2,1,3](Reshape(x3) to [B, S, H, d]), the operator runs on the
-    3-D x3 (num_heads H) and the split is redone after it, so standard-attention finds Q and K in
-    their projected [B, S, H*d] form. onnxruntime's CPU kernel: float32, float16 (targets.STANDARD).
+    Expand. cos and sin computed from position_ids given to the model ([B, 1, S, d], a decode
+    step's form) already hold one row per (batch, position): their first halves are the caches as
+    [B, S, d/2] (Reshape [0, -1, d/2]), no Expand. Where x is Transpose[0,2,1,3](Reshape(x3) to
+    [B, S, H, d]), the operator runs on the 3-D x3 (num_heads H) and the split is redone after it,
+    so standard-attention finds Q and K in their projected [B, S, H*d] form. onnxruntime's CPU
+    kernel: float32, float16 (targets.STANDARD).
     """
 
     name = "standard-rotary-embedding"
@@ -43,16 +47,17 @@ class FuseStandardRotaryEmbedding(RotateHalfFusion):
         d = g.shape(x).static(3)
         split = split_heads(x, g)
         source = x if split is None else split[0]
-        batch = g.shape(source).dims[0]
+        per_row = per_batch_row(m.tensor("cos"), g)  # rotary_decline proved sin of the same form
         repeat = None
-        if batch != 1:  # [B, 1, 1]: Shape(x)[:1] ++ [1, 1]
+        if g.shape(source).dims[0] != 1 and not per_row:  # [B, 1, 1]: Shape(x)[:1] ++ [1, 1]
             dims = _node(g, nodes, "Shape", [source], base, start=0, end=1)
             repeat = _node(g, nodes, "Concat", [dims, _ints(g, base, "ones", 1, 1)], base, axis=0)
         caches = []
         for role in ("cos", "sin"):
             first = _node(g, nodes, "Slice", [m.tensor(role), _ints(g, base, "zero", 0), _ints(g, base, "half", d // 2),
                                               _ints(g, base, "last", -1)], f"{base}_{role}")
-            rows = _node(g, nodes, "Reshape", [first, _ints(g, base, "cache_shape", 1, -1, d // 2)], f"{base}_{role}")
+            rows = _node(g, nodes, "Reshape", [first, _ints(g, base, "cache_shape", 0 if per_row else 1, -1, d // 2)],
+                         f"{base}_{role}")
             caches.append(rows if repeat is None else _node(g, nodes, "Expand", [rows, repeat], f"{base}_{role}"))
         if split is None:
             nodes.append(gs.Node("RotaryEmbedding", g.unique_name(base), {}, [x, *caches], [m.root.outputs[0]]))

@@ -1,6 +1,7 @@
 """Rotate-half rotary embeddings: the pattern and the proofs a fusion into a RotaryEmbedding needs
-(the Slices take the two halves, cos/sin hold one row per position with equal halves, Q/K's head
-split), shared by rotary-embedding (com.microsoft) and standard-rotary-embedding (opset 23)."""
+(the Slices take the two halves, cos/sin hold one row per position, or per batch row and position,
+with equal halves, Q/K's head split), shared by rotary-embedding (com.microsoft) and
+standard-rotary-embedding (opset 23)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ ROTARY = Op("Add", Op("Mul", Var("x"), Var("cos"), name="cos_mul"), Op("Mul", RO
 
 def rotary_decline(m: Match, g: GraphEditor) -> Decline | None:
     """None when the ROTARY match rotates x [B, H, S, d] (d static, even) by the halves of per-position
-    cos/sin tables [1, .., S, d] whose two halves are provably equal, all of x's dtype."""
+    cos/sin tables [1, .., S, d], or per-(batch, position) tables [B, 1, S, d] (cos/sin computed from
+    given position_ids [B, S]), whose two halves are provably equal, all of x's dtype."""
     x = g.shape(m.tensor("x"))
     d = x.static(3) if x is not None and x.rank == 4 else None
     if d is None or d % 2:
@@ -42,6 +44,9 @@ def rotary_decline(m: Match, g: GraphEditor) -> Decline | None:
     for role in ("cos", "sin"):
         if reason := _table_reason(m.tensor(role), g, x, role):
             return Decline(reason)
+    if per_batch_row(m.tensor("cos"), g) != per_batch_row(m.tensor("sin"), g):
+        return Decline(f"one of cos {m.tensor('cos').name!r} and sin {m.tensor('sin').name!r} holds a row per batch "
+                       f"row and position, the other one per position: the kernel reads both by the same ids")
     if g.dtype(m.tensor("cos")) != g.dtype(m.tensor("x")) or g.dtype(m.tensor("sin")) != g.dtype(m.tensor("x")):
         return Decline("cos and sin are not of x's dtype")
     return None
@@ -85,11 +90,22 @@ def _slice_reason(m: Match, g: GraphEditor, role: str, start: int, end: int) -> 
     return None
 
 
-def _table_reason(t: gs.Tensor, g: GraphEditor, x: TensorShape, role: str) -> str | None:
-    """cos/sin broadcast as [1, 1, S, d] over x [B, H, S, d], with equal halves."""
+def per_batch_row(t: gs.Tensor, g: GraphEditor) -> bool:
+    """cos/sin of rank 4 whose dim 0 is not 1: one row per (batch, position), [B, 1, S, d], as
+    position_ids [B, S] given to the model make them (rotary_decline proved B is x's batch)."""
     shape = g.shape(t)
-    if shape is None or not 2 <= shape.rank <= 4 or any(dim != 1 for dim in shape.dims[:-2]):
-        return f"{role} {t.name!r} has shape {shape and list(shape.dims)}: not [1, .., sequence, head_size]"
+    return shape.rank == 4 and shape.dims[0] != 1
+
+
+def _table_reason(t: gs.Tensor, g: GraphEditor, x: TensorShape, role: str) -> str | None:
+    """cos/sin broadcast as [1, 1, S, d] or [B, 1, S, d] over x [B, H, S, d], with equal halves."""
+    shape = g.shape(t)
+    # a leading dim that is neither 1 nor provably x's batch could be 1 at run time and broadcast,
+    # so it proves nothing about which row a (batch, position) reads
+    batch_ok = shape is not None and shape.rank == 4 and (shape.dims[0] == 1 or same_dim(shape.dims[0], x.dims[0]))
+    if shape is None or not 2 <= shape.rank <= 4 or any(dim != 1 for dim in shape.dims[:-2][1 if batch_ok else 0:]):
+        return (f"{role} {t.name!r} has shape {shape and list(shape.dims)}: not [1, .., sequence, head_size] nor "
+                f"[batch, 1, sequence, head_size] with x's batch")
     if shape.dims[-1] != x.dims[3] or not same_dim(shape.dims[-2], x.dims[2]):
         return (f"{role} {t.name!r} of shape {list(shape.dims)} is not provably one row per position of x "
                 f"{list(x.dims)} (its sequence dim must be x's dim 2)")
@@ -117,3 +133,32 @@ def _equal_halves(t: gs.Tensor, g: GraphEditor) -> bool:
         return (concat is not None and concat.op == "Concat" and len(concat.inputs) == 2
                 and concat.inputs[0] is concat.inputs[1] and concat.attrs.get("axis") in (-1, g.shape(t).rank - 1))
     return False
+
+
+def row_position_ids(table: gs.Tensor, g: GraphEditor, base: str) -> tuple[list[gs.Node], gs.Variable]:
+    """com.microsoft RotaryEmbedding's position_ids [B, S] for a cache of per-(batch, position) rows:
+    the first halves of cos/sin `table` [B, 1, S, d] flattened to [B*S, d/2] hold (b, s)'s row at
+    b*S + s, so ids = Range(0, B) * S as a column [B, 1] + Range(0, S). (Built from sums, not by
+    reshaping Range(0, B*S) to a run-time [B, S]: every Reshape here has a constant shape.)"""
+    shape = g.variable(f"{base}_rows_shape")
+    batch, sequence, rows = (g.variable(f"{base}_{role}") for role in ("batch", "sequence", "rows"))
+    starts, column, offsets = (g.variable(f"{base}_{role}") for role in ("row_starts", "row_column", "row_offsets"))
+    ids = g.variable(f"{base}_position_ids")
+    ids.dtype, ids.shape = np.int64, [g.shape(table).dims[0], g.shape(table).dims[2]]
+
+    def scalar(role: str, value: int) -> gs.Constant:
+        return g.constant(f"{base}_{role}", np.array(value, np.int64))
+
+    def node(op: str, inputs: list[gs.Tensor], out: gs.Variable, **attrs) -> gs.Node:
+        return gs.Node(op, g.unique_name(out.name), attrs, inputs, [out])
+
+    return [
+        node("Shape", [table], shape),
+        node("Gather", [shape, scalar("batch_axis", 0)], batch, axis=0),
+        node("Gather", [shape, scalar("sequence_axis", 2)], sequence, axis=0),
+        node("Range", [scalar("zero", 0), batch, scalar("one", 1)], rows),
+        node("Mul", [rows, sequence], starts),
+        node("Reshape", [starts, g.constant(f"{base}_column", np.array([-1, 1], np.int64))], column),
+        node("Range", [scalar("zero", 0), sequence, scalar("one", 1)], offsets),
+        node("Add", [column, offsets], ids),
+    ], ids
