@@ -134,3 +134,16 @@ def test_near_miss(tmp_path, kw, reason):
     assert _signature(result.model) == _signature(model)
     (miss,) = [m.reason for m in result.report.near_misses if m.pass_name == "gelu"]
     assert reason in miss
+
+
+def test_a_real_jax2tf_export_fuses_its_tanh_gelu(tmp_path):
+    """tests/data/flax_ln_gelu_jax2tf.onnx (see its .py): Flax's tanh GELU as jax2tf and tf2onnx
+    write it, 0.5 * (1 + tanh(0.7978845834732056 * (x + x * (x * (0.044715 * x))))) * x."""
+    from tests.conftest import REPO
+
+    model = onnx.load(REPO / "tests" / "data" / "flax_ln_gelu_jax2tf.onnx")
+    result = optimize_model(model, tmp_path, upgrade_opset=20)
+    assert op_counts(result.model)["Gelu"] == 1 and "Tanh" not in op_counts(result.model)
+    assert [r.pass_name for r in result.report.fusions].count("gelu") == 1
+    for dims in ({"unk__65": 2, "unk__66": 3}, {"unk__65": 3, "unk__66": 7}):
+        assert_equivalent(model, result.model, dims=dims)
