@@ -1,3 +1,3 @@
-from fuse_cli.cli import main
+from fuse_cli.launch import main
 
 main()

@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "fuse_cli"
 # docs/ARCHITECTURE.md's table, top to bottom: a module may import its own layer and those below.
 # Each entry is a module or a package prefix (dotted, under fuse_cli); the longest prefix decides.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("command line", ("__main__", "cli", "cli_options")),
+    ("command line", ("__main__", "launch", "cli", "cli_options")),
     ("library entry", ("api", "batch", "bench", "public")),
     ("promises", ("promises", "load_check", "rollback", "verify", "audit")),
     ("report", ("report",)),

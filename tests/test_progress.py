@@ -7,6 +7,7 @@ import json
 import os
 import pty
 import re
+import shutil
 import struct
 import subprocess
 import sys
@@ -239,3 +240,32 @@ def test_timings_of_a_dry_run_without_verification(tmp_path):
     assert names[:2] == ["load", "shape tables"] and "verification" not in names
     assert report.timings.verification == ()
     assert report.timings.wall_seconds <= wall
+
+
+def test_a_terminal_sees_a_line_from_the_first_moment_and_it_is_erased(tmp_path):
+    """Importing the command line takes seconds: fuse_cli.launch says so on the terminal before it
+    imports anything heavy, and erases the line before the command's own status and output."""
+    from fuse_cli.launch import ERASE_LINE, LOADING
+
+    shutil.copy(SAMPLE, tmp_path / "model.onnx")
+    raw, stdout, code = _run_on_a_terminal(["report", "model.onnx"], tmp_path)
+    assert code == 0
+    assert raw.startswith(LOADING) and raw.index(ERASE_LINE) == len(LOADING)
+    assert all(LOADING not in line for line in _screen(raw)) and LOADING not in stdout
+    quiet, _, code = _run_on_a_terminal(["report", "model.onnx", "--quiet"], tmp_path)
+    assert code == 0 and LOADING not in quiet
+
+
+def test_no_loading_line_where_stderr_is_no_terminal_or_the_command_shows_no_status():
+    import io
+
+    from fuse_cli.launch import shows_loading
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    assert shows_loading(["optimize", "m.onnx"], Terminal())
+    assert not shows_loading(["optimize", "m.onnx"], io.StringIO())
+    assert not shows_loading(["optimize", "m.onnx", "-q"], Terminal())
+    assert not shows_loading(["verify", "a.onnx", "b.onnx"], Terminal()) and not shows_loading([], Terminal())
