@@ -9,10 +9,15 @@ from fuse_cli.match import Match, Op, Var, constant_value
 from fuse_cli.toolkit.conv_weights import batchnorm_affine, batchnorm_reason, bn_params_reason
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
+from fuse_cli.toolkit.quantized import qdq_unit_reason
 
 MEASURED = ("BatchNormalization runs faster than Mul+Add in onnxruntime (measured on CPU, 1 thread, fp32: "
             "Mul+Add takes 1.9-2.7x the time of BatchNormalization, e.g. 35.6 vs 18.8 us on [1,64,56,56]), "
             "so it is kept")
+# A BatchNormalization a quantizer wrapped in Q/DQ pairs (benchmarks/results/quantized.md: the
+# qdq-bn models) folds into its Conv only before quantization, where it is exact.
+BEFORE_QUANTIZING = ("fold BatchNormalization before quantizing: run fuse on the float model (conv-bn), or "
+                     "onnxruntime.quantization's quant_pre_process, which folds it")
 
 
 @register
@@ -44,7 +49,9 @@ class BatchNormToAffine(PatternPass):
     name = "bn-affine"
     description = "BatchNormalization -> Mul + Add (declined by default: BatchNormalization measured faster)"
     label = "BatchNormalization -> Mul + Add"
-    pattern = Op("BatchNormalization", Var("x"), Var("scale", const=True), Var("beta", const=True),
+    # gamma and beta are not `const=True` here: a quantizer writes them as DequantizeLinear of int8
+    # weights, and the QDQ unit, not "computed at run time", is the reason such a BN stays
+    pattern = Op("BatchNormalization", Var("x"), Var("scale"), Var("beta"),
                  Var("mean", const=True), Var("variance", const=True), name="bn")
 
     def check(self, m: Match, g: GraphEditor) -> Decline | None:
@@ -52,9 +59,13 @@ class BatchNormToAffine(PatternPass):
 
     def exact_reason(self, m: Match, g: GraphEditor) -> Decline | None:
         bn = m.node("bn")
-        reason = batchnorm_reason(bn, g)
+        reason = batchnorm_reason(bn, g) or qdq_unit_reason(bn, g, advice=BEFORE_QUANTIZING)
         if reason:
             return reason
+        for role in ("scale", "beta"):
+            reason = g.not_constant_reason(m.tensor(role), role, bn)
+            if reason:
+                return Decline(reason)
         shape = g.shape(m.tensor("x"))
         if shape is None or shape.rank < 2:
             return Decline(f"the rank of {bn.name}'s input is unknown or below 2")
