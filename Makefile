@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 FUZZ_EXAMPLES ?= 500
 
-.PHONY: install demo test fuzz bench bench-corpus memory-truth schedule-bench llm-bench near-miss-corpus verify-corpus sample-models clean control-flow-corpus control-flow-bench
+.PHONY: install demo test fuzz bench bench-corpus memory-truth schedule-bench llm-bench near-miss-corpus verify-corpus sample-models clean control-flow-corpus control-flow-bench quantized-bench
 
 install: $(STAMP)
 
@@ -65,6 +65,15 @@ llm-bench: $(STAMP)
 # estimate for fuse and its peers on every model `make bench-corpus` put in $(CF_MODELS).
 control-flow-bench: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/control_flow_bench.py --models $(CF_MODELS)
+
+# The quantized group (issue 32): onnxruntime.quantization's QDQ (per-channel, per-tensor) and dynamic
+# copies of the samples, two test builders and the exported corpus in $(QUANT_CORPUS) where present;
+# fuse at both targets, what onnxruntime forms from each, CPU latency against its own offline output.
+QUANT_MODELS ?= build/quantized-models
+QUANT_CORPUS ?= $(CORPUS_MODELS)
+quantized-bench: $(STAMP)
+	$(BIN)/python benchmarks/corpus/quantized.py --out $(QUANT_MODELS) --corpus $(QUANT_CORPUS)
+	$(BIN)/python benchmarks/quantized_bench.py --models $(QUANT_MODELS) --out benchmarks/results/quantized.md
 
 verify-corpus: $(STAMP)
 	$(BIN)/python benchmarks/verify_corpus.py benchmarks/corpus/models benchmarks/corpus/heldout-models --backend \

@@ -1,0 +1,211 @@
+"""What fuse does to quantized models, and what onnxruntime then forms from them (issue 32, item 4).
+
+For every model benchmarks/corpus/quantized.py made (its manifest.json):
+
+- fuse at `--target onnx` and `--target ort-cpu`: nodes before and after, verification status,
+  the passes that fired;
+- what onnxruntime's offline optimizer forms at ORT_ENABLE_EXTENDED on the CPU provider
+  (optimized_model_filepath) from the original and from each fuse output: the quantized operators
+  it makes (QLinearConv, QLinearMatMul, QLinearAdd, QAttention, MatMulInteger,
+  DynamicQuantizeMatMul, ...) and the Q/DQ left over. Equal counts mean fuse left every QDQ node
+  unit as the quantizer wrote it;
+- CPU latency (one thread, fuse_cli.bench.time_sessions: rounds interleaved, the median of each,
+  the whole timing twice and the smaller median kept) of each fuse output and of onnxruntime's own
+  extended-level offline output (the best anchor), over the original's, at ORT_DISABLE_ALL and at
+  ORT_ENABLE_EXTENDED; "noise" is the original's second session over its first.
+
+    .venv/bin/python benchmarks/corpus/quantized.py          # build/quantized-models
+    .venv/bin/python benchmarks/quantized_bench.py --out benchmarks/results/quantized.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from fuse_cli import api  # noqa: E402
+from fuse_cli.bench import Timing, make_session, time_sessions  # noqa: E402
+from fuse_cli.config import FuseConfig  # noqa: E402
+from fuse_cli.core.feeds import random_inputs  # noqa: E402
+
+TARGETS = ("onnx", "ort-cpu")
+LEVELS = ("disabled", "extended")
+TIMING = Timing(min_seconds=0.5, max_samples=200)
+# what "formed" counts: onnxruntime's quantized kernels, and the Q/DQ it could not absorb
+QUANTIZED_OPS = ("QLinearConv", "QLinearMatMul", "QLinearAdd", "QLinearMul", "QLinearGlobalAveragePool",
+                 "QLinearAveragePool", "QLinearConcat", "QLinearSigmoid", "QLinearLeakyRelu", "QLinearSoftmax",
+                 "QGemm", "QAttention", "MatMulInteger", "MatMulIntegerToFloat", "DynamicQuantizeMatMul",
+                 "ConvInteger", "DynamicQuantizeLinear", "QuantizeLinear", "DequantizeLinear")
+
+
+@dataclass
+class Output:
+    """One model a tool wrote, and what onnxruntime forms from it offline."""
+
+    nodes: int = 0
+    detail: str = ""
+    formed: dict[str, int] = field(default_factory=dict)
+    max_abs_diff: float | None = None
+    latency_ms: dict[str, float] = field(default_factory=dict)
+    latency_ratio: dict[str, float] = field(default_factory=dict)
+    error: str = ""
+
+
+@dataclass
+class Row:
+    name: str
+    form: str
+    dims: dict[str, int]
+    outputs: dict[str, Output]
+    noise: dict[str, float] = field(default_factory=dict)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", type=Path, default=REPO / "build" / "quantized-models")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "quantized.md")
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--only", default="", help="comma-separated substrings of model names (default: all)")
+    args = parser.parse_args()
+    manifest_path = args.models / "manifest.json"
+    if not manifest_path.exists():
+        print(f"no {manifest_path}: run benchmarks/corpus/quantized.py first", file=sys.stderr)
+        return 2
+    wanted = [s for s in args.only.split(",") if s]
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for entry in json.loads(manifest_path.read_text()):
+            if wanted and not any(s in entry["name"] for s in wanted):
+                continue
+            rows.append(bench_model(args.models / entry["file"], entry, Path(scratch)))
+            print(summary_line(rows[-1]), flush=True)
+    args.out.write_text(markdown(rows))
+    if args.json:
+        args.json.write_text(json.dumps([row.__dict__ | {"outputs": {k: v.__dict__ for k, v in row.outputs.items()}}
+                                         for row in rows], indent=1) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+def bench_model(path: Path, entry: dict, scratch: Path) -> Row:
+    dims = entry["dims"]
+    original = Output(nodes=len(onnx.load(path, load_external_data=False).graph.node))
+    outputs: dict[str, Path] = {"original": path}
+    row = Row(entry["name"], entry["form"], dims, {"original": original})
+    for target in TARGETS:
+        key, destination = f"fuse {target}", scratch / f"{path.stem}.{target}.onnx"
+        row.outputs[key] = out = Output()
+        try:
+            report = api.optimize(path, FuseConfig(target=target, dims=dims), destination).report
+        except Exception as exc:  # fuse refusing a model is a row, not the end of the run
+            out.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+            continue
+        out.nodes = report.nodes_after
+        fired = Counter(r.pass_name for r in report.fusions)
+        out.detail = (report.verification.status if report.verification else "not verified") + (
+            "; " + ", ".join(f"{p} {n}" for p, n in fired.items()) if fired else "")
+        outputs[key] = destination
+    for key, source in list(outputs.items()):
+        extended = scratch / f"{path.stem}.{key.replace(' ', '-')}.ort-extended.onnx"
+        ort_extended(source, extended)
+        row.outputs[key].formed = formed_counts(extended)
+        if key == "original":
+            outputs["ort extended"] = extended
+            row.outputs["ort extended"] = Output(nodes=len(onnx.load(extended).graph.node), formed=original.formed)
+    feeds = random_inputs(make_session(str(path)), dims=dims, seed=0)
+    reference = make_session(str(path)).run(None, feeds)
+    for key, source in outputs.items():
+        got = make_session(str(source)).run(None, {i.name: feeds[i.name] for i in make_session(str(source)).get_inputs()})
+        row.outputs[key].max_abs_diff = max(float(np.max(np.abs(a.astype(np.float64) - b))) for a, b in zip(reference, got))
+    for level in LEVELS:
+        keys = {"original": path, "original (2nd session)": path, **outputs}
+        sessions = {k: make_session(str(p), level=level) for k, p in keys.items()}
+        run_feeds = {k: {i.name: feeds[i.name] for i in s.get_inputs()} for k, s in sessions.items()}
+        medians: dict[str, list[float]] = {k: [] for k in keys}
+        for _ in range(2):
+            for k, latency in time_sessions(sessions, run_feeds, TIMING).items():
+                medians[k].append(latency.cpu_median_ms)
+        best = {k: min(v) for k, v in medians.items()}
+        row.noise[level] = best["original (2nd session)"] / best["original"]
+        for k in outputs:
+            row.outputs[k].latency_ms[level] = best[k]
+            row.outputs[k].latency_ratio[level] = best[k] / best["original"]
+    return row
+
+
+def ort_extended(source: Path, destination: Path) -> None:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.optimized_model_filepath = str(destination)
+    options.log_severity_level = 3
+    ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
+
+
+def formed_counts(path: Path) -> dict[str, int]:
+    kinds = Counter(n.op_type for n in onnx.load(path, load_external_data=False).graph.node)
+    return {op: kinds[op] for op in QUANTIZED_OPS if kinds[op]}
+
+
+def _formed(counts: dict[str, int]) -> str:
+    return ", ".join(f"{op} {n}" for op, n in counts.items()) or "none"
+
+
+def summary_line(row: Row) -> str:
+    parts = [f"{k} {o.latency_ratio.get('disabled', float('nan')):.2f}/{o.latency_ratio.get('extended', float('nan')):.2f}"
+             for k, o in row.outputs.items() if k != "original"]
+    same = all(o.formed == row.outputs["original"].formed for k, o in row.outputs.items() if k.startswith("fuse") and not o.error)
+    return f"{row.name}: {'same' if same else 'DIFFERENT'} kernels; " + "; ".join(parts)
+
+
+def markdown(rows: list[Row]) -> str:
+    lines = [f"# Quantized models: fuse and what onnxruntime forms ({datetime.date.today().isoformat()})", "",
+             f"onnxruntime {ort.__version__} (CPU provider), one thread. Made by `make quantized-bench` "
+             "(benchmarks/quantized_bench.py over benchmarks/corpus/quantized.py's models).", "",
+             "## Nodes, verification, and what onnxruntime forms at ORT_ENABLE_EXTENDED", "",
+             "| model | form | tool | nodes | fuse: verification; passes | max abs diff | formed offline (extended) | same as original |",
+             "|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        base = row.outputs["original"].formed
+        for key, out in row.outputs.items():
+            if key == "ort extended":
+                continue
+            same = "" if key == "original" else ("error" if out.error else ("yes" if out.formed == base else "**no**"))
+            diff = "" if out.max_abs_diff is None else f"{out.max_abs_diff:.2g}"
+            lines.append(f"| {row.name} | {row.form} | {key} | {out.nodes} | {out.error or out.detail} | {diff} | "
+                         f"{_formed(out.formed)} | {same} |")
+    lines += ["", "## CPU latency over the original's (below 1: faster)", "",
+              "Medians of interleaved rounds, the smaller of two timings. ort extended: onnxruntime's own "
+              "extended-level offline output (the best anchor). noise: the original's second session over its first.", "",
+              "| model | dims | original ms (disabled / extended) | fuse onnx | fuse ort-cpu | ort extended | noise |",
+              "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        o = row.outputs["original"]
+
+        def pair(key: str) -> str:
+            out = row.outputs.get(key)
+            if out is None or not out.latency_ratio:
+                return "-"
+            return " / ".join(f"{out.latency_ratio[level]:.2f}" for level in LEVELS)
+
+        dims = ", ".join(f"{k}={v}" for k, v in row.dims.items())
+        lines.append(f"| {row.name} | {dims} | {o.latency_ms['disabled']:.3f} / {o.latency_ms['extended']:.3f} | "
+                     f"{pair('fuse onnx')} | {pair('fuse ort-cpu')} | {pair('ort extended')} | "
+                     f"{' / '.join(f'{row.noise[level]:.2f}' for level in LEVELS)} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
