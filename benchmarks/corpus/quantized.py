@@ -79,9 +79,25 @@ def has_batch_norm(path: Path) -> bool:
     return any(n.op_type == "BatchNormalization" for n in onnx.load(path, load_external_data=False).graph.node)
 
 
+# quant_pre_process's own remedies, in the order its documentation offers them, for a model whose
+# symbolic shape inference stops ("Incomplete symbolic shape inference": a BERT export here)
+PRE_PROCESS_TRIES = ({}, {"auto_merge": True}, {"skip_symbolic_shape": True})
+
+
+def pre_process(source: Path, destination: Path, **options) -> str:
+    """quant_pre_process with the first of PRE_PROCESS_TRIES that works; says which."""
+    for extra in PRE_PROCESS_TRIES:
+        try:
+            quant_pre_process(str(source), str(destination), **options, **extra)
+            return ", ".join(f"{k}={v}" for k, v in extra.items()) or "default"
+        except Exception as exc:  # onnxruntime's symbolic inference raises a bare Exception
+            failure = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+    raise RuntimeError(f"quant_pre_process failed every way: {failure}")
+
+
 def quantize(name: str, source: Path, dims: dict[str, int], out: Path, scratch: Path) -> list[dict]:
     prepared, unoptimized = scratch / f"{name}.pre.onnx", scratch / f"{name}.pre-noopt.onnx"
-    quant_pre_process(str(source), str(prepared))
+    pre = pre_process(source, prepared)
     made = []
 
     def record(form: str, make) -> None:
@@ -89,7 +105,7 @@ def quantize(name: str, source: Path, dims: dict[str, int], out: Path, scratch: 
         try:
             make(path)
             made.append({"name": f"{name}.{form}", "source": str(source), "form": form, "dims": dims,
-                         "file": path.name})
+                         "file": path.name, "pre_process": pre})
             print(f"{path.name}: {len(onnx.load(path, load_external_data=False).graph.node)} nodes", flush=True)
         except Exception as exc:  # one model the quantizer refuses is a line in the log, not the end of the corpus
             print(f"{path.name}: skipped, {type(exc).__name__}: {str(exc).splitlines()[0][:160]}", flush=True)
@@ -102,7 +118,7 @@ def quantize(name: str, source: Path, dims: dict[str, int], out: Path, scratch: 
     record("qdq-pc", static(prepared, True))
     record("qdq-pt", static(prepared, False))
     if has_batch_norm(source):
-        quant_pre_process(str(source), str(unoptimized), skip_optimization=True)
+        pre_process(source, unoptimized, skip_optimization=True)
         record("qdq-bn", static(unoptimized, True))
     record("dynamic", lambda path: quantize_dynamic(str(prepared), str(path), weight_type=QuantType.QInt8))
     return made
