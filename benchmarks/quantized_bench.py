@@ -79,7 +79,14 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "quantized.md")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--only", default="", help="comma-separated substrings of model names (default: all)")
+    parser.add_argument("--render", type=Path, nargs="+", default=None,
+                        help="write --out from these --json files of earlier runs (parts run apart) instead of running")
     args = parser.parse_args()
+    if args.render:
+        rows = [Row(**r | {"outputs": {k: Output(**o) for k, o in r["outputs"].items()}})
+                for path in args.render for r in json.loads(path.read_text())]
+        args.out.write_text(markdown(rows))
+        return 0
     manifest_path = args.models / "manifest.json"
     if not manifest_path.exists():
         print(f"no {manifest_path}: run benchmarks/corpus/quantized.py first", file=sys.stderr)

@@ -184,3 +184,43 @@ def test_a_batchnorm_between_qdq_pairs_says_why_it_stays(tmp_path, target):
     assert "quant_pre_process" in miss.reason
     assert formed_offline(result.model, tmp_path) == formed_offline(model, tmp_path)
     assert_equivalent(model, result.model, dims={"batch": 2})
+
+
+def qdq_unit_with_activation(op: str):
+    """DQ(x), DQ(int8 W), DQ(int32 bias) -> Conv | Gemm | MatMul -> Relu (MatMul: * scalar) -> Q -> DQ:
+    one QDQ node unit that onnxruntime turns into QLinearConv / QGemm / QLinearMatMul."""
+    b = GraphBuilder(opset=17, seed=5)
+    scale, zero = b.const(np.float32(0.05)), b.const(np.uint8(128), dtype=np.uint8)
+    shape = {"Conv": ["batch", 3, 8, 8], "Gemm": ["batch", 12], "MatMul": ["batch", 6, 12]}[op]
+    x = b.op("DequantizeLinear", b.op("QuantizeLinear", b.input("x", shape), scale, zero), scale, zero)
+    w_shape = {"Conv": (4, 3, 3, 3), "Gemm": (12, 4), "MatMul": (12, 4)}[op]
+    w = b.op("DequantizeLinear", b.const(b.rng.integers(-60, 60, w_shape).astype(np.int8)), b.const(np.float32(0.01)),
+             b.const(np.int8(0), dtype=np.int8))
+
+    def bias():
+        return b.op("DequantizeLinear", b.const(b.rng.integers(-100, 100, (4,)).astype(np.int32)),
+                    b.const(np.float32(0.0005)), b.const(np.int32(0), dtype=np.int32))
+
+    if op == "Conv":
+        y = b.op("Relu", b.op("Conv", x, w, bias(), pads=[1, 1, 1, 1], name="unit"))
+    elif op == "Gemm":
+        y = b.op("Relu", b.op("Gemm", x, w, bias(), name="unit"))
+    else:
+        y = b.op("Mul", b.op("MatMul", x, w, name="unit"), b.const(np.float32(0.5)))
+    out_scale, out_zero = b.const(np.float32(0.04)), b.const(np.uint8(0), dtype=np.uint8)
+    q = b.op("QuantizeLinear", y, out_scale, out_zero)
+    return b.build(b.op("DequantizeLinear", q, out_scale, out_zero), output_names=["y"])
+
+
+@pytest.mark.parametrize("op,pass_name", [("Conv", "fused-conv"), ("Gemm", "fused-gemm"), ("MatMul", "fused-matmul")])
+def test_a_qdq_unit_is_not_fused_into_a_float_operator(tmp_path, op, pass_name):
+    """At ort-cpu, fused-conv made FusedConv of DQ -> Conv -> Relu -> Q, and onnxruntime then formed
+    no QLinearConv: the convolution ran in float. The unit is onnxruntime's to form; the pass says why."""
+    model = qdq_unit_with_activation(op)
+    result = optimize_model(model, tmp_path, target="ort-cpu")
+    assert not [f for f in result.report.fusions if f.pass_name == pass_name]
+    (miss,) = [m for m in result.report.near_misses if m.pass_name == pass_name]
+    assert miss.reason.startswith("unit is inside a QDQ node unit") and "DequantizeLinear" in miss.reason
+    assert formed_offline(result.model, tmp_path) == formed_offline(model, tmp_path)
+    assert_equivalent(model, result.model, dims={"batch": 2})
+    assert_equivalent(model, result.model, dims={"batch": 3}, seeds=(2,))

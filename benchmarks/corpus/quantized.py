@@ -24,6 +24,7 @@ absent are skipped). Writes NAME.FORM.onnx and manifest.json (name, source, form
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
@@ -131,11 +132,13 @@ def main() -> int:
     parser.add_argument("--corpus-models", default=CORPUS_MODELS, help="comma-separated model names in --corpus")
     parser.add_argument("--only", default="", help="comma-separated source names to (re)make; the manifest keeps the rest")
     args = parser.parse_args()
+    args.out, args.corpus = args.out.resolve(), args.corpus.resolve()  # the work below runs in a scratch folder
     args.out.mkdir(parents=True, exist_ok=True)
     wanted = {n for n in args.only.split(",") if n}
     manifest = json.loads((args.out / "manifest.json").read_text()) if wanted and (args.out / "manifest.json").exists() else []
     manifest = [e for e in manifest if e["name"].rsplit(".", 1)[0] not in wanted]
-    with tempfile.TemporaryDirectory() as tmp:
+    # quant_pre_process and the calibrator write scratch files to the working directory
+    with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):
         for name, path, dims in float_sources(args.corpus, set(args.corpus_models.split(",")), Path(tmp)):
             if not wanted or name in wanted:
                 manifest += quantize(name, path, dims, args.out, Path(tmp))

@@ -16,8 +16,8 @@ MEASURED = ("BatchNormalization runs faster than Mul+Add in onnxruntime (measure
             "so it is kept")
 # A BatchNormalization a quantizer wrapped in Q/DQ pairs (benchmarks/results/quantized.md: the
 # qdq-bn models) folds into its Conv only before quantization, where it is exact.
-BEFORE_QUANTIZING = ("fold BatchNormalization before quantizing: run fuse on the float model (conv-bn), or "
-                     "onnxruntime.quantization's quant_pre_process, which folds it")
+BEFORE_QUANTIZING = ("folding it would move a quantization step; fold BatchNormalization before quantizing: run "
+                     "fuse on the float model (conv-bn), or onnxruntime.quantization's quant_pre_process, which folds it")
 
 
 @register
@@ -66,7 +66,7 @@ class BatchNormToAffine(PatternPass):
 
     def exact_reason(self, m: Match, g: GraphEditor) -> Decline | None:
         bn = m.node("bn")
-        reason = batchnorm_reason(bn, g) or qdq_unit_reason(bn, g, advice=BEFORE_QUANTIZING)
+        reason = batchnorm_reason(bn, g) or qdq_unit_reason(bn, g, why=BEFORE_QUANTIZING)
         if reason:
             return reason
         for role in ("scale", "beta"):
