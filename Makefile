@@ -73,7 +73,7 @@ QUANT_MODELS ?= build/quantized-models
 QUANT_CORPUS ?= $(CORPUS_MODELS)
 quantized-bench: $(STAMP)
 	$(BIN)/python benchmarks/corpus/quantized.py --out $(QUANT_MODELS) --corpus $(QUANT_CORPUS)
-	$(BIN)/python benchmarks/quantized_bench.py --models $(QUANT_MODELS) --out benchmarks/results/quantized.md
+	$(BIN)/python benchmarks/quantized_bench.py --models $(QUANT_MODELS) --unit-probe --out benchmarks/results/quantized.md
 
 verify-corpus: $(STAMP)
 	$(BIN)/python benchmarks/verify_corpus.py benchmarks/corpus/models benchmarks/corpus/heldout-models --backend \

@@ -79,27 +79,32 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "quantized.md")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--only", default="", help="comma-separated substrings of model names (default: all)")
+    parser.add_argument("--unit-probe", action="store_true", help="also time one QDQ Conv unit against its FusedConv form")
     parser.add_argument("--render", type=Path, nargs="+", default=None,
                         help="write --out from these --json files of earlier runs (parts run apart) instead of running")
     args = parser.parse_args()
     if args.render:
         rows = [Row(**r | {"outputs": {k: Output(**o) for k, o in r["outputs"].items()}})
                 for path in args.render for r in json.loads(path.read_text())]
-        args.out.write_text(markdown(rows))
+        with tempfile.TemporaryDirectory() as scratch:
+            args.out.write_text(markdown(rows, conv_unit_probe(Path(scratch)) if args.unit_probe else []))
         return 0
     manifest_path = args.models / "manifest.json"
     if not manifest_path.exists():
         print(f"no {manifest_path}: run benchmarks/corpus/quantized.py first", file=sys.stderr)
         return 2
     wanted = [s for s in args.only.split(",") if s]
-    rows = []
+    rows, unit = [], []
     with tempfile.TemporaryDirectory() as scratch:
+        if args.unit_probe:
+            unit = conv_unit_probe(Path(scratch))
+            print("\n".join(unit), flush=True)
         for entry in json.loads(manifest_path.read_text()):
             if wanted and not any(s in entry["name"] for s in wanted):
                 continue
             rows.append(bench_model(args.models / entry["file"], entry, Path(scratch)))
             print(summary_line(rows[-1]), flush=True)
-    args.out.write_text(markdown(rows))
+    args.out.write_text(markdown(rows, unit))
     if args.json:
         args.json.write_text(json.dumps([row.__dict__ | {"outputs": {k: v.__dict__ for k, v in row.outputs.items()}}
                                          for row in rows], indent=1) + "\n")
@@ -153,6 +158,50 @@ def bench_model(path: Path, entry: dict, scratch: Path) -> Row:
     return row
 
 
+def conv_unit_probe(scratch: Path) -> list[str]:
+    """One QDQ Conv + Relu unit at [1, 64, 56, 56] (64 -> 64, 3x3) as onnxruntime's quantizer writes
+    it, against the same unit with Conv + Relu made com.microsoft FusedConv (what fused-conv did at
+    ort-cpu before it left QDQ units alone): what onnxruntime forms from each, and CPU time."""
+    from onnx import helper, numpy_helper
+
+    rng = np.random.default_rng(5)
+
+    def const(name, value):
+        return numpy_helper.from_array(np.asarray(value), name)
+
+    inits = [const("s", np.float32(0.05)), const("z", np.uint8(128)), const("w_q", rng.integers(-60, 60, (64, 64, 3, 3)).astype(np.int8)),
+             const("w_s", np.float32(0.01)), const("w_z", np.int8(0)), const("b_q", rng.integers(-100, 100, (64,)).astype(np.int32)),
+             const("b_s", np.float32(0.0005)), const("b_z", np.int32(0)), const("o_s", np.float32(0.04)), const("o_z", np.uint8(0))]
+    head = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["x_q"]), helper.make_node("DequantizeLinear", ["x_q", "s", "z"], ["x_dq"]),
+            helper.make_node("DequantizeLinear", ["w_q", "w_s", "w_z"], ["w"]), helper.make_node("DequantizeLinear", ["b_q", "b_s", "b_z"], ["b"])]
+    tail = [helper.make_node("QuantizeLinear", ["r", "o_s", "o_z"], ["y_q"]), helper.make_node("DequantizeLinear", ["y_q", "o_s", "o_z"], ["y"])]
+    forms = {"QDQ Conv + Relu": [helper.make_node("Conv", ["x_dq", "w", "b"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["r"])],
+             "FusedConv(Relu) inside the unit": [helper.make_node("FusedConv", ["x_dq", "w", "b"], ["r"], domain="com.microsoft",
+                                                                  pads=[1, 1, 1, 1], activation="Relu")]}
+    paths = {}
+    for key, middle in forms.items():
+        graph = helper.make_graph(head + middle + tail, "unit", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 64, 56, 56])],
+                                  [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 64, 56, 56])], inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)], ir_version=10)
+        paths[key] = scratch / f"unit-{len(paths)}.onnx"
+        onnx.save(model, paths[key])
+    feeds = {"x": rng.standard_normal((1, 64, 56, 56)).astype(np.float32)}
+    lines = ["| unit | formed offline (extended) | ms disabled | ms extended |", "|---|---|---|---|"]
+    best = {}
+    for level in LEVELS:
+        sessions = {k: make_session(str(p), level=level) for k, p in paths.items()}
+        medians: dict[str, list[float]] = {k: [] for k in paths}
+        for _ in range(2):
+            for k, latency in time_sessions(sessions, {k: feeds for k in paths}, TIMING).items():
+                medians[k].append(latency.cpu_median_ms)
+        best[level] = {k: min(v) for k, v in medians.items()}
+    for key, path in paths.items():
+        ort_extended(path, scratch / "unit-extended.onnx")
+        lines.append(f"| {key} | {_formed(formed_counts(scratch / 'unit-extended.onnx'))} | "
+                     f"{best['disabled'][key]:.3f} | {best['extended'][key]:.3f} |")
+    return lines
+
+
 def ort_extended(source: Path, destination: Path) -> None:
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
@@ -177,7 +226,7 @@ def summary_line(row: Row) -> str:
     return f"{row.name}: {'same' if same else 'DIFFERENT'} kernels; " + "; ".join(parts)
 
 
-def markdown(rows: list[Row]) -> str:
+def markdown(rows: list[Row], unit: list[str] = ()) -> str:
     lines = [f"# Quantized models: fuse and what onnxruntime forms ({datetime.date.today().isoformat()})", "",
              f"onnxruntime {ort.__version__} (CPU provider), one thread. Made by `make quantized-bench` "
              "(benchmarks/quantized_bench.py over benchmarks/corpus/quantized.py's models).", "",
@@ -211,6 +260,9 @@ def markdown(rows: list[Row]) -> str:
         lines.append(f"| {row.name} | {dims} | {o.latency_ms['disabled']:.3f} / {o.latency_ms['extended']:.3f} | "
                      f"{pair('fuse onnx')} | {pair('fuse ort-cpu')} | {pair('ort extended')} | "
                      f"{' / '.join(f'{row.noise[level]:.2f}' for level in LEVELS)} |")
+    if unit:
+        lines += ["", "## One QDQ unit fused into a float operator", "", conv_unit_probe.__doc__.split(":")[0].replace("\n   ", "") + ".", "",
+                  *unit]
     return "\n".join(lines) + "\n"
 
 
