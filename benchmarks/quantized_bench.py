@@ -215,8 +215,22 @@ def formed_counts(path: Path) -> dict[str, int]:
     return {op: kinds[op] for op in QUANTIZED_OPS if kinds[op]}
 
 
+LEFT_OVER = ("QuantizeLinear", "DequantizeLinear")
+
+
+def kernels(counts: dict[str, int]) -> dict[str, int]:
+    """The quantized kernels among what onnxruntime formed: without the Q/DQ it left. Fewer Q/DQ
+    left is no unit split: a DequantizeLinear read only by a Shape stays in onnxruntime's output
+    (BERT: one per layer), and goes where fuse rewired that Shape."""
+    return {op: n for op, n in counts.items() if op not in LEFT_OVER}
+
+
 def _formed(counts: dict[str, int]) -> str:
-    return ", ".join(f"{op} {n}" for op, n in counts.items()) or "none"
+    return ", ".join(f"{op} {n}" for op, n in kernels(counts).items()) or "none"
+
+
+def _left(counts: dict[str, int]) -> str:
+    return " / ".join(str(counts.get(op, 0)) for op in LEFT_OVER)
 
 
 POLICY = """\
@@ -248,7 +262,7 @@ QLinearConv / QLinearMatMul at `--target onnx` would close the gap at the disabl
 def decision(rows: list[Row]) -> list[str]:
     """The policy, and how the measured rows bear it out."""
     fused = [(row, key, out) for row in rows for key, out in row.outputs.items() if key.startswith("fuse")]
-    same = [1 for row, _, out in fused if not out.error and out.formed == row.outputs["original"].formed]
+    same = [1 for row, _, out in fused if not out.error and kernels(out.formed) == kernels(row.outputs["original"].formed)]
     verified = [1 for _, _, out in fused if out.detail.startswith("match")]
     lines = [POLICY]
     if fused:
@@ -261,7 +275,8 @@ def decision(rows: list[Row]) -> list[str]:
 def summary_line(row: Row) -> str:
     parts = [f"{k} {o.latency_ratio.get('disabled', float('nan')):.2f}/{o.latency_ratio.get('extended', float('nan')):.2f}"
              for k, o in row.outputs.items() if k != "original"]
-    same = all(o.formed == row.outputs["original"].formed for k, o in row.outputs.items() if k.startswith("fuse") and not o.error)
+    same = all(kernels(o.formed) == kernels(row.outputs["original"].formed)
+               for k, o in row.outputs.items() if k.startswith("fuse") and not o.error)
     return f"{row.name}: {'same' if same else 'DIFFERENT'} kernels; " + "; ".join(parts)
 
 
@@ -271,17 +286,19 @@ def markdown(rows: list[Row], unit: list[str] = ()) -> str:
              "(benchmarks/quantized_bench.py over benchmarks/corpus/quantized.py's models).", "",
              *decision(rows), "",
              "## Nodes, verification, and what onnxruntime forms at ORT_ENABLE_EXTENDED", "",
-             "| model | form | tool | nodes | fuse: verification; passes | max abs diff | formed offline (extended) | same as original |",
-             "|---|---|---|---|---|---|---|---|"]
+             "Formed: the quantized kernels in onnxruntime's offline output; Q / DQ left: the QuantizeLinear / "
+             "DequantizeLinear it kept; same: the same kernels, by kind and count, as from the original.", "",
+             "| model | form | tool | nodes | fuse: verification; passes | max abs diff | formed offline (extended) | Q / DQ left | same kernels |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         base = row.outputs["original"].formed
         for key, out in row.outputs.items():
             if key == "ort extended":
                 continue
-            same = "" if key == "original" else ("error" if out.error else ("yes" if out.formed == base else "**no**"))
+            same = "" if key == "original" else ("error" if out.error else ("yes" if kernels(out.formed) == kernels(base) else "**no**"))
             diff = "" if out.max_abs_diff is None else f"{out.max_abs_diff:.2g}"
             lines.append(f"| {row.name} | {row.form} | {key} | {out.nodes} | {out.error or out.detail} | {diff} | "
-                         f"{_formed(out.formed)} | {same} |")
+                         f"{_formed(out.formed)} | {_left(out.formed)} | {same} |")
     lines += ["", "## CPU latency over the original's (below 1: faster)", "",
               "Medians of interleaved rounds, the smaller of two timings. ort extended: onnxruntime's own "
               "extended-level offline output (the best anchor). noise: the original's second session over its first.", "",
