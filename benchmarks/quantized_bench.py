@@ -139,18 +139,16 @@ def bench_model(path: Path, entry: dict, scratch: Path) -> Row:
             row.outputs["ort extended"] = Output(nodes=len(onnx.load(extended).graph.node), formed=original.formed)
     feeds = random_inputs(make_session(str(path)), dims=dims, seed=0)
     reference = make_session(str(path)).run(None, feeds)
+    reads: dict[str, list[str]] = {}  # onnxruntime's saved models may keep inputs no node reads
     for key, source in outputs.items():
-        got = make_session(str(source)).run(None, {i.name: feeds[i.name] for i in make_session(str(source)).get_inputs()})
+        session = make_session(str(source))
+        reads[key] = [i.name for i in session.get_inputs()]
+        got = session.run(None, {name: feeds[name] for name in reads[key]})
         row.outputs[key].max_abs_diff = max(float(np.max(np.abs(a.astype(np.float64) - b))) for a, b in zip(reference, got))
+    keys = {"original": path, "original (2nd session)": path, **outputs}
+    run_feeds = {k: {name: feeds[name] for name in reads.get(k, reads["original"])} for k in keys}
     for level in LEVELS:
-        keys = {"original": path, "original (2nd session)": path, **outputs}
-        sessions = {k: make_session(str(p), level=level) for k, p in keys.items()}
-        run_feeds = {k: {i.name: feeds[i.name] for i in s.get_inputs()} for k, s in sessions.items()}
-        medians: dict[str, list[float]] = {k: [] for k in keys}
-        for _ in range(2):
-            for k, latency in time_sessions(sessions, run_feeds, TIMING).items():
-                medians[k].append(latency.cpu_median_ms)
-        best = {k: min(v) for k, v in medians.items()}
+        best = best_medians(keys, run_feeds, level)
         row.noise[level] = best["original (2nd session)"] / best["original"]
         for k in outputs:
             row.outputs[k].latency_ms[level] = best[k]
@@ -158,48 +156,58 @@ def bench_model(path: Path, entry: dict, scratch: Path) -> Row:
     return row
 
 
+UNIT_SHAPE = [1, 64, 56, 56]
+
+
 def conv_unit_probe(scratch: Path) -> list[str]:
     """One QDQ Conv + Relu unit at [1, 64, 56, 56] (64 -> 64, 3x3) as onnxruntime's quantizer writes
     it, against the same unit with Conv + Relu made com.microsoft FusedConv (what fused-conv did at
     ort-cpu before it left QDQ units alone): what onnxruntime forms from each, and CPU time."""
-    from onnx import helper, numpy_helper
-
-    rng = np.random.default_rng(5)
-
-    def const(name, value):
-        return numpy_helper.from_array(np.asarray(value), name)
-
-    inits = [const("s", np.float32(0.05)), const("z", np.uint8(128)), const("w_q", rng.integers(-60, 60, (64, 64, 3, 3)).astype(np.int8)),
-             const("w_s", np.float32(0.01)), const("w_z", np.int8(0)), const("b_q", rng.integers(-100, 100, (64,)).astype(np.int32)),
-             const("b_s", np.float32(0.0005)), const("b_z", np.int32(0)), const("o_s", np.float32(0.04)), const("o_z", np.uint8(0))]
-    head = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["x_q"]), helper.make_node("DequantizeLinear", ["x_q", "s", "z"], ["x_dq"]),
-            helper.make_node("DequantizeLinear", ["w_q", "w_s", "w_z"], ["w"]), helper.make_node("DequantizeLinear", ["b_q", "b_s", "b_z"], ["b"])]
-    tail = [helper.make_node("QuantizeLinear", ["r", "o_s", "o_z"], ["y_q"]), helper.make_node("DequantizeLinear", ["y_q", "o_s", "o_z"], ["y"])]
-    forms = {"QDQ Conv + Relu": [helper.make_node("Conv", ["x_dq", "w", "b"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["r"])],
-             "FusedConv(Relu) inside the unit": [helper.make_node("FusedConv", ["x_dq", "w", "b"], ["r"], domain="com.microsoft",
-                                                                  pads=[1, 1, 1, 1], activation="Relu")]}
-    paths = {}
-    for key, middle in forms.items():
-        graph = helper.make_graph(head + middle + tail, "unit", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 64, 56, 56])],
-                                  [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 64, 56, 56])], inits)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)], ir_version=10)
-        paths[key] = scratch / f"unit-{len(paths)}.onnx"
-        onnx.save(model, paths[key])
-    feeds = {"x": rng.standard_normal((1, 64, 56, 56)).astype(np.float32)}
+    paths = {"QDQ Conv + Relu": scratch / "unit.onnx", "FusedConv(Relu) inside the unit": scratch / "unit-fused.onnx"}
+    for fused, path in zip((False, True), paths.values()):
+        onnx.save(_conv_unit(fused), path)
+    feeds = {"x": np.random.default_rng(0).standard_normal(UNIT_SHAPE).astype(np.float32)}
+    best = {level: best_medians(paths, {k: feeds for k in paths}, level) for level in LEVELS}
     lines = ["| unit | formed offline (extended) | ms disabled | ms extended |", "|---|---|---|---|"]
-    best = {}
-    for level in LEVELS:
-        sessions = {k: make_session(str(p), level=level) for k, p in paths.items()}
-        medians: dict[str, list[float]] = {k: [] for k in paths}
-        for _ in range(2):
-            for k, latency in time_sessions(sessions, {k: feeds for k in paths}, TIMING).items():
-                medians[k].append(latency.cpu_median_ms)
-        best[level] = {k: min(v) for k, v in medians.items()}
     for key, path in paths.items():
         ort_extended(path, scratch / "unit-extended.onnx")
         lines.append(f"| {key} | {_formed(formed_counts(scratch / 'unit-extended.onnx'))} | "
                      f"{best['disabled'][key]:.3f} | {best['extended'][key]:.3f} |")
     return lines
+
+
+def _conv_unit(fused: bool) -> onnx.ModelProto:
+    from onnx import helper, numpy_helper
+
+    rng = np.random.default_rng(5)
+    values = {"s": np.float32(0.05), "z": np.uint8(128), "w_s": np.float32(0.01), "w_z": np.int8(0),
+              "w_q": rng.integers(-60, 60, (64, 64, 3, 3)).astype(np.int8), "b_s": np.float32(0.0005),
+              "b_z": np.int32(0), "b_q": rng.integers(-100, 100, (64,)).astype(np.int32),
+              "o_s": np.float32(0.04), "o_z": np.uint8(0)}
+    node = helper.make_node
+    nodes = [node("QuantizeLinear", ["x", "s", "z"], ["x_q"]), node("DequantizeLinear", ["x_q", "s", "z"], ["x_dq"]),
+             node("DequantizeLinear", ["w_q", "w_s", "w_z"], ["w"]), node("DequantizeLinear", ["b_q", "b_s", "b_z"], ["b"])]
+    if fused:
+        nodes.append(node("FusedConv", ["x_dq", "w", "b"], ["r"], domain="com.microsoft", pads=[1, 1, 1, 1],
+                          activation="Relu"))
+    else:
+        nodes += [node("Conv", ["x_dq", "w", "b"], ["c"], pads=[1, 1, 1, 1]), node("Relu", ["c"], ["r"])]
+    nodes += [node("QuantizeLinear", ["r", "o_s", "o_z"], ["y_q"]), node("DequantizeLinear", ["y_q", "o_s", "o_z"], ["y"])]
+    graph = helper.make_graph(nodes, "unit", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, UNIT_SHAPE)],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, UNIT_SHAPE)],
+                              [numpy_helper.from_array(np.asarray(v), k) for k, v in values.items()])
+    return helper.make_model(graph, ir_version=10,
+                             opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+
+
+def best_medians(paths: dict[str, Path], feeds: dict[str, dict[str, np.ndarray]], level: str) -> dict[str, float]:
+    """CPU median per model (ms) at `level`: the whole interleaved timing twice, the smaller median kept."""
+    sessions = {k: make_session(str(p), level=level) for k, p in paths.items()}
+    medians: dict[str, list[float]] = {k: [] for k in paths}
+    for _ in range(2):
+        for k, latency in time_sessions(sessions, feeds, TIMING).items():
+            medians[k].append(latency.cpu_median_ms)
+    return {k: min(v) for k, v in medians.items()}
 
 
 def ort_extended(source: Path, destination: Path) -> None:

@@ -35,7 +35,7 @@ class FuseConvActivation(PatternPass):
     (contrib_ops/cuda/fused_conv.cc) and runs slower than the unfused pair (targets.SLOWER): declined
     wherever the model may run on CUDA. A Conv inside a QDQ node unit (DequantizeLinear inputs) is
     left to onnxruntime, which makes QLinearConv of DQ -> Conv -> Relu -> Q at ORT_ENABLE_EXTENDED;
-    fused, it ran in float: 2.3x the time at [1, 64, 56, 56] (2.28-2.34 in three runs, one thread;
+    fused, it ran in float: 2.3x the time at [1, 64, 56, 56] (2.28-2.35 in four runs, one thread;
     benchmarks/results/quantized.md). fused-gemm (QGemm) and fused-matmul (MatMulIntegerToFloat)
     leave their units alone for the same reason.
     """
