@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 FUZZ_EXAMPLES ?= 500
 
-.PHONY: install demo test fuzz bench bench-corpus memory-truth schedule-bench llm-bench near-miss-corpus verify-corpus fp16-parity sample-models clean control-flow-corpus control-flow-bench gpu-check
+.PHONY: install demo test fuzz bench bench-corpus memory-truth schedule-bench llm-bench near-miss-corpus verify-corpus fp16-parity sample-models clean control-flow-corpus control-flow-bench gpu-check quantized-bench
 
 install: $(STAMP)
 
@@ -76,6 +76,15 @@ fp16-parity: $(STAMP)
 # On a lent GPU machine: scripts/gpu_prepare.sh here first, then the call in scripts/gpu_check.py.
 gpu-check: $(STAMP)
 	$(BIN)/python scripts/gpu_check.py
+
+# The quantized group (issue 32): onnxruntime.quantization's QDQ (per-channel, per-tensor) and dynamic
+# copies of the samples, two test builders and the exported corpus in $(QUANT_CORPUS) where present;
+# fuse at both targets, what onnxruntime forms from each, CPU latency against its own offline output.
+QUANT_MODELS ?= build/quantized-models
+QUANT_CORPUS ?= $(CORPUS_MODELS)
+quantized-bench: $(STAMP)
+	$(BIN)/python benchmarks/corpus/quantized.py --out $(QUANT_MODELS) --corpus $(QUANT_CORPUS)
+	$(BIN)/python benchmarks/quantized_bench.py --models $(QUANT_MODELS) --unit-probe --out benchmarks/results/quantized.md
 
 verify-corpus: $(STAMP)
 	$(BIN)/python benchmarks/verify_corpus.py benchmarks/corpus/models benchmarks/corpus/heldout-models --backend \

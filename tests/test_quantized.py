@@ -1,6 +1,10 @@
 """Quantized models: QDQ boundaries and QOperator nodes stay as they are; the rest still fuses."""
 
+from collections import Counter
+
 import numpy as np
+import onnx
+import pytest
 from onnx import TensorProto
 
 from tests.conftest import assert_equivalent, optimize_model
@@ -76,3 +80,147 @@ def test_a_qdq_unit_stays_its_consumers_own(tmp_path):
                and readers.get(n.output[0]) == ["Add"]]
     assert len(dq_of_x) == 4 and all(len(readers[n.output[0]]) == 1 for n in dq_of_x)
     assert_equivalent(model, result.model, dims={"batch": 2})
+
+
+# ---- models onnxruntime.quantization makes: fuse's output must give onnxruntime the same kernels
+
+# onnxruntime's quantized kernels, and the Q/DQ its optimizer leaves where it has none
+FORMED_OPS = ("QLinearConv", "QLinearMatMul", "QLinearAdd", "QLinearMul", "QLinearGlobalAveragePool", "QGemm",
+              "QAttention", "MatMulInteger", "MatMulIntegerToFloat", "DynamicQuantizeMatMul", "ConvInteger",
+              "DynamicQuantizeLinear", "QuantizeLinear", "DequantizeLinear")
+
+
+def float_cnn():
+    """Conv -> BatchNormalization -> Relu, a residual Conv + Add, pooling and a Gemm head."""
+    b = GraphBuilder(opset=17, seed=3)
+    x = b.input("x", ["batch", 3, 8, 8])
+    conv = b.op("Conv", x, b.const(b.rand(8, 3, 3, 3)), b.const(b.rand(8)), pads=[1, 1, 1, 1])
+    bn = b.op("BatchNormalization", conv, b.const(b.rand(8, low=0.5, high=1.5)), b.const(b.rand(8)),
+              b.const(b.rand(8)), b.const(b.rand(8, low=0.5, high=2.0)))
+    relu = b.op("Relu", bn)
+    residual = b.op("Add", b.op("Conv", relu, b.const(b.rand(8, 8, 3, 3)), pads=[1, 1, 1, 1]), relu)
+    flat = b.op("Flatten", b.op("GlobalAveragePool", residual))
+    return b.build(b.op("Gemm", flat, b.const(b.rand(8, 5)), b.const(b.rand(5))), output_names=["y"])
+
+
+def float_mlp():
+    b = GraphBuilder(opset=17, seed=4)
+    h = b.op("Relu", b.op("Add", b.op("MatMul", b.input("x", ["batch", 16]), b.const(b.rand(16, 32))),
+                          b.const(b.rand(32))))
+    return b.build(b.op("Add", b.op("MatMul", h, b.const(b.rand(32, 8))), b.const(b.rand(8))), output_names=["y"])
+
+
+def quantized(model, tmp_path, form: str, *, per_channel: bool = True, pre_optimize: bool = True):
+    """`model` through onnxruntime.quantization as its documentation says: quant_pre_process, then
+    quantize_static (QDQ, calibrated on seeded random inputs) or quantize_dynamic."""
+    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic,
+                                          quantize_static)
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    float_path, prepared, out = tmp_path / "float.onnx", tmp_path / "prepared.onnx", tmp_path / f"{form}.onnx"
+    onnx.save(model, float_path)
+    quant_pre_process(str(float_path), str(prepared), skip_optimization=not pre_optimize)
+
+    class Batches(CalibrationDataReader):
+        def __init__(self):
+            rng = np.random.default_rng(0)
+            self._batches = iter([{"x": rng.standard_normal((2, *shape)).astype(np.float32)} for _ in range(3)])
+
+        def get_next(self):
+            return next(self._batches, None)
+
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim[1:]]
+    if form == "dynamic":
+        quantize_dynamic(str(prepared), str(out), weight_type=QuantType.QInt8)
+    else:
+        quantize_static(str(prepared), str(out), Batches(), quant_format=QuantFormat.QDQ, per_channel=per_channel,
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    return onnx.load(out)
+
+
+def formed_offline(model, tmp_path) -> Counter:
+    """The quantized kernels onnxruntime forms from `model` at ORT_ENABLE_EXTENDED (CPU), read back
+    from the model its offline optimizer saves."""
+    import onnxruntime as ort
+
+    source, saved = tmp_path / "formed_in.onnx", tmp_path / "formed_out.onnx"
+    onnx.save(model, source)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.optimized_model_filepath = str(saved)
+    ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
+    kinds = Counter(n.op_type for n in onnx.load(saved).graph.node)
+    return Counter({op: kinds[op] for op in FORMED_OPS if kinds[op]})
+
+
+@pytest.mark.parametrize("target", ["onnx", "ort-cpu"])
+@pytest.mark.parametrize("builder,form,per_channel,kernel", [
+    (float_cnn, "qdq", True, "QLinearConv"),
+    (float_cnn, "qdq", False, "QLinearConv"),
+    (float_mlp, "qdq", True, "QGemm"),
+    (float_cnn, "dynamic", False, "ConvInteger"),
+    (float_mlp, "dynamic", False, "DynamicQuantizeMatMul"),
+])
+def test_onnxruntime_forms_the_same_kernels_from_fuses_output(tmp_path, target, builder, form, per_channel, kernel):
+    model = quantized(builder(), tmp_path, form, per_channel=per_channel)
+    result = optimize_model(model, tmp_path, target=target)
+    before, after = formed_offline(model, tmp_path), formed_offline(result.model, tmp_path)
+    assert before[kernel] > 0, before  # the quantizer made what this test is about
+    assert after == before
+    assert_equivalent(model, result.model, dims={"batch": 2})
+    assert_equivalent(model, result.model, dims={"batch": 3}, seeds=(2,))
+
+
+@pytest.mark.parametrize("target", ["onnx", "ort-cpu"])
+def test_a_batchnorm_between_qdq_pairs_says_why_it_stays(tmp_path, target):
+    """Quantized without the pre-processing's optimizer, the BatchNormalization keeps Q/DQ pairs on
+    both sides and DequantizeLinear-of-int8 parameters: it stays, with a reason of its own."""
+    model = quantized(float_cnn(), tmp_path, "qdq", pre_optimize=False)
+    assert op_counts(model)["BatchNormalization"] == 1
+    result = optimize_model(model, tmp_path, target=target)
+    assert op_counts(result.model)["BatchNormalization"] == 1
+    (miss,) = [m for m in result.report.near_misses if m.pass_name == "bn-affine"]
+    assert "inside a QDQ node unit" in miss.reason and "goes to QuantizeLinear" in miss.reason
+    assert "quant_pre_process" in miss.reason
+    assert formed_offline(result.model, tmp_path) == formed_offline(model, tmp_path)
+    assert_equivalent(model, result.model, dims={"batch": 2})
+
+
+def qdq_unit_with_activation(op: str):
+    """DQ(x), DQ(int8 W), DQ(int32 bias) -> Conv | Gemm | MatMul -> Relu (MatMul: * scalar) -> Q -> DQ:
+    one QDQ node unit that onnxruntime turns into QLinearConv / QGemm / QLinearMatMul."""
+    b = GraphBuilder(opset=17, seed=5)
+    scale, zero = b.const(np.float32(0.05)), b.const(np.uint8(128), dtype=np.uint8)
+    shape = {"Conv": ["batch", 3, 8, 8], "Gemm": ["batch", 12], "MatMul": ["batch", 6, 12]}[op]
+    x = b.op("DequantizeLinear", b.op("QuantizeLinear", b.input("x", shape), scale, zero), scale, zero)
+    w_shape = {"Conv": (4, 3, 3, 3), "Gemm": (12, 4), "MatMul": (12, 4)}[op]
+    w = b.op("DequantizeLinear", b.const(b.rng.integers(-60, 60, w_shape).astype(np.int8)), b.const(np.float32(0.01)),
+             b.const(np.int8(0), dtype=np.int8))
+
+    def bias():
+        return b.op("DequantizeLinear", b.const(b.rng.integers(-100, 100, (4,)).astype(np.int32)),
+                    b.const(np.float32(0.0005)), b.const(np.int32(0), dtype=np.int32))
+
+    if op == "Conv":
+        y = b.op("Relu", b.op("Conv", x, w, bias(), pads=[1, 1, 1, 1], name="unit"))
+    elif op == "Gemm":
+        y = b.op("Relu", b.op("Gemm", x, w, bias(), name="unit"))
+    else:
+        y = b.op("Mul", b.op("MatMul", x, w, name="unit"), b.const(np.float32(0.5)))
+    out_scale, out_zero = b.const(np.float32(0.04)), b.const(np.uint8(0), dtype=np.uint8)
+    q = b.op("QuantizeLinear", y, out_scale, out_zero)
+    return b.build(b.op("DequantizeLinear", q, out_scale, out_zero), output_names=["y"])
+
+
+@pytest.mark.parametrize("op,pass_name", [("Conv", "fused-conv"), ("Gemm", "fused-gemm"), ("MatMul", "fused-matmul")])
+def test_a_qdq_unit_is_not_fused_into_a_float_operator(tmp_path, op, pass_name):
+    """At ort-cpu, fused-conv made FusedConv of DQ -> Conv -> Relu -> Q, and onnxruntime then formed
+    no QLinearConv: the convolution ran in float. The unit is onnxruntime's to form; the pass says why."""
+    model = qdq_unit_with_activation(op)
+    result = optimize_model(model, tmp_path, target="ort-cpu")
+    assert not [f for f in result.report.fusions if f.pass_name == pass_name]
+    (miss,) = [m for m in result.report.near_misses if m.pass_name == pass_name]
+    assert miss.reason.startswith("unit is inside a QDQ node unit") and "DequantizeLinear" in miss.reason
+    assert formed_offline(result.model, tmp_path) == formed_offline(model, tmp_path)
+    assert_equivalent(model, result.model, dims={"batch": 2})
+    assert_equivalent(model, result.model, dims={"batch": 3}, seeds=(2,))

@@ -10,6 +10,7 @@ from fuse_cli.match import Alt, Match, Op, Var, constant_value
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
 from fuse_cli.toolkit.activations import schema_attribute
+from fuse_cli.toolkit.quantized import TO_ONNXRUNTIME, qdq_unit_reason
 
 MS = "com.microsoft"
 # activation -> the attributes FusedConv's activation_params carries, in order (contrib_ops/cpu/fused_activation.cc)
@@ -32,7 +33,11 @@ class FuseConvActivation(PatternPass):
     schema's +-FLT_MAX for the attribute form); LeakyRelu [alpha]; HardSigmoid [alpha, beta];
     omitted attributes take the schema defaults. float32 only. CUDA's kernel takes only Relu
     (contrib_ops/cuda/fused_conv.cc) and runs slower than the unfused pair (targets.SLOWER): declined
-    wherever the model may run on CUDA.
+    wherever the model may run on CUDA. A Conv inside a QDQ node unit (DequantizeLinear inputs) is
+    left to onnxruntime, which makes QLinearConv of DQ -> Conv -> Relu -> Q at ORT_ENABLE_EXTENDED;
+    fused, it ran in float: 2.3x the time at [1, 64, 56, 56] (2.28-2.35 in four runs, one thread;
+    benchmarks/results/quantized.md). fused-gemm (QGemm) and fused-matmul (MatMulIntegerToFloat)
+    leave their units alone for the same reason.
     """
 
     name = "fused-conv"
@@ -48,6 +53,9 @@ class FuseConvActivation(PatternPass):
 
     def check(self, m: Match, g: GraphEditor) -> Decline | None:
         act = m.node("act")
+        quantized = qdq_unit_reason(m.node("conv"), g, why=TO_ONNXRUNTIME)
+        if quantized:
+            return quantized
         for role in ("min", "max"):
             bound = constant_value(m.tensor(role))
             if bound is not None and bound.size != 1:

@@ -7,9 +7,10 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Match, Op, Var
-from fuse_cli.pipeline.base import PatternPass
+from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
 from fuse_cli.toolkit.activations import schema_attribute
+from fuse_cli.toolkit.quantized import TO_ONNXRUNTIME, qdq_unit_reason
 
 MS = "com.microsoft"
 # activation -> its float attributes. FusedGemm hands every "activation_<name>" attribute to the
@@ -44,6 +45,10 @@ class FuseGemmActivation(PatternPass):
     def emitted_at(self, m: Match, g: GraphEditor) -> tuple[np.dtype | None, gs.Node]:
         gemm = m.node("gemm")
         return g.dtype(gemm.outputs[0]) or g.dtype(m.tensor("a")), gemm
+
+    def check(self, m: Match, g: GraphEditor) -> Decline | None:
+        # onnxruntime makes QGemm of a QDQ Gemm (DequantizeLinear inputs) itself
+        return qdq_unit_reason(m.node("gemm"), g, why=TO_ONNXRUNTIME)
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
         gemm, act = m.node("gemm"), m.node("act")

@@ -9,6 +9,7 @@ from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Alt, Const, Match, Op, Var, constant_value
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
+from fuse_cli.toolkit.quantized import TO_ONNXRUNTIME, qdq_unit_reason
 
 MS = "com.microsoft"
 A = Alt(Op("Transpose", Var("a"), name="transpose_a"), Var("a"))
@@ -48,6 +49,9 @@ class FuseMatMulTransposeScale(PatternPass):
 
     def check(self, m: Match, g: GraphEditor) -> Decline | None:
         dtype, matmul = self.emitted_at(m, g)
+        quantized = qdq_unit_reason(matmul, g, why=TO_ONNXRUNTIME)  # QLinearMatMul is onnxruntime's to make
+        if quantized:
+            return quantized
         for side in ("a", "b"):
             transpose = m.nodes.get(f"transpose_{side}")
             if transpose is None:
