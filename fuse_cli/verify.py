@@ -25,11 +25,14 @@ from fuse_cli.input_domain import (binding, branch_inputs, derived_settings, des
                                    integer_ranges, shape_settings)
 
 # (rtol, atol) by output dtype: fp32 per the project standard; fp16/bf16 keep ~3 significant digits.
-# The default atol is scaled by the output's magnitude (see compare_outputs).
+# The default atol is scaled by the output's magnitude (see compare_outputs). float16's is 4 of its
+# ulps there (eps 9.8e-4): a correct fusion in a 12-layer float16 BERT moves elements near 0 by
+# 2.5 ulps of the output's magnitude (0.0098 at 5), which an atol of one ulp (1e-3) called a
+# mismatch, rolling back gelu, static-reshape-shape and matmul-add-into-view (fp16_parity.md).
 DEFAULT_TOLERANCES = {
     np.dtype(np.float64): (1e-6, 1e-8),
     np.dtype(np.float32): (1e-4, 1e-5),
-    np.dtype(np.float16): (1e-2, 1e-3),
+    np.dtype(np.float16): (1e-2, 4e-3),
 }
 
 

@@ -61,3 +61,18 @@ def test_relative_difference_leaves_out_references_near_zero():
     assert o.passed
     assert o.max_abs_diff > 1e-5 * 0.99
     assert abs(o.max_rel_diff - 1e-5) < 1e-6, o.max_rel_diff
+
+
+def test_float16_outputs_allow_a_few_ulps_of_their_magnitude_near_zero():
+    """A correct float16 fusion deep in a network moves elements near 0 by a few ulps of the
+    output's magnitude (2.5 in a 12-layer BERT); a wrong one by far more."""
+    rng = np.random.default_rng(0)
+    want = rng.normal(0, 2.5, 1000).astype(np.float16)
+    want[0] = 0.25
+    ulp = float(np.spacing(np.float16(5.0)))  # at the output's magnitude
+    near = want.copy()
+    near[0] += np.float16(2.5 * ulp)
+    far = want.copy()
+    far[0] += np.float16(20 * ulp)
+    assert compare_outputs({"y": want}, {"y": near}).passed
+    assert not compare_outputs({"y": want}, {"y": far}).passed
