@@ -23,13 +23,15 @@ mha = helper.make_model(helper.make_graph(
     "mha", [x], [y], [numpy_helper.from_array(w, f"w{i}") for i, w in enumerate(W)]), opset_imports=ops, ir_version=9)
 att = helper.make_model(helper.make_graph(
     [helper.make_node("Attention", ["x", "w", "b"], ["y"], domain="com.microsoft", num_heads=heads)],
-    "att", [x], [y], [numpy_helper.from_array(np.concatenate(W, 1), "w"), numpy_helper.from_array(np.zeros(3 * H, np.float32), "b")]),
+    "att", [x], [y],
+    [numpy_helper.from_array(np.concatenate(W, 1), "w"), numpy_helper.from_array(np.zeros(3 * H, np.float32), "b")]),
     opset_imports=ops, ir_version=9)
 o = ort.SessionOptions()
 o.intra_op_num_threads = 1
 o.inter_op_num_threads = 1
 o.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-s = {n: ort.InferenceSession(m.SerializeToString(), o, providers=["CPUExecutionProvider"]) for n, m in (("mha", mha), ("att", att))}
+s = {n: ort.InferenceSession(m.SerializeToString(), o, providers=["CPUExecutionProvider"])
+     for n, m in (("mha", mha), ("att", att))}
 feed = {"x": rng.standard_normal((B, S, H)).astype(np.float32)}
 a, b = s["mha"].run(None, feed)[0], s["att"].run(None, feed)[0]
 print("max abs diff", float(np.abs(a - b).max()))
@@ -41,4 +43,5 @@ for r in range(21):
             s[n].run(None, feed)
         t[n].append((time.perf_counter() - st) / 20 * 1e6)
 m = {n: float(np.median(v)) for n, v in t.items()}
-print(f"H={H} heads={heads} [{B},{S}] mha+matmuls {m['mha']:.0f} us, attention(zero bias) {m['att']:.0f} us, ratio {m['att']/m['mha']:.3f}")
+print(f"H={H} heads={heads} [{B},{S}] mha+matmuls {m['mha']:.0f} us, attention(zero bias) {m['att']:.0f} us, ratio "
+      f"{m['att']/m['mha']:.3f}")

@@ -49,7 +49,8 @@ def f():
     x = rng.standard_normal((2, 3, 8)).astype(np.float32)
     s = rng.standard_normal((3, 8)).astype(np.float32)
     (y,), ops = run([helper.make_node("RMSNormalization", ["x", "s"], ["y"], axis=-2, epsilon=1e-6)],
-                    [vi("x", "float32", [2, 3, 8]), vi("s", "float32", [3, 8])], [vi("y", "float32", None)], {"x": x, "s": s})
+                    [vi("x", "float32", [2, 3, 8]), vi("s", "float32", [3, 8])], [vi("y", "float32", None)],
+                    {"x": x, "s": s})
     ref = x / np.sqrt((x * x).mean((-2, -1), keepdims=True) + 1e-6) * s
     return f"maxdiff {np.abs(y - ref).max():.2e} ops {ops}"
 attempt("RMSNormalization axis=-2 float32", f)
@@ -72,7 +73,8 @@ def rope_ref(x4, cos, sin, interleaved=False, rdim=None):  # x4 [B,H,S,d], cos/s
 
 B, H, S, d = 2, 3, 5, 8
 for dt in ("float32", "float16", "float64"):
-    for form in ("4d-nopos-3dcache", "4d-pos-2dcache", "3d-nopos-3dcache", "3d-pos-2dcache", "4d-nopos-bcastcache", "4d-partial-3dcache", "4d-interleaved"):
+    for form in ("4d-nopos-3dcache", "4d-pos-2dcache", "3d-nopos-3dcache", "3d-pos-2dcache", "4d-nopos-bcastcache",
+                 "4d-partial-3dcache", "4d-interleaved"):
         def f(dt=dt, form=form):
             npd = NP[dt]
             x4 = rng.standard_normal((B, H, S, d)).astype(npd)
@@ -107,9 +109,11 @@ for dt in ("float32", "float16", "float64"):
             else:
                 feeds = {"x": x, "cos": cos, "sin": sin}
                 cin = [vi("cos", dt, list(cos.shape)), vi("sin", dt, list(sin.shape))]
-            (y,), ops = run([helper.make_node("RotaryEmbedding", ins, ["y"], **attrs)], [vi("x", dt, list(x.shape)), *cin],
+            (y,), ops = run([helper.make_node("RotaryEmbedding", ins, ["y"], **attrs)],
+                            [vi("x", dt, list(x.shape)), *cin],
                             [vi("y", dt, None)], feeds)
-            ref = rope_ref(x4.astype(np.float64), cos.astype(np.float64), sin.astype(np.float64), "interleaved" in form, rdim)
+            ref = rope_ref(x4.astype(np.float64), cos.astype(np.float64), sin.astype(np.float64),
+                           "interleaved" in form, rdim)
             if "3d-" in form[:3]:
                 y = y.reshape(B, S, H, d).transpose(0, 2, 1, 3)
             return f"maxdiff {np.abs(y.astype(np.float64) - ref).max():.2e} ops {ops}"
@@ -133,7 +137,8 @@ def attn_ref(q4, k4, v4, mask=None, causal=False, past=0):
     return softmax(s) @ v4
 
 for dt in ("float32", "float16", "float64"):
-    for form in ("3d-gqa-mask", "3d-gqa-causal", "3d-gqa-past-causal", "3d-gqa-past-mask", "4d-gqa-mask", "4d-gqa-past-mask", "3d-mha-mask", "3dq-4dkv-mask", "3d-gqa-boolmask"):
+    for form in ("3d-gqa-mask", "3d-gqa-causal", "3d-gqa-past-causal", "3d-gqa-past-mask", "4d-gqa-mask",
+                 "4d-gqa-past-mask", "3d-mha-mask", "3dq-4dkv-mask", "3d-gqa-boolmask"):
         def f(dt=dt, form=form):
             npd = NP[dt]
             Bz, H, KV, S, P, d = 2, 4, 2, 3, 5 if "past" in form else 0, 8
@@ -167,7 +172,8 @@ for dt in ("float32", "float16", "float64"):
                     feeds["m"] = mb
                     vis.append(vi("m", TP.BOOL, [Bz, 1, S, T]))
                 else:
-                    mask = np.triu(np.full((S, T), -3.4e38 if dt != "float16" else -65504.0), 1 + P)[None, None].astype(npd)
+                    lowest = -3.4e38 if dt != "float16" else -65504.0
+                    mask = np.triu(np.full((S, T), lowest), 1 + P)[None, None].astype(npd)
                     mask = np.broadcast_to(mask, (Bz, 1, S, T)).copy()
                     feeds["m"] = mask
                     vis.append(vi("m", dt, [Bz, 1, S, T]))
@@ -189,7 +195,8 @@ for dt in ("float32", "float16", "float64"):
             res, ops = run([helper.make_node("Attention", ins, outs, **attrs)], vis, ovis, feeds)
             kf = np.concatenate([pk, k4], 2).astype(np.float64)
             vf = np.concatenate([pv, v4], 2).astype(np.float64)
-            ref = attn_ref(q4.astype(np.float64), kf, vf, None if mask is None else mask.astype(np.float64), "causal" in form, P)
+            ref = attn_ref(q4.astype(np.float64), kf, vf, None if mask is None else mask.astype(np.float64),
+                           "causal" in form, P)
             y = res[0]
             if y.ndim == 3:
                 y = y.reshape(Bz, S, H, d).transpose(0, 2, 1, 3)

@@ -180,7 +180,8 @@ def capability_rows(target: str) -> list[tuple[str, ...]]:
             usable = "no (not standard ONNX)"
         else:
             usable = _names(d for d in DTYPES if _missing(cap, target, d) == []) or "no"
-        refused = [f"not emitted: {reason}" for reason in dict.fromkeys(c.refused for c in refused_forms(cap.op, cap.domain))]
+        refused = [f"not emitted: {reason}"
+                   for reason in dict.fromkeys(c.refused for c in refused_forms(cap.op, cap.domain))]
         notes = "; ".join(filter(None, [cap.notes, *refused]))
         rows.append((cap.op, cap.domain or "(default)", _names(cap.cpu) or "none", _names(cap.cuda) or "none",
                      usable, notes))

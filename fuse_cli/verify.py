@@ -393,7 +393,8 @@ def verify_models(original: onnx.ModelProto | str, optimized: onnx.ModelProto | 
         reference = reference_outputs(original, [], feeds=feeds)
     else:
         if header is None:
-            header = original if isinstance(original, onnx.ModelProto) else read_original(original)  # weights by reference
+            # weights by reference
+            header = original if isinstance(original, onnx.ModelProto) else read_original(original)
         reference = reference_for(original, header, dims, seed=seed, int_ranges=int_ranges)
     return compare_with_reference(reference, optimized, rtol, atol)
 

@@ -96,7 +96,8 @@ def llama_attention_model(*, heads: int = 4, kv_heads: int = 2, head_size: int =
 
     def rotary(t: str) -> str:
         if half_bounds == "shape":
-            mid = b.op("Unsqueeze", b.op("Div", b.op("Gather", b.op("Shape", t), b.const(np.array(3, np.int64)), axis=0),
+            mid = b.op("Unsqueeze",
+                       b.op("Div", b.op("Gather", b.op("Shape", t), b.const(np.array(3, np.int64)), axis=0),
                                          b.const(np.array(2, np.int64))), ints(0))
         else:
             mid = ints(half - 1 if half_bounds == "wrong" else half)
@@ -124,7 +125,8 @@ def llama_attention_model(*, heads: int = 4, kv_heads: int = 2, head_size: int =
         if not partial:
             return rotary(t)
         rot = b.op("Slice", t, ints(0), ints(head_size), ints(3), ints(1))
-        return b.op("Concat", rotary(rot), b.op("Slice", t, ints(head_size), ints(2**63 - 1), ints(3), ints(1)), axis=-1)
+        return b.op("Concat", rotary(rot),
+                    b.op("Slice", t, ints(head_size), ints(2**63 - 1), ints(3), ints(1)), axis=-1)
 
     q = rotated(split(linear(hidden), heads, head_norm))
     k, v = rotated(split(linear(kv_hidden), kv_heads, head_norm)), split(linear(kv_hidden), kv_heads)
@@ -150,7 +152,8 @@ def llama_attention_model(*, heads: int = 4, kv_heads: int = 2, head_size: int =
         divisor, cap = softcap
         scores = b.op("Mul", b.op("Tanh", b.op("Div", scores, b.const(np.float32(divisor)))), b.const(np.float32(cap)))
     if mask != "none":
-        m = b.input("attention_mask", ["batch", "past_sequence + sequence" if cache == "past" else seq], TensorProto.INT64)
+        m = b.input("attention_mask", ["batch", "past_sequence + sequence" if cache == "past" else seq],
+                    TensorProto.INT64)
         rows = b.op("Range", b.const(np.array(0, np.int64)), length, b.const(np.array(1, np.int64)))
         if cache == "past":  # key j is visible to query i when j <= past + i
             total = b.op("Gather", b.op("Shape", m), b.const(np.array(1, np.int64)), axis=0)

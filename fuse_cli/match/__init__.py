@@ -145,7 +145,8 @@ def match_root(pattern: Op | Alt, node: gs.Node) -> Iterator[Match]:
         return
     for m in _match_node(pattern, node, Match(root=node)):
         if pattern.name:
-            m.tensors.setdefault(pattern.name, node.outputs[pattern.output] if len(node.outputs) > pattern.output else None)
+            m.tensors.setdefault(pattern.name, node.outputs[pattern.output]
+                                 if len(node.outputs) > pattern.output else None)
         yield m
 
 

@@ -53,8 +53,8 @@ class EliminateNoopArithmetic(PatternPass):
                         f"{list(dims.dims)} to a higher rank"))
             trailing = dims.dims[dims.rank - value.ndim:]
             if any(c != 1 and c != d for c, d in zip(value.shape, trailing)):
-                return (Decline(f"{node.name}'s constant of shape {list(value.shape)} may broadcast {x.name!r} of shape "
-                        f"{list(dims.dims)} to a larger shape"))
+                return (Decline(f"{node.name}'s constant of shape {list(value.shape)} may broadcast "
+                        f"{x.name!r} of shape {list(dims.dims)} to a larger shape"))
         return Decline.unless(g.reroute_reason(node.outputs[0], x))
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:

@@ -51,7 +51,8 @@ def repeat_decline(m: Match, g: GraphEditor, role: str, h: int, kv: int) -> Decl
     axes = m.tensor(f"{role}_axes")
     axes = constant_value(axes) if axes is not None else m.node(f"{role}_unsqueeze").attrs.get("axes")
     expanded, merged = (g.shape(m.node(f"{role}_{n}").outputs[0]) for n in ("expand", "repeat"))
-    wanted = (source and [source.dims[0], kv, h // kv, *source.dims[2:]], source and [source.dims[0], h, *source.dims[2:]])
+    wanted = (source and [source.dims[0], kv, h // kv, *source.dims[2:]],
+              source and [source.dims[0], h, *source.dims[2:]])
     if (axes is None or [int(a) for a in np.ravel(axes)] != [2] or expanded is None or merged is None or source is None
             or expanded.rank != 5 or merged.rank != 4
             or not all(same_dim(a, b) for a, b in zip(expanded.dims, wanted[0]))

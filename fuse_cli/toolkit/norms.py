@@ -46,7 +46,8 @@ def normalized_axis(shape: TensorShape | None, reductions: list[tuple[gs.Node, g
             return Decline(f"{node.name} reduces axes {axes}, out of range for rank {rank}")
         normalized = sorted({a % rank for a in axes}) or list(range(rank))
         if normalized != list(range(normalized[0], rank)):
-            return Decline(f"{node.name} reduces axes {axes} of a rank-{rank} tensor, not trailing axes ending at the last")
+            return Decline(f"{node.name} reduces axes {axes} of a rank-{rank} tensor, "
+                           "not trailing axes ending at the last")
         if first is not None and normalized[0] != first:
             return Decline(f"{node.name} reduces from axis {normalized[0]}, the mean from axis {first}")
         first = normalized[0]
@@ -104,7 +105,8 @@ def param_tensor(g: GraphEditor, param: gs.Tensor | None, role: str, shape: Tens
 
 MEAN_SQUARED_INPUT = Alt(Op("Pow", Var("x"), Const(scalar_close(2.0)), name="square"),
               Op("Mul", Var("x"), Var("x"), name="square"))
-RMS = Op("Sqrt", Op("Add", reduce_mean(MEAN_SQUARED_INPUT, "mean_square"), Var("eps", const=True), name="add_eps"), name="sqrt")
+RMS = Op("Sqrt", Op("Add", reduce_mean(MEAN_SQUARED_INPUT, "mean_square"), Var("eps", const=True), name="add_eps"),
+         name="sqrt")
 RMS_NORMALIZED = Alt(
     Op("Div", Var("x"), RMS, name="normalize"),
     Op("Mul", Var("x"), Alt(Op("Reciprocal", RMS, name="inverse"),
