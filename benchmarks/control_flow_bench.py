@@ -218,7 +218,8 @@ def memory_rows(models: Sequence[ModelRow]) -> list[list[str]]:
         if mem.error:
             rows.append([m.name, "-", "-", "-", "-", "-", short(f"exit {mem.exit_code}: {mem.error}", 240)])
             continue
-        ratio = None if not mem.estimate_before or not mem.measured_before else mem.estimate_before / mem.measured_before
+        ratio = (None if not mem.estimate_before or not mem.measured_before
+                 else mem.estimate_before / mem.measured_before)
         rows.append([m.name, mib(mem.estimate_before), mib(mem.measured_before), times(ratio),
                      mib(mem.estimate_after), mib(mem.measured_after), ""])
     return rows

@@ -28,7 +28,8 @@ TARGETS = (("onnx", ("--upgrade-opset", "20")), ("ort-cpu", ()), ("ort-cuda", ()
 def run_fuse(model: Path, target: str, extra: tuple[str, ...], dims: list[str], work: Path) -> dict:
     report = work / f"{model.stem}-{target}.json"
     command = [sys.executable, "-m", "fuse_cli", "optimize", str(model),
-               "-o", str(work / f"{model.stem}-{target}.onnx"), "--target", target, *extra, "--json", str(report), *(a for d in dims for a in ("--dim", d))]
+               "-o", str(work / f"{model.stem}-{target}.onnx"), "--target", target, *extra, "--json", str(report),
+               *(a for d in dims for a in ("--dim", d))]
     done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
     if not report.exists():
         return {"error": f"exit {done.returncode}: {(done.stderr or done.stdout).strip()[-300:]}"}

@@ -27,7 +27,8 @@ ORT_DISABLE_ALL on the same inputs), latency ratio to the original at ORT_DISABL
 ORT_ENABLE_ALL (one-thread sessions, fuse_cli.bench.time_sessions: rounds interleaved with the
 order rotating, median of the calling thread's CPU time; the whole timing is done twice and the
 smaller median kept), measured peak activation memory (fuse_cli.analysis.measure, one child per
-model and tool: the allocator's exact high-water mark where memray is installed, else VmHWM) and session creation time at ORT_ENABLE_ALL (smallest of three). A second session
+model and tool: the allocator's exact high-water mark where memray is installed, else VmHWM) and
+session creation time at ORT_ENABLE_ALL (smallest of three). A second session
 of the original is timed beside the others: its ratio is the noise floor of that model and level.
 No figure of this script is asserted by a test. Shards run side by side (`--only`, one per core, each
 with its own `--json`) are rendered as one table with `--from-json A.json B.json`.
@@ -85,7 +86,8 @@ else:
     errors = []
     for model_type in sys.argv[4].split(","):
         try:
-            optimize_model(src, model_type=model_type, num_heads=0, hidden_size=0, use_gpu=False).save_model_to_file(dst)
+            optimized = optimize_model(src, model_type=model_type, num_heads=0, hidden_size=0, use_gpu=False)
+            optimized.save_model_to_file(dst)
             print(json.dumps({"detail": f"model_type {model_type}" + (f" ({'; '.join(errors)})" if errors else "")}))
             break
         except Exception as exc:
@@ -305,7 +307,8 @@ def markdown(rows: list[ModelRow], *, quick: bool, shards: int = 1) -> str:
             peak_ratio = (t.peak_bytes / base.peak_bytes if t.peak_bytes is not None and base.peak_bytes else None)
             diff = "" if t.max_abs_diff is None else f"{t.max_abs_diff:.1e}"
             lines.append(f"| {row.name if t.tool == 'original' else ''} | {t.tool} "
-                         f"| {t.nodes if t.nodes is not None else ''} | {t.attentions if t.attentions is not None else ''} | {diff} | {latency[0]} | {latency[1]} "
+                         f"| {t.nodes if t.nodes is not None else ''} "
+                         f"| {t.attentions if t.attentions is not None else ''} | {diff} | {latency[0]} | {latency[1]} "
                          f"| {_mib(t.peak_bytes)} | {_ratio(peak_ratio)} | "
                          f"{'' if t.session_ms is None else f'{t.session_ms:.0f}'} | {note} |")
     lines += ["", "## Geometric means over the models each tool ran", "",

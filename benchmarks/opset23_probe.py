@@ -5,7 +5,9 @@ What it printed for onnxruntime-gpu 1.31.1 and onnxruntime 1.32.0 is in fuse_cli
 STANDARD table.
 
     python benchmarks/opset23_probe.py"""
-import numpy as np, onnx, onnxruntime as ort
+import numpy as np
+import onnx
+import onnxruntime as ort
 from onnx import helper, TensorProto as TP
 print("onnxruntime", ort.__version__, ort.__file__)
 DT = {"float32": TP.FLOAT, "float16": TP.FLOAT16, "float64": TP.DOUBLE}  # bfloat16: numpy has none; not probed
@@ -152,7 +154,9 @@ for dt in ("float32", "float16", "float64"):
             T = P + S
             mask = None
             attrs = {}
-            to3 = lambda t: t.transpose(0, 2, 1, 3).reshape(t.shape[0], t.shape[2], -1)
+            def to3(t):
+                return t.transpose(0, 2, 1, 3).reshape(t.shape[0], t.shape[2], -1)
+
             if form.startswith("3d-"):
                 q, k, v = to3(q4), to3(k4), to3(v4)
                 attrs.update(q_num_heads=H, kv_num_heads=KV)
@@ -202,7 +206,8 @@ for dt in ("float32", "float16", "float64"):
                 y = y.reshape(Bz, S, H, d).transpose(0, 2, 1, 3)
             extra = ""
             if "past" in form:
-                extra = f" present diff {np.abs(res[1] - kf).max():.1e}/{np.abs(res[2] - vf).max():.1e} shape {res[1].shape}"
+                extra = (f" present diff {np.abs(res[1] - kf).max():.1e}/{np.abs(res[2] - vf).max():.1e} "
+                         f"shape {res[1].shape}")
             return f"maxdiff {np.abs(y.astype(np.float64) - ref).max():.2e}{extra} ops {ops}"
         attempt(f"Attention {form} {dt}", f)
 

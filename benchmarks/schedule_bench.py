@@ -88,7 +88,8 @@ def run_one(group: str, name: str, model: onnx.ModelProto, work: Path, rule: str
     # which an onnxruntime target never allows, whatever the order was chosen for).
     record = reports["with"].orders[0] if reports["with"].orders else None
     # the pass's own estimates under `rule` at the bound dims (the report's memory is onnxruntime's walk)
-    est_without = record.peaks_before[0][0] if record and record.peaks_before else reports["without"].memory.after.peak_bytes
+    est_without = (record.peaks_before[0][0] if record and record.peaks_before
+                   else reports["without"].memory.after.peak_bytes)
     est_with = record.peaks_after[0][0] if record and record.peaks_after else est_without
     row = {"group": group, "model": name, "rule": rule, "nodes": reports["with"].nodes_after,
            "est_without": est_without, "est_with": est_with,
@@ -185,7 +186,8 @@ def markdown(rows: list[dict], stack: list[dict], seconds: float) -> str:
         meas = [r["meas_with"] / r["meas_without"] for r in mine if r["meas_without"] and r["meas_with"]]
         bound = geomean([min(1.0, r["lower_bound"] / r["est_without"]) for r in mine if r["lower_bound"]])
         lines.append(f"| {group} | {rule} | {len(mine)} | {sum(r['method'] not in ('kept', 'guard') for r in mine)} "
-                     f"| {est:.3f} | {geomean(meas):.3f} | {max(meas, default=float('nan')):.3f} | {bound:.3f} | <= {goal} |")
+                     f"| {est:.3f} | {geomean(meas):.3f} | {max(meas, default=float('nan')):.3f} | {bound:.3f} "
+                     f"| <= {goal} |")
     lines += ["", "12k-node transformer stack (`big_models.build_deep_stack`), `fuse optimize --no-verify` at "
               "batch 1, sequence 128:", "",
               "| target | nodes after | optimize without s | optimize with s | pass s | pass outcome |",

@@ -617,8 +617,9 @@ def render_markdown(run: Mapping[str, Any], models: Sequence[ModelResult]) -> st
                 "brackets marked no-verify is fuse with its own output check off, run only where that check "
                 "rolled passes back (the model's notes say why).", "",
                 "| Model | Nodes: original / fuse ort / fuse ort-cpu / ORT opt | Unfused left: fuse ort "
-                "| Unfused left: ORT opt | CPU ms off: original / fuse ort / fuse ort-cpu / ORT opt | CPU ms all: original / fuse ort "
-                "/ fuse ort-cpu / ORT opt | Outputs within rtol 1e-4 (fuse ort / ort-cpu / ORT opt) |",
+                "| Unfused left: ORT opt | CPU ms off: original / fuse ort / fuse ort-cpu / ORT opt "
+                "| CPU ms all: original / fuse ort / fuse ort-cpu / ORT opt "
+                "| Outputs within rtol 1e-4 (fuse ort / ort-cpu / ORT opt) |",
                 "|---|---|---|---|---|---|---|"]
         for m in ran:
             by = {r.tool: r for r in m.tools}

@@ -121,7 +121,8 @@ def standard_reason(op: str, dtype, target: str) -> str | None:
     if dtype in cap.cpu:
         return None
     if dtype is None:
-        return f"the dtype is unknown, so fuse cannot tell whether onnxruntime's CPU provider runs {op} (target {target})"
+        return (f"the dtype is unknown, so fuse cannot tell whether onnxruntime's CPU provider runs {op} "
+                f"(target {target})")
     return (f"onnxruntime's CPU provider has no {dtype} {op} kernel (it runs {_names(cap.cpu)}; "
             f"target {target})")
 

@@ -27,7 +27,8 @@ def llama_attention_model(*, heads: int = 4, kv_heads: int = 2, head_size: int =
     an int). half_bounds: the Slice split "shape" (Shape(x)[3] // 2, as torch writes it) or "const";
     "wrong" splits at d/2 - 1. mask: "causal-padding" ([B, 1, S, S] from attention_mask), "none", or
     "causal-2d" (the causal [S, S] alone, not the [B or 1, H or 1, S, S] attention_bias wants), or
-    "padding-only" ([B, 1, 1, T] from attention_mask alone) or "per-head" (causal-padding expanded to [B, H, S, T]). repeat: "expand" (repeat_kv), "none" (kv_heads must equal heads) or
+    "padding-only" ([B, 1, 1, T] from attention_mask alone) or "per-head" (causal-padding expanded to
+    [B, H, S, T]). repeat: "expand" (repeat_kv), "none" (kv_heads must equal heads) or
     "tile" (Expand at axis 1: heads kv0,kv1,kv0,kv1, not repeat_kv's kv0,kv0,kv1,kv1).
     rotate_order "neg-lower" builds Concat(-x1, x2), not rotate_half. dynamo: as torch.onnx.export(dynamo=True)
     writes scaled_dot_product_attention: split and merge shapes computed from Shape (allowzero=1), d^-1/4 on Q

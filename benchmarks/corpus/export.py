@@ -415,7 +415,8 @@ def main(argv=None) -> int:
         else:
             extra = "" if entry["check_ok"] else f" CHECK FAILED: {entry.get('check_error') or entry}"
             print(f"  {entry['file']}: {entry['bytes'] / 2**20:.1f} MiB, {entry['nodes']} nodes, "
-                  f"opset {entry['opset']}, {entry['seconds']} s, max |ort - torch| {entry.get('check_max_abs_diff', float('nan')):.2e}"
+                  f"opset {entry['opset']}, {entry['seconds']} s, "
+                  f"max |ort - torch| {entry.get('check_max_abs_diff', float('nan')):.2e}"
                   f" (output max {entry.get('check_output_max_abs', float('nan')):.2e}){extra}", flush=True)
 
     manifest_path = out / "manifest.json"

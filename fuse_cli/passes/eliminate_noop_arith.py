@@ -25,7 +25,8 @@ class EliminateNoopArithmetic(PatternPass):
        =>   readers of y read x
 
     Mul, Add, And, Or and Xor in either order (torch's dynamo export writes And(ones, mask)); Sub
-    and Div only with the constant second (0 - x and 1 / x are not x). Every element of the constant must be the identity element, and the constant must
+    and Div only with the constant second (0 - x and 1 / x are not x). Every element of the constant
+    must be the identity element, and the constant must
     not broadcast x to a larger shape: each of its dims, aligned from the right, is 1 or x's
     static dim there, and its rank is at most x's. Exact for integers; for floats x*1, x/1, x-0
     give x bit for bit, and x+0 too except that a -0.0 in x comes out as +0.0 (an equal value);

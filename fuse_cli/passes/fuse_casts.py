@@ -60,7 +60,8 @@ class FuseCasts(PatternPass):
             return Decline.unless(g.reroute_reason(cast.outputs[0], m.tensor("x")))
         first, b = m.node("first"), _to(m.node("first"))
         if a is None:
-            return Decline(f"{first.name}'s input type is unknown, so {first.name} -> {cast.name} cannot be shown exact")
+            return Decline(f"{first.name}'s input type is unknown, "
+                           f"so {first.name} -> {cast.name} cannot be shown exact")
         if a != b and b not in EXACT.get(a, ()):
             return Decline(f"{first.name} casts {_name(a)} to {_name(b)}, which loses values: "
                            f"{cast.name} cannot skip it")

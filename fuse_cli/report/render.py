@@ -134,7 +134,8 @@ def verdict_line(result: VerifyResult) -> str:
     """One line a person and a CI log can read: the status first, then the evidence."""
     where = "; ".join([describe_setting(dict(s)) for s in result.settings]
                       + ([result.settings_note] if result.settings_note and result.settings else []))
-    at = f" at {len(result.settings)} shape setting{'s' if len(result.settings) != 1 else ''} ({where})" if where else ""
+    at = (f" at {len(result.settings)} shape setting{'s' if len(result.settings) != 1 else ''} ({where})"
+          if where else "")
     if result.status == UNVERIFIABLE:
         return (f"UNVERIFIABLE: {result.reason}; the output was not checked "
                 "(bind symbolic dims with --dim or --input-shape, integer ranges with --int-range, or pass "
@@ -456,7 +457,8 @@ def render_verify_rich(result: VerifyResult, console: Console) -> None:
              UNVERIFIABLE: "UNVERIFIABLE"}[result.status]
     rows = []
     for o in result.outputs:
-        verdict = "ok" if o.passed and not o.all_nonfinite else "all NaN/inf" if o.passed else "[bold red]FAIL[/bold red]"
+        verdict = ("ok" if o.passed and not o.all_nonfinite
+                   else "all NaN/inf" if o.passed else "[bold red]FAIL[/bold red]")
         # the dtype under the shape, relative beside absolute difference (each over its tolerance):
         # three columns fewer leave the output's name its width at 80 columns
         rows.append((terminal(o.name), f"{'x'.join(map(str, o.shape)) or 'scalar'}\n{o.dtype}",

@@ -119,7 +119,8 @@ def softcap_of(m: Match) -> float | Decline | None:
         return None
     inner, outer = (constant_value(m.tensor(f"softcap_{side}")) for side in ("in", "out"))
     if inner is None or outer is None or inner.size != 1 or outer.size != 1:
-        return Decline(f"{m.node('softcap_tanh').name} is not between two constant scalars (a soft cap tanh(s / c) * c)")
+        return Decline(f"{m.node('softcap_tanh').name} is not between two constant scalars "
+                       "(a soft cap tanh(s / c) * c)")
     divisor = float(inner.reshape(-1)[0])
     if m.node("softcap_in_scaling").op == "Mul":
         divisor = 1.0 / divisor if divisor else np.inf

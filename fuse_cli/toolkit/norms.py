@@ -82,7 +82,8 @@ def param_reason(g: GraphEditor, param: gs.Tensor | None, role: str, node: gs.No
         j = shape.rank - p.rank + i
         if d != 1 and (j < axis or d != normalized[j - axis]):
             kind = "a non-normalized axis" if j < axis else "normalized axis"
-            return Decline(f"{where} of shape {list(p.dims)} broadcasts over {kind} {j} of the input {list(shape.dims)}")
+            return Decline(f"{where} of shape {list(p.dims)} broadcasts over {kind} {j} "
+                           f"of the input {list(shape.dims)}")
     if constant_value(param) is None and tuple(p.dims) != tuple(normalized):
         return Decline(f"{where} is computed at run time with shape {list(p.dims)}, not exactly {list(normalized)}")
     return None

@@ -6,7 +6,8 @@ Not run by the tests (they use the .onnx); kept so the export can be made again.
 """
 import os
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
-import jax, jax.numpy as jnp, numpy as np
+import jax
+import jax.numpy as jnp
 import flax.linen as nn
 import tensorflow as tf
 from jax.experimental import jax2tf
