@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 FUZZ_EXAMPLES ?= 500
 
-.PHONY: install demo test fuzz bench bench-corpus memory-truth schedule-bench llm-bench near-miss-corpus verify-corpus fp16-parity sample-models clean control-flow-corpus control-flow-bench gpu-check quantized-bench
+.PHONY: install demo test lint fuzz bench bench-corpus memory-truth schedule-bench llm-bench near-miss-corpus verify-corpus fp16-parity sample-models clean control-flow-corpus control-flow-bench gpu-check quantized-bench
 
 install: $(STAMP)
 
@@ -27,8 +27,14 @@ demo: $(STAMP)
 	$(BIN)/fuse report sample_models/transformer_block_opset14.onnx --target ort-cpu --dim batch=1 --dim sequence=128 \
 		--plot build/transformer_memory.svg --html build/transformer_report.html
 
+LINT_PATHS := fuse_cli tests benchmarks scripts sample_models
+
 test: $(STAMP)
+	$(BIN)/ruff check $(LINT_PATHS)
 	$(BIN)/python -m pytest -q -n 2 tests
+
+lint: $(STAMP)
+	$(BIN)/ruff check $(LINT_PATHS)
 
 fuzz: $(STAMP)
 	FUSE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q -n 2 tests/test_fuzz.py

@@ -290,7 +290,8 @@ def main() -> None:
                     res.update(_index_cell(models, feeds, feeds_idx, level, args.rounds))
                     print(row(f"{hidden}/{heads}, {b}, 128", level, res, peaks), f"max|b-a| {diff:.1e}", flush=True)
     if args.micro and "embedding" in args.parts:
-        print("| embedding H, B, S | level | (a) decomposed us | a again | (b) EmbedLayerNormalization | peak MiB a / b |")
+        print("| embedding H, B, S | level | (a) decomposed us | a again | (b) EmbedLayerNormalization "
+              "| peak MiB a / b |")
         print("|---|---|---:|---|---|---|")
         for hidden in (256, 768):
             for b in batches:

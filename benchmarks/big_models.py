@@ -134,7 +134,8 @@ def build_deep_stack(blocks: int, seed: int = 0) -> onnx.ModelProto:
         x = s.block(x, i)
     s.nodes[-1].output[0] = "output"
     graph = helper.make_graph(
-        s.nodes, "deep_stack", [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, ["batch", "sequence", HIDDEN])],
+        s.nodes, "deep_stack",
+        [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, ["batch", "sequence", HIDDEN])],
         [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", "sequence", HIDDEN])], s.initializers)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION,
                              producer_name="fuse-benchmark")
@@ -549,7 +550,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"deep stack: {deep['nodes']} nodes -> {deep['nodes_after']}")
             print(f"  onnx.load + onnx.save          {deep['load_save_s']:8.3f} s   1.0x")
             print(f"  fuse optimize                  {deep['fuse_s']:8.3f} s {deep['ratio']:5.1f}x"
-                  f"   (as a command, with start-up: {deep['command_s']:.2f} s; peak RSS {deep['peak_rss_mib']:.0f} MiB)")
+                  f"   (as a command, with start-up: {deep['command_s']:.2f} s; "
+                  f"peak RSS {deep['peak_rss_mib']:.0f} MiB)")
             print(f"  fuse optimize --no-verify      {deep['fuse_no_verify_s']:8.3f} s {deep['ratio_no_verify']:5.1f}x"
                   f"   (of which the memory model {deep['memory_model_cpu_s']:.2f} s CPU; peak RSS "
                   f"{deep['peak_rss_no_verify_mib']:.0f} MiB)")

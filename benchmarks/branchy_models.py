@@ -110,6 +110,7 @@ def parallel_qkv_transformer(seq: int = 512, hidden: int = 256, heads: int = 4, 
     act = op("Relu", [up], "ffn_act")
     down = op("MatMul", [act, weight("w2", ffn, hidden)], "ffn_down")
     op("Add", [h, down], "y")
-    graph = helper.make_graph(nodes, "qkv_block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, seq, hidden])],
+    graph = helper.make_graph(nodes, "qkv_block",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, seq, hidden])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, seq, hidden])], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION)

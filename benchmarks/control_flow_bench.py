@@ -179,7 +179,8 @@ def node_goal(model: ModelRow, fuse_tool: str, rivals: Sequence[str]) -> str:
 
 def nodes_rows(models: Sequence[ModelRow]) -> list[list[str]]:
     return [[m.name, m.control_flow, f"{m.nodes} ({m.nodes_top} top)"] + [node_cell(m.tool(t)) for t in TOOLS]
-            + [f"{node_goal(m, 'fuse-onnx', ('onnxslim', 'onnxsim'))} / {node_goal(m, 'fuse-ort-cpu', ('ort-extended',))}"]
+            + [f"{node_goal(m, 'fuse-onnx', ('onnxslim', 'onnxsim'))} / "
+               f"{node_goal(m, 'fuse-ort-cpu', ('ort-extended',))}"]
             for m in models]
 
 
@@ -217,7 +218,8 @@ def memory_rows(models: Sequence[ModelRow]) -> list[list[str]]:
         if mem.error:
             rows.append([m.name, "-", "-", "-", "-", "-", short(f"exit {mem.exit_code}: {mem.error}", 240)])
             continue
-        ratio = None if not mem.estimate_before or not mem.measured_before else mem.estimate_before / mem.measured_before
+        ratio = (None if not mem.estimate_before or not mem.measured_before
+                 else mem.estimate_before / mem.measured_before)
         rows.append([m.name, mib(mem.estimate_before), mib(mem.measured_before), times(ratio),
                      mib(mem.estimate_after), mib(mem.measured_after), ""])
     return rows
@@ -251,7 +253,8 @@ NOTES = (
     "Nodes: every node of the graph and, recursively, of every If branch and Loop/Scan body. "
     "\"does not load\": the tool wrote a file that onnxruntime refuses or cannot run at the binding. "
     "Last column: fuse --target onnx against the better of onnxslim and onnx-simplifier, --target ort-cpu "
-    "against onnxruntime's extended level, counting only outputs that load and run (a fuse output that does not is \"no\").",
+    "against onnxruntime's extended level, counting only outputs that load and run "
+    "(a fuse output that does not is \"no\").",
     "fuse: `fuse optimize MODEL -o OUT --target T --json -` with the binding's --dim/--input-shape/--int-range, "
     "verification on (the default); exit code and `verification.status` from its JSON report "
     "(\"-\": no report, see Error). A file left at the output path after a non-zero exit is loaded and counted.",

@@ -27,8 +27,9 @@ TARGETS = (("onnx", ("--upgrade-opset", "20")), ("ort-cpu", ()), ("ort-cuda", ()
 
 def run_fuse(model: Path, target: str, extra: tuple[str, ...], dims: list[str], work: Path) -> dict:
     report = work / f"{model.stem}-{target}.json"
-    command = [sys.executable, "-m", "fuse_cli", "optimize", str(model), "-o", str(work / f"{model.stem}-{target}.onnx"),
-               "--target", target, *extra, "--json", str(report), *(a for d in dims for a in ("--dim", d))]
+    command = [sys.executable, "-m", "fuse_cli", "optimize", str(model),
+               "-o", str(work / f"{model.stem}-{target}.onnx"), "--target", target, *extra, "--json", str(report),
+               *(a for d in dims for a in ("--dim", d))]
     done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
     if not report.exists():
         return {"error": f"exit {done.returncode}: {(done.stderr or done.stdout).strip()[-300:]}"}
@@ -52,7 +53,8 @@ def main(argv=None) -> int:
              f"`fuse optimize` with default flags and `--dim {' --dim '.join(dims)}`; float16 copies are "
              "`model.half()` TorchScript exports (benchmarks/corpus/fp16.py). Regenerate: "
              "`.venv/bin/python benchmarks/fp16_parity.py --models DIR`.", "",
-             "| model | target | nodes fp32 -> fp16 | verified fp32 / fp16 | fusions fp32 / fp16 | passes that differ (fp16's reason) |",
+             "| model | target | nodes fp32 -> fp16 | verified fp32 / fp16 | fusions fp32 / fp16 | passes that differ "
+             "(fp16's reason) |",
              "|---|---|---|---|---|---|"]
     gaps = 0
     with tempfile.TemporaryDirectory() as tmp:
@@ -67,8 +69,8 @@ def main(argv=None) -> int:
                 said = "; ".join(f"{p} {a['fusions'][p]} / {b['fusions'][p]}"
                                  + (f" ({b['misses'][p][:160]})" if p in b["misses"] else "") for p in differ)
                 gaps += any(b["fusions"][p] < a["fusions"][p] and p not in b["misses"] for p in differ)
-                lines.append(f"| {fp32.stem} | {target} | {a['nodes']} -> {b['nodes']} | {a['status']} / {b['status']} | "
-                             f"{sum(a['fusions'].values())} / {sum(b['fusions'].values())} | {said or 'none'} |")
+                lines.append(f"| {fp32.stem} | {target} | {a['nodes']} -> {b['nodes']} | {a['status']} / {b['status']} "
+                             f"| {sum(a['fusions'].values())} / {sum(b['fusions'].values())} | {said or 'none'} |")
                 print(lines[-1], flush=True)
     lines += ["", f"{gaps} cells where the float16 copy fuses less with no reason given (or a run failed)."]
     args.out.write_text("\n".join(lines) + "\n")

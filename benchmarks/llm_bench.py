@@ -27,7 +27,8 @@ ORT_DISABLE_ALL on the same inputs), latency ratio to the original at ORT_DISABL
 ORT_ENABLE_ALL (one-thread sessions, fuse_cli.bench.time_sessions: rounds interleaved with the
 order rotating, median of the calling thread's CPU time; the whole timing is done twice and the
 smaller median kept), measured peak activation memory (fuse_cli.analysis.measure, one child per
-model and tool: the allocator's exact high-water mark where memray is installed, else VmHWM) and session creation time at ORT_ENABLE_ALL (smallest of three). A second session
+model and tool: the allocator's exact high-water mark where memray is installed, else VmHWM) and
+session creation time at ORT_ENABLE_ALL (smallest of three). A second session
 of the original is timed beside the others: its ratio is the noise floor of that model and level.
 No figure of this script is asserted by a test. Shards run side by side (`--only`, one per core, each
 with its own `--json`) are rendered as one table with `--from-json A.json B.json`.
@@ -85,7 +86,8 @@ else:
     errors = []
     for model_type in sys.argv[4].split(","):
         try:
-            optimize_model(src, model_type=model_type, num_heads=0, hidden_size=0, use_gpu=False).save_model_to_file(dst)
+            optimized = optimize_model(src, model_type=model_type, num_heads=0, hidden_size=0, use_gpu=False)
+            optimized.save_model_to_file(dst)
             print(json.dumps({"detail": f"model_type {model_type}" + (f" ({'; '.join(errors)})" if errors else "")}))
             break
         except Exception as exc:
@@ -284,11 +286,13 @@ def markdown(rows: list[ModelRow], *, quick: bool, shards: int = 1) -> str:
     lines = ["# LLM group: fuse --target ort-cpu against the anchors on the decoder corpus", "",
              f"benchmarks/llm_bench.py, one run{' (--quick: not worth comparing)' if quick else ''}"
              f"{f' in {shards} shards side by side, one per core' if shards > 1 else ''}; onnxruntime "
-             f"{ort.__version__} CPU, one thread. Latency: CPU time of the calling thread, median of interleaved rounds, "
-             "the smaller of two timings, over the original at the same level (below 1: faster). `noise`: the "
+             f"{ort.__version__} CPU, one thread. Latency: CPU time of the calling thread, median of interleaved "
+             "rounds, the smaller of two timings, over the original at the same level (below 1: faster). `noise`: the "
              "original's second session over its first. Peak: measured activation peak (MiB, ORT_DISABLE_ALL, arena "
-             "off; the allocator's exact high-water mark, memray). Session: creation at ORT_ENABLE_ALL (ms). attn: attention operators in the output.", "",
-             "| model | tool | nodes | attn | max abs diff | disabled | all | peak MiB | peak ratio | session ms | note |",
+             "off; the allocator's exact high-water mark, memray). Session: creation at ORT_ENABLE_ALL (ms). attn: "
+             "attention operators in the output.", "",
+             "| model | tool | nodes | attn | max abs diff | disabled | all | peak MiB | peak ratio "
+             "| session ms | note |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         base = row.tools[0]
@@ -302,7 +306,8 @@ def markdown(rows: list[ModelRow], *, quick: bool, shards: int = 1) -> str:
                 note = t.error or t.detail
             peak_ratio = (t.peak_bytes / base.peak_bytes if t.peak_bytes is not None and base.peak_bytes else None)
             diff = "" if t.max_abs_diff is None else f"{t.max_abs_diff:.1e}"
-            lines.append(f"| {row.name if t.tool == 'original' else ''} | {t.tool} | {t.nodes if t.nodes is not None else ''} "
+            lines.append(f"| {row.name if t.tool == 'original' else ''} | {t.tool} "
+                         f"| {t.nodes if t.nodes is not None else ''} "
                          f"| {t.attentions if t.attentions is not None else ''} | {diff} | {latency[0]} | {latency[1]} "
                          f"| {_mib(t.peak_bytes)} | {_ratio(peak_ratio)} | "
                          f"{'' if t.session_ms is None else f'{t.session_ms:.0f}'} | {note} |")
@@ -312,7 +317,9 @@ def markdown(rows: list[ModelRow], *, quick: bool, shards: int = 1) -> str:
         ran = [(r.tools[0], t) for r in rows for t in r.tools if t.tool == tool and t.latency_ratio]
         if not ran:
             continue
-        geo = lambda values: math.exp(statistics.fmean(math.log(v) for v in values)) if values else math.nan  # noqa: E731
+        def geo(values):
+            return math.exp(statistics.fmean(math.log(v) for v in values)) if values else math.nan
+
         lines.append(f"| {tool} | {len(ran)} | {geo([t.latency_ratio['disabled'] for _, t in ran]):.3f} | "
                      f"{geo([t.latency_ratio['all'] for _, t in ran]):.3f} | "
                      f"{geo([t.peak_bytes / b.peak_bytes for b, t in ran if t.peak_bytes and b.peak_bytes]):.3f} | "

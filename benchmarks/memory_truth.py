@@ -7,7 +7,8 @@ Models: sample_models/*.onnx, the nine light zoo models inside the onnx package,
 models built in code (branchy_models.py: four randomly wired networks, whose Sum nodes over 3 to 7
 inputs no export has, and a transformer block with parallel Q/K/V), and the corpora in
 benchmarks/corpus/models and benchmarks/corpus/heldout-models (`make bench-corpus` builds both;
-or $FUSE_CORPUS_DIRS, colon-separated), whatever exists when it runs. A folder's manifest.json, where present, gives each file's symbolic
+or $FUSE_CORPUS_DIRS, colon-separated), whatever exists when it runs. A folder's manifest.json,
+where present, gives each file's symbolic
 dims, its `small` and `large` settings and the valid ranges of its integer inputs.
 
 Per model, target (`--target onnx`, `--target ort-cpu`) and setting: fuse's estimate before and
@@ -359,7 +360,9 @@ def markdown(cases: list[Case], result: dict, seconds: float, notes: str = "") -
 
 def _worst(part: dict) -> str:
     worst = part.get("worst")
-    return "none" if not worst else f"{worst['model']} {worst['target']} {worst['setting']} {worst['side']} {worst['ratio']}"
+    if not worst:
+        return "none"
+    return f"{worst['model']} {worst['target']} {worst['setting']} {worst['side']} {worst['ratio']}"
 
 
 def _ort_version() -> str:

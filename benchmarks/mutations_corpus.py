@@ -72,7 +72,8 @@ def main(argv=None) -> int:
     caught = sum(r["caught"] for r in rows)
     covered = len({r["mutation"] for r in rows})
     print(f"\nmutations on the corpus: verification caught {caught} of {len(rows)} wrong rewrites "
-          f"({100 * caught / max(len(rows), 1):.0f}%), {covered} of {len(MUTATIONS)} mutations found a model to fire on")
+          f"({100 * caught / max(len(rows), 1):.0f}%), {covered} of {len(MUTATIONS)} mutations found a model "
+          "to fire on")
     if args.json:
         args.json.write_text(json.dumps({"runs": rows}, indent=1) + "\n")
     return 0 if caught == len(rows) else 1

@@ -59,7 +59,8 @@ def _mean_by_op(events: list[dict], runs: int) -> dict[str, float]:
     after_warmup = starts[1]
     totals: dict[str, float] = defaultdict(float)
     for event in events:
-        if event.get("cat") == "Node" and event.get("name", "").endswith("_kernel_time") and event["ts"] >= after_warmup:
+        if (event.get("cat") == "Node" and event.get("name", "").endswith("_kernel_time")
+                and event["ts"] >= after_warmup):
             totals[event["args"]["op_name"]] += event["dur"]
     return {op: microseconds / runs for op, microseconds in totals.items()}
 

@@ -79,7 +79,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "quantized.md")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--only", default="", help="comma-separated substrings of model names (default: all)")
-    parser.add_argument("--unit-probe", action="store_true", help="also time one QDQ Conv unit against its FusedConv form")
+    parser.add_argument("--unit-probe", action="store_true",
+                        help="also time one QDQ Conv unit against its FusedConv form")
     parser.add_argument("--render", type=Path, nargs="+", default=None,
                         help="write --out from these --json files of earlier runs (parts run apart) instead of running")
     args = parser.parse_args()
@@ -144,7 +145,8 @@ def bench_model(path: Path, entry: dict, scratch: Path) -> Row:
         session = make_session(str(source))
         reads[key] = [i.name for i in session.get_inputs()]
         got = session.run(None, {name: feeds[name] for name in reads[key]})
-        row.outputs[key].max_abs_diff = max(float(np.max(np.abs(a.astype(np.float64) - b))) for a, b in zip(reference, got))
+        row.outputs[key].max_abs_diff = max(float(np.max(np.abs(a.astype(np.float64) - b)))
+                                            for a, b in zip(reference, got))
     keys = {"original": path, "original (2nd session)": path, **outputs}
     run_feeds = {k: {name: feeds[name] for name in reads.get(k, reads["original"])} for k in keys}
     for level in LEVELS:
@@ -186,13 +188,15 @@ def _conv_unit(fused: bool) -> onnx.ModelProto:
               "o_s": np.float32(0.04), "o_z": np.uint8(0)}
     node = helper.make_node
     nodes = [node("QuantizeLinear", ["x", "s", "z"], ["x_q"]), node("DequantizeLinear", ["x_q", "s", "z"], ["x_dq"]),
-             node("DequantizeLinear", ["w_q", "w_s", "w_z"], ["w"]), node("DequantizeLinear", ["b_q", "b_s", "b_z"], ["b"])]
+             node("DequantizeLinear", ["w_q", "w_s", "w_z"], ["w"]),
+             node("DequantizeLinear", ["b_q", "b_s", "b_z"], ["b"])]
     if fused:
         nodes.append(node("FusedConv", ["x_dq", "w", "b"], ["r"], domain="com.microsoft", pads=[1, 1, 1, 1],
                           activation="Relu"))
     else:
         nodes += [node("Conv", ["x_dq", "w", "b"], ["c"], pads=[1, 1, 1, 1]), node("Relu", ["c"], ["r"])]
-    nodes += [node("QuantizeLinear", ["r", "o_s", "o_z"], ["y_q"]), node("DequantizeLinear", ["y_q", "o_s", "o_z"], ["y"])]
+    nodes += [node("QuantizeLinear", ["r", "o_s", "o_z"], ["y_q"]),
+              node("DequantizeLinear", ["y_q", "o_s", "o_z"], ["y"])]
     graph = helper.make_graph(nodes, "unit", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, UNIT_SHAPE)],
                               [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, UNIT_SHAPE)],
                               [numpy_helper.from_array(np.asarray(v), k) for k, v in values.items()])
@@ -270,7 +274,8 @@ QLinearConv / QLinearMatMul at `--target onnx` would close the gap at the disabl
 def decision(rows: list[Row]) -> list[str]:
     """The policy, and how the measured rows bear it out."""
     fused = [(row, key, out) for row in rows for key, out in row.outputs.items() if key.startswith("fuse")]
-    same = [1 for row, _, out in fused if not out.error and kernels(out.formed) == kernels(row.outputs["original"].formed)]
+    same = [1 for row, _, out in fused
+            if not out.error and kernels(out.formed) == kernels(row.outputs["original"].formed)]
     verified = [1 for _, _, out in fused if out.detail.startswith("match")]
     lines = [POLICY]
     if fused:
@@ -290,7 +295,8 @@ def decision(rows: list[Row]) -> list[str]:
 
 
 def summary_line(row: Row) -> str:
-    parts = [f"{k} {o.latency_ratio.get('disabled', float('nan')):.2f}/{o.latency_ratio.get('extended', float('nan')):.2f}"
+    parts = [f"{k} {o.latency_ratio.get('disabled', float('nan')):.2f}"
+             f"/{o.latency_ratio.get('extended', float('nan')):.2f}"
              for k, o in row.outputs.items() if k != "original"]
     same = all(kernels(o.formed) == kernels(row.outputs["original"].formed)
                for k, o in row.outputs.items() if k.startswith("fuse") and not o.error)
@@ -305,20 +311,23 @@ def markdown(rows: list[Row], unit: list[str] = ()) -> str:
              "## Nodes, verification, and what onnxruntime forms at ORT_ENABLE_EXTENDED", "",
              "Formed: the quantized kernels in onnxruntime's offline output; Q / DQ left: the QuantizeLinear / "
              "DequantizeLinear it kept; same: the same kernels, by kind and count, as from the original.", "",
-             "| model | form | tool | nodes | fuse: verification; passes | max abs diff | formed offline (extended) | Q / DQ left | same kernels |",
+             "| model | form | tool | nodes | fuse: verification; passes | max abs diff "
+             "| formed offline (extended) | Q / DQ left | same kernels |",
              "|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         base = row.outputs["original"].formed
         for key, out in row.outputs.items():
             if key == "ort extended":
                 continue
-            same = "" if key == "original" else ("error" if out.error else ("yes" if kernels(out.formed) == kernels(base) else "**no**"))
+            same = ("" if key == "original" else "error" if out.error
+                    else "yes" if kernels(out.formed) == kernels(base) else "**no**")
             diff = "" if out.max_abs_diff is None else f"{out.max_abs_diff:.2g}"
             lines.append(f"| {row.name} | {row.form} | {key} | {out.nodes} | {out.error or out.detail} | {diff} | "
                          f"{_formed(out.formed)} | {_left(out.formed)} | {same} |")
     lines += ["", "## CPU latency over the original's (below 1: faster)", "",
               "Medians of interleaved rounds, the smaller of two timings. ort extended: onnxruntime's own "
-              "extended-level offline output (the best anchor). noise: the original's second session over its first.", "",
+              "extended-level offline output (the best anchor). noise: the original's second session over its "
+              "first.", "",
               "| model | dims | original ms (disabled / extended) | fuse onnx | fuse ort-cpu | ort extended | noise |",
               "|---|---|---|---|---|---|---|"]
     for row in rows:
@@ -335,7 +344,8 @@ def markdown(rows: list[Row], unit: list[str] = ()) -> str:
                      f"{pair('fuse onnx')} | {pair('fuse ort-cpu')} | {pair('ort extended')} | "
                      f"{' / '.join(f'{row.noise[level]:.2f}' for level in LEVELS)} |")
     if unit:
-        lines += ["", "## One QDQ unit fused into a float operator", "", conv_unit_probe.__doc__.split(":")[0].replace("\n   ", "") + ".", "",
+        lines += ["", "## One QDQ unit fused into a float operator", "",
+                  conv_unit_probe.__doc__.split(":")[0].replace("\n   ", "") + ".", "",
                   *unit]
     return "\n".join(lines) + "\n"
 

@@ -357,7 +357,9 @@ def _run_models(path: Path, name: str, groups: tuple[str, ...], nodes: int, outp
             results[tool] = replace(results[tool], error=str(exc))
 
     def time_all(sessions: Mapping[str, Any], level: str) -> dict[str, Latency]:
-        return time_sessions(sessions, {n: feeds_for(s, feeds, dims=dims, seed=seed, int_ranges=ranges) for n, s in sessions.items()},
+        return time_sessions(sessions,
+                             {n: feeds_for(s, feeds, dims=dims, seed=seed, int_ranges=ranges)
+                              for n, s in sessions.items()},
                              timing[level]) if sessions else {}
 
     latencies = {"disabled": time_all(sessions, "disabled")}
@@ -681,7 +683,8 @@ def default_models() -> list[Path]:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("models", nargs="*", type=Path, help="models to run (default: samples and light zoo, or samples and $MODELS)")
+    parser.add_argument("models", nargs="*", type=Path,
+                        help="models to run (default: samples and light zoo, or samples and $MODELS)")
     parser.add_argument("--quick", action="store_true", help="few timing runs (for tests; figures not comparable)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for latest.md and latest.json")
     parser.add_argument("--tools", default=",".join(TOOL_NAMES), help=f"comma-separated, from {', '.join(TOOL_NAMES)}")

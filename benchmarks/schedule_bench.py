@@ -52,7 +52,8 @@ MiB = 1024 * 1024
 
 def models(seeds: int) -> list[tuple[str, str, onnx.ModelProto]]:
     light = Path(onnx.__file__).parent / "backend/test/data/light"
-    found = [("branchy", name, onnx.load(str(light / f"{name}.onnx"))) for name in LIGHT if (light / f"{name}.onnx").exists()]
+    found = [("branchy", name, onnx.load(str(light / f"{name}.onnx"))) for name in LIGHT
+             if (light / f"{name}.onnx").exists()]
     for name in CORPUS_NAMES:
         path = next((folder / f"{name}.onnx" for folder in CORPUS_DIRS if (folder / f"{name}.onnx").exists()), None)
         if path is not None:
@@ -87,7 +88,8 @@ def run_one(group: str, name: str, model: onnx.ModelProto, work: Path, rule: str
     # which an onnxruntime target never allows, whatever the order was chosen for).
     record = reports["with"].orders[0] if reports["with"].orders else None
     # the pass's own estimates under `rule` at the bound dims (the report's memory is onnxruntime's walk)
-    est_without = record.peaks_before[0][0] if record and record.peaks_before else reports["without"].memory.after.peak_bytes
+    est_without = (record.peaks_before[0][0] if record and record.peaks_before
+                   else reports["without"].memory.after.peak_bytes)
     est_with = record.peaks_after[0][0] if record and record.peaks_after else est_without
     row = {"group": group, "model": name, "rule": rule, "nodes": reports["with"].nodes_after,
            "est_without": est_without, "est_with": est_with,
@@ -163,16 +165,16 @@ def markdown(rows: list[dict], stack: list[dict], seconds: float) -> str:
              "default reverse depth-first walk; `stored` is ordered for runtimes that run the file's order "
              "(--schedule-for stored) and measured so, in onnxruntime's PRIORITY_BASED order (Kahn's, ties in "
              "stored order: the stored order itself).", "",
-             "| group | model | order rule | nodes | est. without MiB | est. with MiB | lower bound MiB | meas. without MiB "
-             "| meas. with MiB | meas. ratio | pass s | method | outputs bitwise equal |",
+             "| group | model | order rule | nodes | est. without MiB | est. with MiB | lower bound MiB | meas. "
+             "without MiB | meas. with MiB | meas. ratio | pass s | method | outputs bitwise equal |",
              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in rows:
         ratio = r["meas_with"] / r["meas_without"] if r["meas_without"] and r["meas_with"] else None
         lines.append(f"| {r['group']} | {r['model']} | {r.get('rule', 'onnxruntime')} | {r['nodes']} | "
                      f"{r['est_without'] / MiB:.2f} | "
                      f"{r['est_with'] / MiB:.2f} | {r['lower_bound'] / MiB:.2f} | {_mib(r['meas_without']).strip()} | "
-                     f"{_mib(r['meas_with']).strip()} | {'' if ratio is None else f'{ratio:.3f}'} | {r['seconds']:.2f} | "
-                     f"{r['method']} | {'yes' if r['equal'] else 'NO'} |")
+                     f"{_mib(r['meas_with']).strip()} | {'' if ratio is None else f'{ratio:.3f}'} | {r['seconds']:.2f} "
+                     f"| {r['method']} | {'yes' if r['equal'] else 'NO'} |")
     lines += ["", "| group | order rule | models | reordered | geomean est. with/without | geomean meas. with/without "
               "| max meas. ratio | geomean lower bound / without (best any order could do) | goal |",
               "|---|---|---:|---:|---:|---:|---:|---:|---|"]
@@ -183,8 +185,9 @@ def markdown(rows: list[dict], stack: list[dict], seconds: float) -> str:
         est = geomean([r["est_with"] / r["est_without"] for r in mine])
         meas = [r["meas_with"] / r["meas_without"] for r in mine if r["meas_without"] and r["meas_with"]]
         bound = geomean([min(1.0, r["lower_bound"] / r["est_without"]) for r in mine if r["lower_bound"]])
-        lines.append(f"| {group} | {rule} | {len(mine)} | {sum(r['method'] not in ('kept', 'guard') for r in mine)} | {est:.3f} | "
-                     f"{geomean(meas):.3f} | {max(meas, default=float('nan')):.3f} | {bound:.3f} | <= {goal} |")
+        lines.append(f"| {group} | {rule} | {len(mine)} | {sum(r['method'] not in ('kept', 'guard') for r in mine)} "
+                     f"| {est:.3f} | {geomean(meas):.3f} | {max(meas, default=float('nan')):.3f} | {bound:.3f} "
+                     f"| <= {goal} |")
     lines += ["", "12k-node transformer stack (`big_models.build_deep_stack`), `fuse optimize --no-verify` at "
               "batch 1, sequence 128:", "",
               "| target | nodes after | optimize without s | optimize with s | pass s | pass outcome |",

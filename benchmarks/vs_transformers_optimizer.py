@@ -607,7 +607,8 @@ def settings_lines(run: Mapping[str, Any]) -> list[str]:
 
 def render_markdown(run: Mapping[str, Any], models: Sequence[ModelResult]) -> str:
     out = ["# fuse vs onnxruntime's transformers optimizer", "",
-           "Written by `benchmarks/vs_transformers_optimizer.py` (see its docstring). One run, all figures from it.", ""]
+           "Written by `benchmarks/vs_transformers_optimizer.py` (see its docstring). One run, all figures from it.",
+           ""]
     out += [f"- {line}" for line in settings_lines(run)] + [""]
     ran = [m for m in models if not m.skipped]
     if ran:
@@ -615,9 +616,10 @@ def render_markdown(run: Mapping[str, Any], models: Sequence[ModelResult]) -> st
                 "Nodes and median CPU ms per run (graph optimizations disabled / ORT_ENABLE_ALL). A figure in "
                 "brackets marked no-verify is fuse with its own output check off, run only where that check "
                 "rolled passes back (the model's notes say why).", "",
-                "| Model | Nodes: original / fuse ort / fuse ort-cpu / ORT opt | Unfused left: fuse ort | Unfused left: "
-                "ORT opt | CPU ms off: original / fuse ort / fuse ort-cpu / ORT opt | CPU ms all: original / fuse ort / "
-                "fuse ort-cpu / ORT opt | Outputs within rtol 1e-4 (fuse ort / ort-cpu / ORT opt) |",
+                "| Model | Nodes: original / fuse ort / fuse ort-cpu / ORT opt | Unfused left: fuse ort "
+                "| Unfused left: ORT opt | CPU ms off: original / fuse ort / fuse ort-cpu / ORT opt "
+                "| CPU ms all: original / fuse ort / fuse ort-cpu / ORT opt "
+                "| Outputs within rtol 1e-4 (fuse ort / ort-cpu / ORT opt) |",
                 "|---|---|---|---|---|---|---|"]
         for m in ran:
             by = {r.tool: r for r in m.tools}

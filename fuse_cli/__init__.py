@@ -27,7 +27,9 @@ __version__ = "0.2.0"
 
 _PUBLIC = ("optimize", "audit_model", "compare_models", "FuseResult", "Comparison")
 
-__all__ = ["__version__", "CheckFailed", "FuseError", "InputError", "InternalError", *_PUBLIC]
+# _PUBLIC spelled out, not unpacked, so that linters see the lazily imported names as exported
+__all__ = ["__version__", "CheckFailed", "FuseError", "InputError", "InternalError",
+           "optimize", "audit_model", "compare_models", "FuseResult", "Comparison"]
 
 if TYPE_CHECKING:
     from fuse_cli.public import Comparison, FuseResult, audit_model, compare_models, optimize

@@ -151,7 +151,8 @@ def _optimize(source: Path, config: FuseConfig, target_path: Path | None, *, dry
             near_misses=tuple(fused.near_misses) + tuple(declined_near_miss(d) for d in declined),
             nodes_before=node_count(loaded.model.graph),
             nodes_after=node_count(optimized.graph),
-            weight_bytes_before=weight_bytes(loaded.model) + sum(payload_bytes(t) or 0 for t in loaded.input_defaults.values()),
+            weight_bytes_before=weight_bytes(loaded.model) + sum(payload_bytes(t) or 0
+                                                                 for t in loaded.input_defaults.values()),
             weight_bytes_after=weight_bytes(optimized),
             unbound_dims=tables.assumed,
             input_dims=tuple(free_symbols(loaded.model)),
@@ -163,12 +164,14 @@ def _optimize(source: Path, config: FuseConfig, target_path: Path | None, *, dry
             verification=verification,
             rolled_back=rolled_back,
             runtime_target_would_add=runtime_extra,
-            gates=Gates(config.fail_on_fusable, config.max_peak_bytes, config.fail_on_near_miss, config.require_verified),
+            gates=Gates(config.fail_on_fusable, config.max_peak_bytes, config.fail_on_near_miss,
+                        config.require_verified),
             measured=measured,
             allow_mismatch=config.allow_mismatch,
             memory=memory,
             peak_guard=declined,
-            peak_settings=() if config.allow_peak_growth else tuple(tuple(sorted(s.dims.items())) for s in estimate.settings),
+            peak_settings=() if config.allow_peak_growth
+            else tuple(tuple(sorted(s.dims.items())) for s in estimate.settings),
             peak_tolerances=() if config.allow_peak_growth else tuple(peak_tolerance(s.before.peak_bytes)
                                                                       for s in estimate.settings),
             orders=fused.orders,

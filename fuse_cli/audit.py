@@ -3,9 +3,9 @@ of each candidate, the peak guard (fuse never writes a model whose estimated pea
 original's by more than max(0.5%, 4 KiB) unless asked), and the memory audit in the report.
 
 The guard judges two shape settings: the bound one (the user's --dim, unbound symbols at 1) and a
-larger one (every symbol at LARGER times its bound value, at least LARGER_AT_LEAST), because which tensors are alive at the
-peak changes with size: a rewrite that wins at batch 1 can lose at batch 8 (attention's head-major
-copies grow with sequence, a folded weight does not).
+larger one (every symbol at LARGER times its bound value, at least LARGER_AT_LEAST), because which
+tensors are alive at the peak changes with size: a rewrite that wins at batch 1 can lose at batch 8
+(attention's head-major copies grow with sequence, a folded weight does not).
 """
 
 from __future__ import annotations

@@ -61,9 +61,11 @@ def cli() -> None:
 
 @cli.command()
 @click.argument("models", nargs=-1, required=True, metavar="MODEL... | DIR")
-@click.option("-o", "--output", default=None, metavar="PATH", help="Where to write (default: <stem>.fused.onnx beside MODEL).")
+@click.option("-o", "--output", default=None, metavar="PATH",
+              help="Where to write (default: <stem>.fused.onnx beside MODEL).")
 @click.option("--out-dir", default=None, metavar="DIR", help="Batch: write each <stem>.fused.onnx into DIR.")
-@click.option("-j", "--jobs", type=click.IntRange(min=1), default=None, help="Batch: parallel processes (default: up to 4).")
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
+              help="Batch: parallel processes (default: up to 4).")
 @click.option("--in-place", is_flag=True, help="Allow writing over MODEL.")
 @click.option("--external-data/--embed-data", default=None,
               help="Store weights in a side .data file, or in the .onnx file (default: where the input has them).")
@@ -112,7 +114,8 @@ def report(models, jobs, json_path, markdown_path, plot_path, html_path, show_ti
     sys.exit(_run_batch(models, config, None, jobs, json_path, dry_run=True, quiet=quiet))
 
 
-def _models_touched(models, output: str | None = None, out_dir: str | None = None, *, writes: bool = True) -> list[Path]:
+def _models_touched(models, output: str | None = None, out_dir: str | None = None, *,
+                    writes: bool = True) -> list[Path]:
     """The models a run reads and, for optimize, writes: what no report may overwrite."""
     from fuse_cli.batch import expand_models, output_for
 
@@ -148,8 +151,10 @@ def _run_batch(models, config, out_dir, jobs, json_path, dry_run: bool = False, 
 @int_range_option(help="Range for an integer input's random values, high exclusive (default: what the graph implies).")
 @click.option("--inputs", "inputs_path", default=None, metavar="FILE.npz|DIR",
               help="Real inputs: a .npz file, or a folder of onnx TensorProto .pb files named after the inputs.")
-@click.option("--rtol", type=click.FloatRange(min=0), default=None, help="Relative tolerance (default by dtype: fp32 1e-4).")
-@click.option("--atol", type=click.FloatRange(min=0), default=None, help="Absolute tolerance (default by dtype: fp32 1e-5).")
+@click.option("--rtol", type=click.FloatRange(min=0), default=None,
+              help="Relative tolerance (default by dtype: fp32 1e-4).")
+@click.option("--atol", type=click.FloatRange(min=0), default=None,
+              help="Absolute tolerance (default by dtype: fp32 1e-5).")
 @seed_option
 @json_option(help="Write the comparison as JSON.")
 @debug_option

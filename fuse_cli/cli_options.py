@@ -65,7 +65,8 @@ def fusion_options(func):
     options = [
         click.option("--target", type=click.Choice(TARGETS), default=None,
                      help="Operators the output may use: onnx (standard only, default) or an onnxruntime target."),
-        click.option("--passes", "passes", default=None, metavar="A,B", help="Run only these passes (comma-separated)."),
+        click.option("--passes", "passes", default=None, metavar="A,B",
+                     help="Run only these passes (comma-separated)."),
         click.option("--disable", default=None, metavar="A,B", help="Skip these passes (comma-separated)."),
         dim_option(help="Bind a symbolic dimension for the memory estimate, verification and --measure (repeatable); "
                         "a dim with no usable name ('?', -1, none) by position: x.dim2=48."),
@@ -78,9 +79,11 @@ def fusion_options(func):
         click.option("--upgrade-opset", type=int, default=None, metavar="N",
                      help="Convert the model to opset N first (onnx version converter), so newer fused ops apply."),
         click.option("--verify/--no-verify", default=None,
-                     help="Compare outputs with the original in onnxruntime (default on); roll back passes that break them."),
+                     help="Compare outputs with the original in onnxruntime (default on); "
+                          "roll back passes that break them."),
         int_range_option(help="Verification: range of an integer input's random values, high exclusive "
-                          "(default: what the graph implies, e.g. an embedding's row count; 0:2 for masks; else 0:10)."),
+                              "(default: what the graph implies, e.g. an embedding's row count; 0:2 for masks; "
+                              "else 0:10)."),
         click.option("--rtol", type=click.FloatRange(min=0), default=None,
                      help="Relative tolerance for verification (default by dtype)."),
         click.option("--atol", type=click.FloatRange(min=0), default=None,
@@ -133,9 +136,9 @@ def progress_options(func):
     return func
 
 
-def config_from_options(target, passes, disable, dims, input_shapes, freeze_inputs, fold_limit, upgrade_opset, verify, int_ranges,
-            rtol, atol, allow_mismatch, allow_peak_growth, require_verified, fail_on_fusable, max_peak, fail_on_near_miss, measure,
-            schedule_for, max_memory):
+def config_from_options(target, passes, disable, dims, input_shapes, freeze_inputs, fold_limit, upgrade_opset,
+                        verify, int_ranges, rtol, atol, allow_mismatch, allow_peak_growth, require_verified,
+                        fail_on_fusable, max_peak, fail_on_near_miss, measure, schedule_for, max_memory):
     base = load_config()
     return base.with_overrides(
         target=target,

@@ -169,7 +169,8 @@ def _returns_its_own(body: gs.Graph, old_names: list[str], taken: set[str]) -> N
 RUNTIME_TARGET = "ort"
 
 
-def what_runtime_target_adds(loaded: LoadedModel, tables: ShapeTables, config: FuseConfig) -> tuple[tuple[str, int], ...]:
+def what_runtime_target_adds(loaded: LoadedModel, tables: ShapeTables,
+                             config: FuseConfig) -> tuple[tuple[str, int], ...]:
     """The cost of portability: fusions only an onnxruntime target would make, by pattern. Only
     the fusion records are needed, so the graph is never exported."""
     portable = set(resolve("onnx", None, config.disable))

@@ -339,7 +339,8 @@ def derived_settings(model: onnx.ModelProto, bound: Mapping[str, int] | None = N
     uniform = [({**bound, **dict.fromkeys(free, sizes[0])}, f"derived from the model: {origin}, one size for every dim")
                for origin, sizes in sources if len(free) > 1][:_UNIFORM_SLOTS]
     settings: list[tuple[dict[str, int], str]] = []
-    for setting, origin in [*candidates[:_MAX_DERIVED - len(uniform)], *uniform, *candidates[_MAX_DERIVED - len(uniform):]]:
+    for setting, origin in [*candidates[:_MAX_DERIVED - len(uniform)], *uniform,
+                            *candidates[_MAX_DERIVED - len(uniform):]]:
         setting = with_computed_dims(model, setting)
         if all(setting != known for known, _ in settings):
             settings.append((setting, origin))
@@ -518,7 +519,8 @@ def _gather_bound(start: str, consumers, constants, tables) -> tuple[int, int] |
                     # value + offset in [0, rows)  <=>  value in [-offset, rows - offset)
                     low, high = max(low, -offset), rows - offset if high is None else min(high, rows - offset)
                 continue
-            if node.op_type in _VALUE_PRESERVING and name in (node.input if node.op_type == "Concat" else node.input[:1]):
+            if node.op_type in _VALUE_PRESERVING and name in (node.input if node.op_type == "Concat"
+                                                              else node.input[:1]):
                 todo.append((node.output[0], offset))
             elif node.op_type in ("Add", "Sub") and len(node.input) == 2:
                 if node.op_type == "Sub" and node.input[1] == name:

@@ -171,7 +171,8 @@ class Steps:
     def now(self) -> Now:
         clock = time.perf_counter()
         main = list(self._open.get(self._owner, ()))
-        beside = next((list(stack) for thread, stack in list(self._open.items()) if thread != self._owner and stack), [])
+        beside = next((list(stack) for thread, stack in list(self._open.items())
+                       if thread != self._owner and stack), [])
         return Now(
             step=" · ".join(o.name for o in main),
             detail=main[-1].detail if main else "",
@@ -187,7 +188,8 @@ class Steps:
             wall_seconds=time.perf_counter() - self._started,
             steps=tuple(StepTime(name, t.seconds, t.count, within, t.peak_rss_bytes)
                         for (within, name), t in self._steps.items()),
-            passes=tuple(PassTime(name, t.runs, t.seconds, t.matching, t.rewriting) for name, t in self._passes.items()),
+            passes=tuple(PassTime(name, t.runs, t.seconds, t.matching, t.rewriting)
+                         for name, t in self._passes.items()),
             verification=tuple(self._settings),
             peak_rss_bytes=peak_rss_bytes(),
             worker_peak_rss_bytes=worker_peak_rss_bytes,

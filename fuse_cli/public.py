@@ -165,7 +165,8 @@ class Comparison:
     def check(self) -> Comparison:
         """This comparison, or CheckFailed where `fuse verify` would exit 1."""
         if not self.passed:
-            failing = [f"output {o.name!r} differs (max abs diff {o.max_abs_diff:.3g})" for o in self.verification.failing()]
+            failing = [f"output {o.name!r} differs (max abs diff {o.max_abs_diff:.3g})"
+                       for o in self.verification.failing()]
             raise CheckFailed(tuple(failing) or (f"verification was {self.verification.status}: "
                                                  f"{self.verification.reason}",), self)
         return self
@@ -244,7 +245,8 @@ def _config(*, target: str, dims, input_shapes, passes, disable, verify: bool, f
             passes=None if passes is None else _names(passes, "passes"),
             disable=_names(disable, "disable"),
             dims=_checked_dims(dims, "dims"),
-            input_shapes={name: _checked_shape(shape, name) for name, shape in _mapping(input_shapes, "input_shapes").items()},
+            input_shapes={name: _checked_shape(shape, name)
+                          for name, shape in _mapping(input_shapes, "input_shapes").items()},
             freeze_inputs=bool(freeze_inputs),
             upgrade_opset=upgrade_opset,
             verify=bool(verify),
@@ -342,7 +344,8 @@ def _data_file(tensor: onnx.TensorProto, base: Path) -> Path:
     location = next((e.value for e in tensor.external_data if e.key == "location"), "")
     target = (base / location).resolve() if location and not os.path.isabs(location) else None
     if target is None or base not in target.parents:
-        raise InputError(f"external data of {tensor.name!r} ({location!r}) is not a file inside base_dir {base}: refused")
+        raise InputError(f"external data of {tensor.name!r} ({location!r}) is not a file inside "
+                         f"base_dir {base}: refused")
     if not target.is_file():
         raise InputError(f"external data of {tensor.name!r}: {target} does not exist")
     return target

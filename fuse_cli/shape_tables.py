@@ -68,7 +68,8 @@ def _bound_shapes(model: onnx.ModelProto, config: FuseConfig, assumed: tuple[str
         if unbound_table is not None and not config.dims and not config.input_shapes:
             table = unbound_table
         else:
-            table = infer_shapes(model, with_declared_arithmetic(model, config.dims), config.input_shapes, symbolic=True)
+            table = infer_shapes(model, with_declared_arithmetic(model, config.dims), config.input_shapes,
+                                 symbolic=True)
         if assumed is None:
             # an input dim without a usable name ('?', -1, none) is assumed by its position key
             positional = {key for (name, index), key in input_dim_keys(model).items()

@@ -121,7 +121,8 @@ def standard_reason(op: str, dtype, target: str) -> str | None:
     if dtype in cap.cpu:
         return None
     if dtype is None:
-        return f"the dtype is unknown, so fuse cannot tell whether onnxruntime's CPU provider runs {op} (target {target})"
+        return (f"the dtype is unknown, so fuse cannot tell whether onnxruntime's CPU provider runs {op} "
+                f"(target {target})")
     return (f"onnxruntime's CPU provider has no {dtype} {op} kernel (it runs {_names(cap.cpu)}; "
             f"target {target})")
 
@@ -180,7 +181,8 @@ def capability_rows(target: str) -> list[tuple[str, ...]]:
             usable = "no (not standard ONNX)"
         else:
             usable = _names(d for d in DTYPES if _missing(cap, target, d) == []) or "no"
-        refused = [f"not emitted: {reason}" for reason in dict.fromkeys(c.refused for c in refused_forms(cap.op, cap.domain))]
+        refused = [f"not emitted: {reason}"
+                   for reason in dict.fromkeys(c.refused for c in refused_forms(cap.op, cap.domain))]
         notes = "; ".join(filter(None, [cap.notes, *refused]))
         rows.append((cap.op, cap.domain or "(default)", _names(cap.cpu) or "none", _names(cap.cuda) or "none",
                      usable, notes))

@@ -14,15 +14,21 @@ import onnx
 
 from fuse_cli.core import isolation, model_runs, sessions
 from fuse_cli.core.isolation import RuntimeCrash
-from fuse_cli.core.sessions import run  # noqa: F401 (re-exported for callers)
+from fuse_cli.core.sessions import run
 from fuse_cli.errors import FuseError
-from fuse_cli.core.feeds import random_inputs, value_key  # noqa: F401 (random_inputs: re-exported for callers)
+from fuse_cli.core.feeds import random_inputs, value_key
 from fuse_cli.graph.io import read_original
 from fuse_cli.progress import model_run, update
-from fuse_cli.report.verification import (  # noqa: F401 (the verdict's records, re-exported for callers)
+from fuse_cli.report.verification import (
     INCONCLUSIVE, MATCH, MISMATCH, UNVERIFIABLE, OutputComparison, VerifyResult)
 from fuse_cli.input_domain import (binding, branch_inputs, derived_settings, describe_setting, free_symbols,
                                    integer_ranges, shape_settings)
+
+# run, random_inputs and the verdict's records are re-exported for callers; __all__ says so to linters
+__all__ = ["DEFAULT_TOLERANCES", "INCONCLUSIVE", "MATCH", "MISMATCH", "UNVERIFIABLE", "OutputComparison", "Reference",
+           "ReferencePlan", "VerifyResult", "compare_outputs", "compare_with_reference", "computed_dtypes",
+           "load_inputs", "make_session", "parse_int_ranges", "random_inputs", "reference_for", "reference_outputs",
+           "reference_plan", "run", "verify_models"]
 
 # (rtol, atol) by output dtype: fp32 per the project standard; fp16/bf16 keep ~3 significant digits.
 # The default atol is scaled by the output's magnitude (see compare_outputs). float16's is 4 of its
@@ -333,7 +339,7 @@ class ReferencePlan:
             return None
         if not found:
             return None
-        runs = tuple(run for reference, _ in found for run in reference.runs)
+        runs = tuple(reference_run for reference, _ in found for reference_run in reference.runs)
         computed = found[0][0].computed_in
         where = " and ".join(dict.fromkeys(origin.removeprefix("derived from the model: ") for _, origin in found
                                            if origin))
@@ -396,7 +402,8 @@ def verify_models(original: onnx.ModelProto | str, optimized: onnx.ModelProto | 
         reference = reference_outputs(original, [], feeds=feeds)
     else:
         if header is None:
-            header = original if isinstance(original, onnx.ModelProto) else read_original(original)  # weights by reference
+            # weights by reference
+            header = original if isinstance(original, onnx.ModelProto) else read_original(original)
         reference = reference_for(original, header, dims, seed=seed, int_ranges=int_ranges)
     return compare_with_reference(reference, optimized, rtol, atol)
 

@@ -18,9 +18,12 @@ onnxruntime's CUDA provider does not load it says so in one line and exits 0.
 On a lent GPU machine (bare, no network; /work/.library/device/README.md): first, here, in the
 checkout the session was started in (the one a `run` call sends), `scripts/gpu_prepare.sh` puts
 the packed onnxruntime-gpu and onnx-graphsurgeon in .whl/ (git-ignored); then one call,
-run(carry=[".whl"], timeout_s=560, command=<the line below>):
+run(carry=[".whl"], timeout_s=560, command=<the lines below>):
 
-python3 -m tarfile -e .whl/onnxruntime-gpu-sm90.tar.xz /tmp/site && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit; export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1; nvidia-smi -L; python3 scripts/gpu_check.py --out $OUT/gpu.md 2>&1 | tee $OUT/gpu.log
+python3 -m tarfile -e .whl/onnxruntime-gpu-sm90.tar.xz /tmp/site || exit
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1; nvidia-smi -L
+python3 scripts/gpu_check.py --out $OUT/gpu.md 2>&1 | tee $OUT/gpu.log
 
 and copy the gpu.md it returns over benchmarks/results/gpu.md. The packed build runs on sm_90
 only (H100, H200). No case starts with under 45 s of --budget-s (480 s) left, so the check ends

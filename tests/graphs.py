@@ -64,10 +64,12 @@ class GraphBuilder:
             final = list(output_names)
         graph_inputs = list(self.inputs)
         if initializers_as_inputs:
-            graph_inputs += [helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in self.initializers]
+            graph_inputs += [helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                             for t in self.initializers]
         graph = helper.make_graph(self.nodes, "test", graph_inputs,
                                   [helper.make_tensor_value_info(o, 0, None) for o in final], self.initializers)
-        opsets = [helper.make_opsetid("", self.opset)] + [helper.make_opsetid(d, v) for d, v in self.extra_opsets.items()]
+        opsets = [helper.make_opsetid("", self.opset),
+                  *(helper.make_opsetid(d, v) for d, v in self.extra_opsets.items())]
         model = helper.make_model(graph, opset_imports=opsets, ir_version=ir_version)
         model = onnx.shape_inference.infer_shapes(model)
         # keep only input/output types from inference; intermediate value_info is not what exporters write

@@ -27,7 +27,8 @@ def llama_attention_model(*, heads: int = 4, kv_heads: int = 2, head_size: int =
     an int). half_bounds: the Slice split "shape" (Shape(x)[3] // 2, as torch writes it) or "const";
     "wrong" splits at d/2 - 1. mask: "causal-padding" ([B, 1, S, S] from attention_mask), "none", or
     "causal-2d" (the causal [S, S] alone, not the [B or 1, H or 1, S, S] attention_bias wants), or
-    "padding-only" ([B, 1, 1, T] from attention_mask alone) or "per-head" (causal-padding expanded to [B, H, S, T]). repeat: "expand" (repeat_kv), "none" (kv_heads must equal heads) or
+    "padding-only" ([B, 1, 1, T] from attention_mask alone) or "per-head" (causal-padding expanded to
+    [B, H, S, T]). repeat: "expand" (repeat_kv), "none" (kv_heads must equal heads) or
     "tile" (Expand at axis 1: heads kv0,kv1,kv0,kv1, not repeat_kv's kv0,kv0,kv1,kv1).
     rotate_order "neg-lower" builds Concat(-x1, x2), not rotate_half. dynamo: as torch.onnx.export(dynamo=True)
     writes scaled_dot_product_attention: split and merge shapes computed from Shape (allowzero=1), d^-1/4 on Q
@@ -96,7 +97,8 @@ def llama_attention_model(*, heads: int = 4, kv_heads: int = 2, head_size: int =
 
     def rotary(t: str) -> str:
         if half_bounds == "shape":
-            mid = b.op("Unsqueeze", b.op("Div", b.op("Gather", b.op("Shape", t), b.const(np.array(3, np.int64)), axis=0),
+            mid = b.op("Unsqueeze",
+                       b.op("Div", b.op("Gather", b.op("Shape", t), b.const(np.array(3, np.int64)), axis=0),
                                          b.const(np.array(2, np.int64))), ints(0))
         else:
             mid = ints(half - 1 if half_bounds == "wrong" else half)
@@ -124,7 +126,8 @@ def llama_attention_model(*, heads: int = 4, kv_heads: int = 2, head_size: int =
         if not partial:
             return rotary(t)
         rot = b.op("Slice", t, ints(0), ints(head_size), ints(3), ints(1))
-        return b.op("Concat", rotary(rot), b.op("Slice", t, ints(head_size), ints(2**63 - 1), ints(3), ints(1)), axis=-1)
+        return b.op("Concat", rotary(rot),
+                    b.op("Slice", t, ints(head_size), ints(2**63 - 1), ints(3), ints(1)), axis=-1)
 
     q = rotated(split(linear(hidden), heads, head_norm))
     k, v = rotated(split(linear(kv_hidden), kv_heads, head_norm)), split(linear(kv_hidden), kv_heads)
@@ -150,7 +153,8 @@ def llama_attention_model(*, heads: int = 4, kv_heads: int = 2, head_size: int =
         divisor, cap = softcap
         scores = b.op("Mul", b.op("Tanh", b.op("Div", scores, b.const(np.float32(divisor)))), b.const(np.float32(cap)))
     if mask != "none":
-        m = b.input("attention_mask", ["batch", "past_sequence + sequence" if cache == "past" else seq], TensorProto.INT64)
+        m = b.input("attention_mask", ["batch", "past_sequence + sequence" if cache == "past" else seq],
+                    TensorProto.INT64)
         rows = b.op("Range", b.const(np.array(0, np.int64)), length, b.const(np.array(1, np.int64)))
         if cache == "past":  # key j is visible to query i when j <= past + i
             total = b.op("Gather", b.op("Shape", m), b.const(np.array(1, np.int64)), axis=0)

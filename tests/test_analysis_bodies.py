@@ -102,7 +102,8 @@ def test_if_counts_the_larger_branch_where_the_condition_is_unknown():
 
 
 def test_if_counts_the_taken_branch_where_the_condition_is_a_constant():
-    condition = [helper.make_node("Constant", [], ["cond"], name="const", value=numpy_helper.from_array(np.array(False)))]
+    condition = [helper.make_node("Constant", [], ["cond"], name="const",
+                                  value=numpy_helper.from_array(np.array(False)))]
     m = if_model(condition, [], big_then_branch(), small_else_branch(), [weight("w")])
     profile = estimate(m)
     (cost,) = profile.bodies
@@ -116,7 +117,8 @@ def test_if_whose_branches_read_outer_weights_and_activations():
     """Both branches read the outer x and their own outer weight (the T5 merged decoder's shape):
     those stay counted once, in the outer walk, up to the If."""
     then_branch = body([helper.make_node("MatMul", ["x", "w_then"], ["a"]), helper.make_node("Tanh", ["a"], ["b"]),
-                        helper.make_node("MatMul", ["b", "w_then"], ["c"]), helper.make_node("Add", ["c", "x"], ["then_out"])],
+                        helper.make_node("MatMul", ["b", "w_then"], ["c"]),
+                        helper.make_node("Add", ["c", "x"], ["then_out"])],
                        [value("then_out", ["n", D])])
     else_branch = body([helper.make_node("MatMul", ["x", "w_else"], ["else_out"])], [value("else_out", ["n", D])])
     condition, inputs, constants = selected_by_input()

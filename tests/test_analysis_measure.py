@@ -646,7 +646,8 @@ def test_runtime_names_let_the_planner_reuse_a_buffer():
     # and b are [4, 1] (16 bytes). b = Mul(a, a) takes r's dead buffer (freed after Exp).
     m = expand_then_concat()
     p = profile_memory(m, infer_shapes(m, {"batch": 4}, {"n": [2]}))
-    assert [t.name for t in p.live_at_peak if t.name in ("r", "a", "b")] == ["r"]  # r's buffer held at the peak (Concat)
+    # r's buffer held at the peak (Concat)
+    assert [t.name for t in p.live_at_peak if t.name in ("r", "a", "b")] == ["r"]
     assert p.timeline[4] == 128 + 16 + 16 + 16  # at b: x, n, a, b (in r's buffer)
 
 

@@ -317,7 +317,8 @@ def test_attention_with_key_and_value_in_heads_layout_copies_only_the_query():
 
 def test_attention_of_unknown_size_has_no_scratch():
     # batch unbound: no figure for the scratch, so none is counted (the tensors are listed unknown)
-    p = profile_memory(attention_model(["b", 8, 16], ["b", 8, 16]), infer_shapes(attention_model(["b", 8, 16], ["b", 8, 16])))
+    p = profile_memory(attention_model(["b", 8, 16], ["b", 8, 16]),
+                       infer_shapes(attention_model(["b", 8, 16], ["b", 8, 16])))
     assert p.timeline == (0,)
 
 
@@ -341,7 +342,8 @@ def test_repeated_walks_reuse_the_setup_and_notice_an_edit():
     m = model(relu_chain_nodes(), [value("x", [4, 8])], [value("y")])
     shapes = infer_shapes(m)
     assert profile_memory(m, shapes, symbolic_shapes=shapes).timeline == (2 * S, 2 * S, 3 * S)
-    assert profile_memory(m, shapes, symbolic_shapes=shapes, absent={"a"}).timeline == (S, 2 * S, 3 * S)  # no a to share
+    # no a to share
+    assert profile_memory(m, shapes, symbolic_shapes=shapes, absent={"a"}).timeline == (S, 2 * S, 3 * S)
     m.graph.node[1].op_type = "Exp"  # Exp has no in-place kernel: b takes a buffer of its own
     assert profile_memory(m, shapes, symbolic_shapes=shapes).timeline == (2 * S, 3 * S, 3 * S)
 

@@ -33,8 +33,10 @@ def window_pad_model(window: int = 7):
         n("Shape", ["x"], ["shape"]),
         n("Gather", ["shape", "one"], ["h"], axis=0),
         n("Gather", ["shape", "two"], ["w"], axis=0),
-        n("Mod", ["h", "win"], ["h_mod"]), n("Sub", ["win", "h_mod"], ["h_left"]), n("Mod", ["h_left", "win"], ["pad_h"]),
-        n("Mod", ["w", "win"], ["w_mod"]), n("Sub", ["win", "w_mod"], ["w_left"]), n("Mod", ["w_left", "win"], ["pad_w"]),
+        n("Mod", ["h", "win"], ["h_mod"]), n("Sub", ["win", "h_mod"], ["h_left"]),
+        n("Mod", ["h_left", "win"], ["pad_h"]),
+        n("Mod", ["w", "win"], ["w_mod"]), n("Sub", ["win", "w_mod"], ["w_left"]),
+        n("Mod", ["w_left", "win"], ["pad_w"]),
         n("Unsqueeze", ["pad_h", "axis0"], ["pad_h1"]), n("Unsqueeze", ["pad_w", "axis0"], ["pad_w1"]),
         # laid out so that Reshape [2, 4] -> Transpose -> flatten gives [0, 0, 0, 0, 0, pad_h, pad_w, 0]
         n("Concat", ["zeros3", "pad_w1", "zeros2", "pad_h1", "zero1"], ["pads_t"], axis=0),

@@ -292,7 +292,8 @@ def _embeddings_model():
         helper.make_node("Add", ["x", "pos"], ["y"]),
         helper.make_node("Relu", ["y"], ["z"]),
     ]
-    graph = helper.make_graph(nodes, "emb", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence", 4])],
+    graph = helper.make_graph(nodes, "emb",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence", 4])],
                               [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)], [table, *consts])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
@@ -311,7 +312,8 @@ def test_symbolic_inference_never_overrides_what_onnx_knows():
     graph = helper.make_graph(
         [helper.make_node("Mul", ["x", "c"], ["y"]), helper.make_node("Relu", ["x"], ["r"])], "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None), helper.make_tensor_value_info("r", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("r", TensorProto.FLOAT, None)],
         [numpy_helper.from_array(np.ones((2, 3), np.float32), "c")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     table = infer_shapes(model, symbolic=True)

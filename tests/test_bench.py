@@ -129,7 +129,8 @@ def test_cuda_is_used_only_where_a_session_really_gets_it():
 
 
 def test_bench_row_fields_are_documented():
-    documented = {f.removeprefix("rows[].") for f in documented_fields("`fuse bench --json`") if f.startswith("rows[].")}
+    documented = {f.removeprefix("rows[].") for f in documented_fields("`fuse bench --json`")
+                  if f.startswith("rows[].")}
     assert documented == set(BenchRow.__dataclass_fields__)
 
 

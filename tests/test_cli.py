@@ -308,7 +308,8 @@ def test_markdown_to_an_unwritable_path_is_one_line(tmp_path, model_file):
     assert_one_line_error(result.exit_code, result.stderr, result.stdout, contains="cannot write")
 
 
-@pytest.mark.parametrize("command", [["verify", "{m}", "{m}", "--json"], ["bench", "{m}", "--quick", "--no-memory", "--json"],
+@pytest.mark.parametrize("command", [["verify", "{m}", "{m}", "--json"],
+                                     ["bench", "{m}", "--quick", "--no-memory", "--json"],
                                      ["report", "{m}", "{copy}", "--json"]],
                          ids=["verify", "bench", "batch"])
 def test_every_command_writes_json_through_one_path_with_one_line_errors(tmp_path, model_file, command):

@@ -67,7 +67,8 @@ def loop_reading_outer_weight() -> onnx.ModelProto:
         [helper.make_node("Identity", ["cond_in"], ["cond_out"], name="body_cond"),
          helper.make_node("If", ["c"], ["picked"], name="inner_if", then_branch=inner, else_branch=inner_else),
          helper.make_node("MatMul", ["picked", "W"], ["v_out"], name="body_mm")],
-        "body", [_value("i", [], TensorProto.INT64), _value("cond_in", [], TensorProto.BOOL), _value("v_in", ["n", BIG])],
+        "body",
+        [_value("i", [], TensorProto.INT64), _value("cond_in", [], TensorProto.BOOL), _value("v_in", ["n", BIG])],
         [_value("cond_out", [], TensorProto.BOOL), _value("v_out", ["n", BIG])])
     trips = numpy_helper.from_array(np.array(3, np.int64), "trips")
     return _model([helper.make_node("Loop", ["trips", "", "x"], ["y"], name="loop", body=body)],

@@ -43,8 +43,8 @@ def test_every_pass_has_its_section_with_its_whole_docstring():
 
 def test_pipeline_table_numbers_each_pass_by_its_place_in_each_target_pipeline():
     text = markdown()
-    rows = {m[1]: [c.strip() for c in m[2].split(" | ")] for m in re.finditer(r"^\| \[`([^`]+)`\]\(#[^)]+\) \| (.*) \|$",
-                                                                           text, re.M)}
+    rows = {m[1]: [c.strip() for c in m[2].split(" | ")]
+            for m in re.finditer(r"^\| \[`([^`]+)`\]\(#[^)]+\) \| (.*) \|$", text, re.M)}
     for column, target in enumerate(TARGETS):
         pipeline = pipeline_for(target)
         listed = sorted((int(cells[column]), name) for name, cells in rows.items() if cells[column] != "-")

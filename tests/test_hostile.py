@@ -361,7 +361,8 @@ def test_a_report_over_a_model_by_another_name_is_refused(box, link):
         other.symlink_to(path.name)
     elif link == "hardlink":
         os.link(path, other)
-    command = ("optimize", path, "-o", other, "--json", other) if link == "output" else ("report", path, "--json", other)
+    command = (("optimize", path, "-o", other, "--json", other) if link == "output"
+               else ("report", path, "--json", other))
     before = digest(path)
     refused(box.run(*command), "a report cannot be written over a model")
     assert digest(path) == before
@@ -438,7 +439,8 @@ def test_a_huge_sparse_initializer(box):
     """One value in a [2**40] sparse initializer: densifying it cannot be held."""
     sparse = h.make_sparse_tensor(nh.from_array(np.array([1.0], np.float32), "w"), nh.from_array(np.array([5]), "i"),
                                   [2**40])
-    graph = h.make_graph([h.make_node("Add", ["x", "w"], ["y"])], "g", [vi("x", T.FLOAT, [1])], [vi("y", T.FLOAT, None)],
+    graph = h.make_graph([h.make_node("Add", ["x", "w"], ["y"])], "g", [vi("x", T.FLOAT, [1])],
+                         [vi("y", T.FLOAT, None)],
                          sparse_initializer=[sparse])
     path = box.model(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=9))
     refused(box.run("report", path), "sparse initializer 'w' is 4096.0 GB dense")

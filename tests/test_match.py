@@ -86,7 +86,8 @@ def test_const_var_is_recorded_for_the_engine_check():
     assert constant_value(m.tensor("w")) is not None
 
 
-@pytest.mark.parametrize("perm, fits", [([0, 2, 1, 3], True), ((0, 2, 1, 3), True), ([0, 2, 3, 1], False), (None, False)])
+@pytest.mark.parametrize("perm, fits",
+                         [([0, 2, 1, 3], True), ((0, 2, 1, 3), True), ([0, 2, 3, 1], False), (None, False)])
 def test_attribute_value(perm, fits):
     attrs = {} if perm is None else {"perm": perm}
     transpose = _node("Transpose", [_var("x")], "t", **attrs)

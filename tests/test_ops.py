@@ -67,4 +67,5 @@ def test_workspace_rules_come_from_the_records():
     assert held_workspace_bytes(by_output[four], shapes, 17) == 2 * size
     assert workspace_bytes(by_output[two], shapes, 17) == 0 == held_workspace_bytes(by_output[two], shapes, 17)
     assert workspace_bytes(by_output[gelu], shapes, 17) == size  # input + bias into a temporary
-    assert workspace_bytes(by_output[relu], shapes, 17) == 0 and held_workspace_bytes(by_output[relu], shapes, 17) is None
+    assert (workspace_bytes(by_output[relu], shapes, 17) == 0
+            and held_workspace_bytes(by_output[relu], shapes, 17) is None)

@@ -64,7 +64,8 @@ def test_decode_step_attention_fuses_into_multi_head_attention(form, tmp_path):
     assert counts[MHA] == members and "Softmax" not in counts and GQA not in counts, counts
     assert "Expand" not in counts and counts.get("Split", 0) == (members > 1), counts
     # the cache stays as the graph computes it: its Concats are the present outputs
-    assert counts["Concat"] >= 2 and [o.name for o in result.model.graph.output] == ["y", "present_key", "present_value"]
+    assert counts["Concat"] >= 2
+    assert [o.name for o in result.model.graph.output] == ["y", "present_key", "present_value"]
     assert_same_outputs(model, result.model)
 
 
@@ -162,7 +163,8 @@ def test_query_group_members_are_unnamed_to_the_planner_only_behind_a_runtime_sh
     shapes = planner_shapes(result.model)
     members = [n.output[0] for n in result.model.graph.node if n.op_type == "MultiHeadAttention"]
     assert len(members) == 2
-    assert [shapes[name].shape for name in members] == [(None, None, 16) if mask != "none" else ("batch", "sequence", 16)] * 2
+    expected = (None, None, 16) if mask != "none" else ("batch", "sequence", 16)
+    assert [shapes[name].shape for name in members] == [expected] * 2
     assert_same_outputs(model, result.model)
 
 

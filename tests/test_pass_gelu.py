@@ -7,7 +7,7 @@ import math
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
+from onnx import helper
 
 from tests.conftest import assert_equivalent, optimize_model
 from tests.graphs import GraphBuilder, op_counts
@@ -87,7 +87,8 @@ def _signature(m):
                                 {"half": "on-gate", "half_value": 0.6},
                                 # off by 0.3%: more than float16 rounds (0.05%), so not sqrt 2 even there
                                 {"sqrt2": math.sqrt(2.0) * 1.003, "dtype": np.float16}],
-                         ids=["erf-half-0.6", "erf-sqrt2-1.5", "tanh-half-0.6", "half-on-gate-0.6", "float16-sqrt2-off"])
+                         ids=["erf-half-0.6", "erf-sqrt2-1.5", "tanh-half-0.6", "half-on-gate-0.6",
+                              "float16-sqrt2-off"])
 def test_wrong_constant_is_not_gelu(tmp_path, kw):
     model = decomposed_gelu(**kw)
     result = optimize_model(model, tmp_path, passes=("gelu",))

@@ -39,7 +39,8 @@ def test_llama_attention_fuses_into_group_query_attention(form, tmp_path):
     model = llama_attention_model(**kwargs)
     result = optimize_model(model, tmp_path, target="ort-cpu", passes=PASSES)
     counts = op_counts(result.model)
-    assert counts[GQA] == 1 and counts["Expand"] == 1 and not {"Softmax", "Transpose"} & set(counts), counts  # seqlens_k
+    # seqlens_k
+    assert counts[GQA] == 1 and counts["Expand"] == 1 and not {"Softmax", "Transpose"} & set(counts), counts
     attrs = gqa_attrs(result.model)
     assert (attrs["num_heads"], attrs["kv_num_heads"], attrs["causal"]) == (heads, kv_heads, 0)
     assert attrs.get("scale") == (pytest.approx(1 / 3) if kwargs.get("scale") == "div" else None)
@@ -89,7 +90,8 @@ def test_phi3_partial_rotary_over_the_whole_head_fuses(form, tmp_path):
     model = llama_attention_model(partial=True, **form)
     result = optimize_model(model, tmp_path, target="ort-cpu")
     counts = op_counts(result.model)
-    assert counts[GQA] == 1 and counts["com.microsoft::RotaryEmbedding"] == 2 and counts["Concat"] == 1, counts  # cos/sin
+    # cos/sin
+    assert counts[GQA] == 1 and counts["com.microsoft::RotaryEmbedding"] == 2 and counts["Concat"] == 1, counts
     assert_same_outputs(model, result.model)
 
 
@@ -120,7 +122,8 @@ def without_softcap_slowdowns(monkeypatch) -> None:
     monkeypatch.setattr(targets, "SLOWER", tuple(s for s in targets.SLOWER if not s.op.endswith(":softcap")))
 
 
-@pytest.mark.parametrize("form", [dict(), dict(dynamo=True), dict(mask="none")], ids=["torchscript", "dynamo", "no-mask"])
+@pytest.mark.parametrize("form", [dict(), dict(dynamo=True), dict(mask="none")],
+                         ids=["torchscript", "dynamo", "no-mask"])
 def test_soft_capped_scores_are_the_kernels_softcap(form, tmp_path, monkeypatch):
     """Gemma2: tanh(s / c) * c on the scaled scores, before the mask: GroupQueryAttention's softcap
     (where a target takes it; onnxruntime's CPU kernel is measured slower, next test)."""

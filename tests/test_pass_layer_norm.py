@@ -109,7 +109,8 @@ def test_fp16_cast_wrapped_fuses_with_stash_type(tmp_path, kw):
 
 
 @pytest.mark.parametrize("widen", [TensorProto.DOUBLE, TensorProto.FLOAT], ids=["float64", "float32"])
-@pytest.mark.parametrize("kw", [{}, {"beta_shape": None}, {"divide": "reciprocal"}], ids=["affine", "no-beta", "reciprocal"])
+@pytest.mark.parametrize("kw", [{}, {"beta_shape": None}, {"divide": "reciprocal"}],
+                         ids=["affine", "no-beta", "reciprocal"])
 def test_fp16_with_a_widened_variance_fuses_with_stash_type(tmp_path, kw, widen):
     """torch.onnx.export of a half() LayerNorm at opset 14: mean and x - mean in float16, the
     variance and the division in float64; LayerNormalization's float32 stash is within float16's

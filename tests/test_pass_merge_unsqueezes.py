@@ -16,7 +16,8 @@ def unsqueezes(a, b, *, opset=17, x_shape=("batch", "sequence"), axes_input=Fals
     x = g.op("Neg", g.input("x", list(x_shape)))
     for i, axes in enumerate((a, b)):
         if opset >= 13:
-            given = g.op("Shape", g.input("r", [1] * len(axes))) if axes_input and i == 0 else g.const(np.array(axes, np.int64))
+            given = (g.op("Shape", g.input("r", [1] * len(axes))) if axes_input and i == 0
+                     else g.const(np.array(axes, np.int64)))
             x = g.op("Unsqueeze", x, given, name=f"u{i}")
         else:
             x = g.op("Unsqueeze", x, name=f"u{i}", axes=list(axes))

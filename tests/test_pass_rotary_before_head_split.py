@@ -27,7 +27,8 @@ def rotary_on_heads(*, hidden: int | str = HEADS * D, perm=(0, 2, 1, 3), rotary_
     heads = b.op("Transpose", split, perm=list(perm))
     angles = np.arange(MAX_POSITIONS)[:, None] * (10000.0 ** (-np.arange(D // 2) / (D // 2)))[None]
     attrs = {"rotary_embedding_dim": rotary_dim} if rotary_dim else {}
-    rotated = b.op("RotaryEmbedding", heads, b.const(np.array([1], np.int64)), b.const(np.cos(angles).astype(np.float32)),
+    rotated = b.op("RotaryEmbedding", heads, b.const(np.array([1], np.int64)),
+                   b.const(np.cos(angles).astype(np.float32)),
                    b.const(np.sin(angles).astype(np.float32)), domain="com.microsoft", **attrs)
     model = b.build(b.op("Neg", rotated), output_names=["y"])
     model.graph.output[0].type.tensor_type.elem_type = onnx.TensorProto.FLOAT  # onnx cannot infer the contrib op

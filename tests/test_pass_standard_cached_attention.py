@@ -65,7 +65,8 @@ def test_cross_attention_fuses_into_the_standard_attention_on_4d_inputs(kv_heads
 def test_a_mask_broadcast_over_the_queries_declines(tmp_path):
     model = cross_attention(mask="per-key")  # [batch, 1, 1, encoder]: onnxruntime's Attention does not broadcast it
     result = optimize_model(model, tmp_path, passes=PASS)
-    assert_declined(model, result, "standard-cached-attention", "is not provably [batch or 1, 1 or 4, sequence, key length]")
+    assert_declined(model, result, "standard-cached-attention",
+                    "is not provably [batch or 1, 1 or 4, sequence, key length]")
 
 
 def test_before_opset_23_it_waits(tmp_path):

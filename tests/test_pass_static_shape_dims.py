@@ -64,7 +64,8 @@ def test_whole_static_shape_becomes_constant(tmp_path):
     dim = b.op("Unsqueeze", b.op("Gather", b.op("Shape", x), b.const(np.array(0, np.int64)), axis=0),
                b.const(np.array([0], np.int64)))
     s = b.op("Concat", dim, b.const(np.array([-1], np.int64)), axis=0)
-    ones = b.op("ConstantOfShape", b.op("Shape", s, name="shape_of_s"), value=numpy_helper.from_array(np.ones(1, np.int64)))
+    ones = b.op("ConstantOfShape", b.op("Shape", s, name="shape_of_s"),
+                value=numpy_helper.from_array(np.ones(1, np.int64)))
     model = b.build(b.op("Add", s, ones), output_names=["y"])
     result = optimize_model(model, tmp_path, passes=PASSES)
     assert "shape_of_s" not in [n.name for n in result.model.graph.node]

@@ -42,7 +42,8 @@ def u_net(channels: int = 16, side: int = 64) -> onnx.ModelProto:
 
 def fresh_dims(model: onnx.ModelProto) -> dict[str, list]:
     """The tensors unhold-buffers declared with fresh dim names, and their dims."""
-    return {vi.name: [d.dim_param or d.dim_value for d in vi.type.tensor_type.shape.dim] for vi in model.graph.value_info
+    return {vi.name: [d.dim_param or d.dim_value for d in vi.type.tensor_type.shape.dim]
+            for vi in model.graph.value_info
             if any(d.dim_param.startswith("unheld_") for d in vi.type.tensor_type.shape.dim)}
 
 
@@ -96,7 +97,8 @@ def test_a_buffer_held_at_the_larger_setting_is_released_there(tmp_path):
     (row,) = [r for r in result.report.fusions if r.pass_name == PASS]
     assert row.peak_delta == -64 * 1024  # the report's peak is the bound dims': a's buffer at batch 1
     larger = {"batch": max(LARGER, LARGER_AT_LEAST)}  # the guard's larger setting of batch 1
-    estimate = {name: optimize_model(m, tmp_path, name=f"{name}-at-64", passes=(), dims=larger).report.memory.before.peak_bytes
+    estimate = {name: optimize_model(m, tmp_path, name=f"{name}-at-64", passes=(),
+                                     dims=larger).report.memory.before.peak_bytes
                 for name, m in (("without", without.model), ("with", result.model))}
     assert estimate["without"] - estimate["with"] == 4 * MIB, estimate  # a's [64, 16, 32, 32] float buffer
     assert_equivalent(model, result.model, dims={"batch": 3})

@@ -33,13 +33,15 @@ def test_a_fusion_that_raises_the_estimated_peak_is_left_out_and_said_why(tmp_pa
     assert decline.pass_name == "attention"
     assert all(g.after_bytes > g.before_bytes + g.tolerance_bytes for g in decline.growth)
     (miss,) = [m for m in report.near_misses if m.pass_name == "attention"]
-    assert miss.reason.startswith("raises the estimated peak activation memory by") and "--allow-peak-growth" in miss.reason
+    assert miss.reason.startswith("raises the estimated peak activation memory by")
+    assert "--allow-peak-growth" in miss.reason
     written = onnx.load(tmp_path / "out.onnx")
     assert MHA not in op_counts(written)
     assert report.memory.after.peak_bytes <= report.memory.before.peak_bytes
     assert report.exit_code == 0 and report.verification.passed
 
-    allowed = api.optimize(path, FuseConfig(target="ort-cpu", dims=DIMS, allow_peak_growth=True), tmp_path / "allowed.onnx")
+    allowed = api.optimize(path, FuseConfig(target="ort-cpu", dims=DIMS, allow_peak_growth=True),
+                           tmp_path / "allowed.onnx")
     # attention's MultiHeadAttention, then packed-attention's Attention over its projections
     assert op_counts(allowed.model)["com.microsoft::Attention"] == 1 and not allowed.report.peak_guard
     assert allowed.report.memory.after.peak_bytes > allowed.report.memory.before.peak_bytes
@@ -59,8 +61,8 @@ def test_the_guard_judges_a_larger_setting_too(tmp_path):
 def test_the_cli_shows_the_guards_decision_in_the_table_and_json(tmp_path):
     path = tmp_path / "bert.onnx"
     onnx.save(bert(14, False), path)
-    result = CliRunner().invoke(cli, ["optimize", str(path), "--target", "ort-cpu", "--dim", "batch=2", "--dim", "sequence=16",
-                                      "--json", str(tmp_path / "r.json")])
+    result = CliRunner().invoke(cli, ["optimize", str(path), "--target", "ort-cpu", "--dim", "batch=2",
+                                      "--dim", "sequence=16", "--json", str(tmp_path / "r.json")])
     assert result.exit_code == 0, result.output
     assert "left out: +" in result.output
     data = json.loads((tmp_path / "r.json").read_text())

@@ -116,7 +116,8 @@ def test_a_path_with_external_data_keeps_its_weights_where_they_are(tmp_path):
     path = with_external_data(model, tmp_path)
     listing = sorted(tmp_path.iterdir())
     with fuse_cli.optimize(path, verify=False) as result:
-        assert reference(kept_weight(result))[0] == (tmp_path / "model.onnx.data").resolve(), "referenced where it lives, not copied"
+        assert reference(kept_weight(result))[0] == (tmp_path / "model.onnx.data").resolve(), (
+            "referenced where it lives, not copied")
         assert sorted(tmp_path.iterdir()) == listing
         written = result.save(tmp_path / "out.onnx")
     assert written == [tmp_path / "out.onnx", tmp_path / "out.onnx.data"], "external data, as the input had"

@@ -39,7 +39,8 @@ def test_qdq_boundaries_are_kept_and_outputs_match(tmp_path):
 def test_qoperator_nodes_are_left_untouched(tmp_path):
     b = GraphBuilder(opset=13)
     x = b.input("x", ["batch", 3, 8, 8], TensorProto.UINT8)
-    one, zero_u8, zero_i8 = b.const(np.float32(0.02)), b.const(np.uint8(128), dtype=np.uint8), b.const(np.int8(0), dtype=np.int8)
+    one, zero_u8 = b.const(np.float32(0.02)), b.const(np.uint8(128), dtype=np.uint8)
+    zero_i8 = b.const(np.int8(0), dtype=np.int8)
     weight = b.const(b.rng.integers(-50, 50, (4, 3, 3, 3)).astype(np.int8))
     conv = b.op("QLinearConv", x, one, zero_u8, weight, b.const(np.float32(0.01)), zero_i8, one, zero_u8,
                 pads=[1, 1, 1, 1], name="qconv")
@@ -71,7 +72,8 @@ def test_a_qdq_unit_stays_its_consumers_own(tmp_path):
     model = qdq_residual_adds_model()
     result = optimize_model(model, tmp_path)
     before, after = op_counts(model), op_counts(result.model)
-    assert after["QuantizeLinear"] == before["QuantizeLinear"] and after["DequantizeLinear"] == before["DequantizeLinear"]
+    assert after["QuantizeLinear"] == before["QuantizeLinear"]
+    assert after["DequantizeLinear"] == before["DequantizeLinear"]
     readers = {}
     for node in result.model.graph.node:
         for name in node.input:

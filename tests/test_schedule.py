@@ -29,7 +29,8 @@ branchy_models = benchmark_script("branchy_models")
 parallel_qkv_transformer, randwire = branchy_models.parallel_qkv_transformer, branchy_models.randwire
 
 
-def two_branches(channels: int = 8, size: int = 128, wide: int = 64, out: int = 16, narrow_last: bool = True) -> onnx.ModelProto:
+def two_branches(channels: int = 8, size: int = 128, wide: int = 64, out: int = 16,
+                 narrow_last: bool = True) -> onnx.ModelProto:
     """x -> Conv(out) = narrow;  x -> Conv(wide) -> Relu -> Conv(out) = wide branch;  narrow + wide.
 
     narrow_last: the narrow Conv is stored after the wide branch, so onnxruntime (highest index
@@ -217,7 +218,8 @@ def test_the_pass_in_the_pipeline(tmp_path):
     report, record = result.report, result.report.orders[0]
     assert record.changed and report.verification.passed
     audit = report.memory
-    assert audit.after.peak_bytes == audit.unscheduled.peak_bytes + audit.peak_delta_order < audit.unscheduled.peak_bytes
+    assert (audit.after.peak_bytes == audit.unscheduled.peak_bytes + audit.peak_delta_order
+            < audit.unscheduled.peak_bytes)
     row = next(r for r in savings_rows(report) if r[1] == "schedule")
     assert row[0].startswith("Node order: peak")
     assert json.loads(render_json(report))["schedule"][0]["changed"]

@@ -63,7 +63,8 @@ def test_a_computed_dim_is_named_after_the_arithmetic_the_graph_declares():
         return b.op("Gather", b.op("Shape", t), b.const(np.array(1, np.int64)), axis=0)
 
     total = b.op("Add", length_of(past), length_of(x))
-    positions = b.op("Range", b.const(np.array(0, np.int64)), total, b.const(np.array(1, np.int64)))  # [T]: onnx cannot say T
+    # [T]: onnx cannot say T
+    positions = b.op("Range", b.const(np.array(0, np.int64)), total, b.const(np.array(1, np.int64)))
     mask = b.op("Cast", b.op("Unsqueeze", positions, b.const(np.array([0, 1], np.int64))), to=TensorProto.FLOAT)
     y = b.op("Add", mask, b.const(np.float32(0)))
     model = b.build(present, y, output_names=["present", "y"])

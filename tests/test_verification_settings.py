@@ -19,7 +19,8 @@ from tests.graphs import GraphBuilder
 
 
 def conv(b, x, cin, cout, **attrs):
-    return b.op("Relu", b.op("Conv", x, b.const(b.rand(cout, cin, 3, 3)), b.const(b.rand(cout)), pads=[1, 1, 1, 1], **attrs))
+    return b.op("Relu",
+                b.op("Conv", x, b.const(b.rand(cout, cin, 3, 3)), b.const(b.rand(cout)), pads=[1, 1, 1, 1], **attrs))
 
 
 def batchnorm(b, x, channels):
@@ -33,7 +34,8 @@ def fpn(bias_shift: float = 0.0) -> onnx.ModelProto:
     b = GraphBuilder(opset=17)
     x = b.input("x", ["batch", 3, "height", "width"])
     c1 = conv(b, x, 3, 4, strides=[2, 2])
-    c2 = b.op("Conv", c1, b.const(b.rand(8, 4, 3, 3)), b.const(b.rand(8) + bias_shift), pads=[1, 1, 1, 1], strides=[2, 2])
+    c2 = b.op("Conv", c1, b.const(b.rand(8, 4, 3, 3)), b.const(b.rand(8) + bias_shift), pads=[1, 1, 1, 1],
+              strides=[2, 2])
     up = b.op("Resize", batchnorm(b, c2, 8), "", b.const(np.array([1, 1, 2, 2], np.float32)), mode="nearest")
     return b.build(b.op("Concat", up, c1, axis=1), output_names=["y"])
 
@@ -190,7 +192,8 @@ def if_model(else_offset: float = 1.0, then_scale: float = 2.0) -> onnx.ModelPro
     out = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])
 
     def branch(name, op, constant):
-        c = helper.make_node("Constant", [], [f"{name}_c"], value=helper.make_tensor(f"{name}_v", TensorProto.FLOAT, [], [constant]))
+        c = helper.make_node("Constant", [], [f"{name}_c"],
+                             value=helper.make_tensor(f"{name}_v", TensorProto.FLOAT, [], [constant]))
         return helper.make_graph([c, helper.make_node(op, ["x", f"{name}_c"], [f"{name}_y"])], name, [],
                                  [helper.make_tensor_value_info(f"{name}_y", TensorProto.FLOAT, ["batch", 4])])
 
@@ -232,7 +235,8 @@ def test_a_model_that_takes_batch_1_only_verifies_two_extent_settings_at_batch_1
     x = b.input("x", ["batch", 3, "height", "width"])
     one = b.op("Unsqueeze", b.op("Squeeze", x, b.const(np.array([0], np.int64))), b.const(np.array([0], np.int64)))
     c1 = conv(b, one, 3, 4, strides=[2, 2])
-    up = b.op("Resize", conv(b, c1, 4, 4, strides=[2, 2]), "", b.const(np.array([1, 1, 2, 2], np.float32)), mode="nearest")
+    up = b.op("Resize", conv(b, c1, 4, 4, strides=[2, 2]), "", b.const(np.array([1, 1, 2, 2], np.float32)),
+              mode="nearest")
     model = b.build(b.op("Concat", up, c1, axis=1), output_names=["y"])
     result = verify_models(model, model)
     assert result.status == MATCH
@@ -354,7 +358,8 @@ def test_an_integer_an_if_compares_is_fed_that_value():
     graph = helper.make_graph(
         [helper.make_node("Equal", ["sr", "rate"], ["is_rate"]),
          helper.make_node("If", ["is_rate"], ["y"], then_branch=then, else_branch=other)], "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4]), helper.make_tensor_value_info("sr", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4]),
+         helper.make_tensor_value_info("sr", TensorProto.INT64, [])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
         [numpy_helper.from_array(np.array(16000, np.int64), "rate")])
     assert integer_ranges(helper.make_model(graph))["sr"] == (16000, 16001)

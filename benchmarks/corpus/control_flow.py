@@ -273,7 +273,8 @@ def build_tensorflow(out: Path, scratch: Path) -> dict[str, tuple[str, dict]]:
             frozen = tf.compat.v1.graph_util.convert_variables_to_constants(session, graph.as_graph_def(), ["y"])
     proto, _ = tf2onnx.convert.from_graph_def(frozen, input_names=["x:0"], output_names=["y:0"], opset=17)
     _save_proto(proto, scratch, out / "tf-dynamic-rnn-scan.onnx")
-    made["tf-dynamic-rnn-scan.onnx"] = ("tf2onnx.convert.from_graph_def of tf.compat.v1.nn.dynamic_rnn(BasicRNNCell(16)) "
+    made["tf-dynamic-rnn-scan.onnx"] = ("tf2onnx.convert.from_graph_def of "
+                                        "tf.compat.v1.nn.dynamic_rnn(BasicRNNCell(16)) "
                                         "with control flow v1", TF_BENCH)
 
     class Cell(tf.keras.layers.Layer):

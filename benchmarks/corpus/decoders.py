@@ -554,7 +554,8 @@ def describe(path: Path) -> dict:
     inputs = [{"name": v.name, "dtype": str(tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type)),
                "shape": [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim],
                **({"range": ranges[v.name]} if v.name in ranges else {})} for v in model.graph.input]
-    return {"nodes": len(model.graph.node), "opset": next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
+    return {"nodes": len(model.graph.node),
+            "opset": next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
             "op_types": dict(sorted(ops.items())), "inputs": inputs, "bytes": path.stat().st_size,
             "outputs": [o.name for o in model.graph.output]}
 
@@ -586,7 +587,8 @@ def main(argv=None) -> int:
     import onnxscript
     import torch
     import transformers
-    versions = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+    versions = {"python": platform.python_version(), "torch": torch.__version__,
+                "transformers": transformers.__version__,
                 "onnx": onnx.__version__, "onnxscript": onnxscript.__version__, "onnxruntime": onnxruntime.__version__}
     print("decoders:", ", ".join(f"{k} {v}" for k, v in versions.items()), flush=True)
     manifest_path = out / "manifest.json"

@@ -404,7 +404,8 @@ def main(argv=None) -> int:
     import transformers
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     versions = {"python": platform.python_version(), "torch": torch.__version__, "torchvision": torchvision.__version__,
-                "transformers": transformers.__version__, "onnx": onnx.__version__, "onnxscript": onnxscript.__version__,
+                "transformers": transformers.__version__, "onnx": onnx.__version__,
+                "onnxscript": onnxscript.__version__,
                 "onnxruntime": onnxruntime.__version__}
     print("corpus:", ", ".join(f"{k} {v}" for k, v in versions.items()), flush=True)
 
@@ -413,8 +414,9 @@ def main(argv=None) -> int:
             print(f"  {entry['file']}: FAILED after {entry['seconds']} s: {entry['error'][:2000]}", flush=True)
         else:
             extra = "" if entry["check_ok"] else f" CHECK FAILED: {entry.get('check_error') or entry}"
-            print(f"  {entry['file']}: {entry['bytes'] / 2**20:.1f} MiB, {entry['nodes']} nodes, opset {entry['opset']},"
-                  f" {entry['seconds']} s, max |ort - torch| {entry.get('check_max_abs_diff', float('nan')):.2e}"
+            print(f"  {entry['file']}: {entry['bytes'] / 2**20:.1f} MiB, {entry['nodes']} nodes, "
+                  f"opset {entry['opset']}, {entry['seconds']} s, "
+                  f"max |ort - torch| {entry.get('check_max_abs_diff', float('nan')):.2e}"
                   f" (output max {entry.get('check_output_max_abs', float('nan')):.2e}){extra}", flush=True)
 
     manifest_path = out / "manifest.json"

@@ -72,7 +72,8 @@ def main(argv=None) -> int:
                 diff, scale = float(np.max(np.abs(got - ref))), float(np.max(np.abs(ref)))
                 ok = bool(np.isfinite(got).all()) and diff <= CHECK_REL_TOL * max(scale, 1e-3)
                 tmp.replace(path)
-                print(f"{path.name}: max |ort - torch| {diff:.2e} (output max {scale:.2e}){'' if ok else ' CHECK FAILED'}",
+                print(f"{path.name}: max |ort - torch| {diff:.2e} (output max "
+                      f"{scale:.2e}){'' if ok else ' CHECK FAILED'}",
                       flush=True)
                 failed += not ok
             except Exception as error:  # noqa: BLE001 - said, then the next form

@@ -2,12 +2,14 @@
 
 Each float model becomes, through onnxruntime.quantization (the pinned onnxruntime-gpu's own):
 
-| form | how |
-|---|---|
-| `qdq-pc` | quant_pre_process, then quantize_static(QuantFormat.QDQ, per_channel=True): uint8 activations, int8 weights |
-| `qdq-pt` | the same with per_channel=False (one scale per weight tensor) |
-| `qdq-bn` | quant_pre_process(skip_optimization=True), then as qdq-pc: onnxruntime's basic optimizer, which the pre-processing runs, folds BatchNormalization into Conv; a user who skips it keeps BatchNormalization between the Q/DQ pairs (made only where the model has one) |
-| `dynamic` | quant_pre_process, then quantize_dynamic (int8 weights; activations quantized at run time) |
+- `qdq-pc`: quant_pre_process, then quantize_static(QuantFormat.QDQ, per_channel=True): uint8
+  activations, int8 weights;
+- `qdq-pt`: the same with per_channel=False (one scale per weight tensor);
+- `qdq-bn`: quant_pre_process(skip_optimization=True), then as qdq-pc: onnxruntime's basic
+  optimizer, which the pre-processing runs, folds BatchNormalization into Conv; a user who skips it
+  keeps BatchNormalization between the Q/DQ pairs (made only where the model has one);
+- `dynamic`: quant_pre_process, then quantize_dynamic (int8 weights; activations quantized at run
+  time).
 
 The pre-processing (symbolic shape inference, onnxruntime's basic optimizer, onnx shape
 inference) is what the quantization documentation asks for before quantizing. Calibration reads
@@ -30,7 +32,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import onnx
 
 REPO = Path(__file__).resolve().parents[2]
@@ -61,7 +62,8 @@ class RandomBatches(CalibrationDataReader):
         return next(self._batches, None)
 
 
-def float_sources(corpus: Path | None, corpus_models: set[str], scratch: Path) -> list[tuple[str, Path, dict[str, int]]]:
+def float_sources(corpus: Path | None, corpus_models: set[str],
+                  scratch: Path) -> list[tuple[str, Path, dict[str, int]]]:
     """(name, path, dims) of every float model to quantize."""
     from tests.attention_graphs import bert, vit
 
@@ -130,12 +132,14 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=REPO / "build" / "quantized-models")
     parser.add_argument("--corpus", type=Path, default=REPO / "benchmarks" / "corpus" / "models")
     parser.add_argument("--corpus-models", default=CORPUS_MODELS, help="comma-separated model names in --corpus")
-    parser.add_argument("--only", default="", help="comma-separated source names to (re)make; the manifest keeps the rest")
+    parser.add_argument("--only", default="",
+                        help="comma-separated source names to (re)make; the manifest keeps the rest")
     args = parser.parse_args()
     args.out, args.corpus = args.out.resolve(), args.corpus.resolve()  # the work below runs in a scratch folder
     args.out.mkdir(parents=True, exist_ok=True)
     wanted = {n for n in args.only.split(",") if n}
-    manifest = json.loads((args.out / "manifest.json").read_text()) if wanted and (args.out / "manifest.json").exists() else []
+    manifest_path = args.out / "manifest.json"
+    manifest = json.loads(manifest_path.read_text()) if wanted and manifest_path.exists() else []
     manifest = [e for e in manifest if e["name"].rsplit(".", 1)[0] not in wanted]
     # quant_pre_process and the calibrator write scratch files to the working directory
     with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):

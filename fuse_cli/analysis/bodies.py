@@ -281,7 +281,8 @@ def _loop_body(node: onnx.NodeProto, body: onnx.GraphProto, shapes: ShapeTable, 
     outputs as the trip count's iterations stacked."""
     declared = list(body.input)
     carried = len(node.input[2:])
-    counters = [(declared[0], TensorInfo("", TensorProto.INT64, ())), (declared[1], TensorInfo("", TensorProto.BOOL, ()))]
+    counters = [(declared[0], TensorInfo("", TensorProto.INT64, ())),
+                (declared[1], TensorInfo("", TensorProto.BOOL, ()))]
     walk = _body(body, counters + [(vi, shapes.get(name)) for vi, name in zip(declared[2:], node.input[2:])],
                  shapes, outside)
     trip = constants.get(node.input[0]) if node.input and node.input[0] else None
@@ -341,7 +342,8 @@ def _scan_cost(node, label, body, shapes, planner, outside) -> BodyCost:
     scans = int(attrs.get("num_scan_inputs", 0))
     states = len(body.input) - scans
     input_axes = _scan_axes(attrs, "scan_input_axes", scans)
-    planner_feeds = [planner.get(name) if index < states else _without_axis(planner.get(name), input_axes[index - states])
+    planner_feeds = [planner.get(name) if index < states
+                     else _without_axis(planner.get(name), input_axes[index - states])
                      for index, name in enumerate(node.input[:len(body.input)])]
     profile = walk.profile(planner, planner_feeds, feeds_counted=False, fetches_counted=False)
     state_bytes = sum(walk.table.nbytes(vi.name) or 0 for vi in body.input[:states])
@@ -350,7 +352,8 @@ def _scan_cost(node, label, body, shapes, planner, outside) -> BodyCost:
     transposed = sum(shapes.nbytes(name) or 0 for name, axis in zip(node.input[states:], input_axes)
                      if axis % max(len((shapes.get(name) or TensorInfo("", 0, ())).shape or ()), 1))
     transposed += sum(shapes.nbytes(name) or 0 for name, axis in
-                      zip(node.output[states:], _scan_axes(attrs, "scan_output_axes", len(body.output) - states)) if axis)
+                      zip(node.output[states:],
+                          _scan_axes(attrs, "scan_output_axes", len(body.output) - states)) if axis)
     return BodyCost(label, "Scan", "body", "one iteration", profile.peak_bytes,
                     profile.peak_bytes + buffers + transposed, length, filled, profile.unknown_tensors)
 
@@ -412,7 +415,8 @@ class _Body:
         self.constants = [outside.constants[name] for name in self.outer if name in outside.constants]
         bound = [_value_info(vi.name, info, vi) for vi, info in inputs]
         bound += [_value_info(name, shapes.get(name)) for name in self.outer if name not in outside.constants]
-        self.model = _as_model(graph, [vi for vi in bound if vi is not None], self.opset, self.constants, declared=False)
+        self.model = _as_model(graph, [vi for vi in bound if vi is not None], self.opset, self.constants,
+                               declared=False)
         self.table = infer_shapes(self.model)
         self._profiles: dict[tuple, object] = {}
 
@@ -431,8 +435,8 @@ class _Body:
             symbolic = [_value_info(vi.name, info, vi) for vi, info in zip(self.declared, feeds)]
             symbolic += [_value_info(name, info) for name, info in zip(self.outer, outer)
                          if all(name != t.name for t in self.constants)]
-            symbolic_model = _as_model(self.graph, [vi for vi in symbolic if vi is not None], self.opset, self.constants,
-                                       declared=True)
+            symbolic_model = _as_model(self.graph, [vi for vi in symbolic if vi is not None], self.opset,
+                                       self.constants, declared=True)
             weights = set(self.outer) | (set() if feeds_counted else {vi.name for vi in self.declared})
             absent = () if fetches_counted else [o.name for o in self.graph.output]
             self._profiles[key] = profile_memory(self.model, self.table, extra_weights=weights, absent=absent,

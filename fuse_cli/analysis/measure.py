@@ -250,7 +250,8 @@ def _feeds(session, shapes: Mapping[str, Sequence[int]], seed: int,
     from fuse_cli.core.feeds import position_key, random_inputs
 
     # every fed dim by its position key, which random_inputs reads before any name
-    dims = {position_key(name, index): int(value) for name, shape in shapes.items() for index, value in enumerate(shape)}
+    dims = {position_key(name, index): int(value) for name, shape in shapes.items()
+            for index, value in enumerate(shape)}
     ranges = {name: (int(low), int(high)) for name, (low, high) in int_ranges.items()}
     return random_inputs(session, dims=dims, seed=seed, int_ranges=ranges)
 

@@ -195,10 +195,11 @@ class _Planner:
             if step > deaths[buffer]:
                 deaths[buffer] = step
         rank = {name: i for i, name in enumerate(birth)}
-        written = [(i, name) for i in setup.order for name in graph.outputs[i] if name in activations and name not in views]
-        return BufferPlan(views, birth, rank, first, np.array(self.born, dtype=np.int64), np.array(deaths, dtype=np.int64),
-                     self.tenants, self.tenant_buffers, [graph.op_types[i] for i, _ in written],
-                     [name for _, name in written], held_outputs)
+        written = [(i, name) for i in setup.order for name in graph.outputs[i]
+                   if name in activations and name not in views]
+        return BufferPlan(views, birth, rank, first, np.array(self.born, dtype=np.int64),
+                          np.array(deaths, dtype=np.int64), self.tenants, self.tenant_buffers,
+                          [graph.op_types[i] for i, _ in written], [name for _, name in written], held_outputs)
 
     def _new(self, name: str, step: int) -> None:
         buffer = len(self.first)

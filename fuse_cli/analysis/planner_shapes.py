@@ -85,7 +85,8 @@ def _declared_dims(graph: onnx.GraphProto) -> dict[str, tuple[bool, ...]]:
     declared = {}
     for vi in (*graph.value_info, *graph.output):
         if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
-            declared[vi.name] = tuple(d.HasField("dim_value") or bool(d.dim_param) for d in vi.type.tensor_type.shape.dim)
+            declared[vi.name] = tuple(d.HasField("dim_value") or bool(d.dim_param)
+                                      for d in vi.type.tensor_type.shape.dim)
     return declared
 
 

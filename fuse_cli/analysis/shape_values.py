@@ -104,7 +104,8 @@ def _known_args(names, values: Mapping[str, np.ndarray]) -> list | None:
     return args
 
 
-def as_constant_nodes(nodes: list[onnx.NodeProto], values: Mapping[str, np.ndarray]) -> tuple[list[onnx.NodeProto], int]:
+def as_constant_nodes(nodes: list[onnx.NodeProto],
+                      values: Mapping[str, np.ndarray]) -> tuple[list[onnx.NodeProto], int]:
     """`nodes` with every node whose outputs all have values replaced by Constant nodes writing
     them (same names), and how many were replaced."""
     out: list[onnx.NodeProto] = []
@@ -316,7 +317,8 @@ def _reduce(fn):
         if axes is None and attrs.get("noop_with_empty_axes", 0):
             return [args[0]]
         keep = bool(attrs.get("keepdims", 1))
-        return [np.asarray(fn(args[0], axis=None if axes is None else tuple(axes), keepdims=keep)).astype(args[0].dtype)]
+        return [np.asarray(fn(args[0], axis=None if axes is None else tuple(axes),
+                              keepdims=keep)).astype(args[0].dtype)]
     return rule
 
 

@@ -208,7 +208,8 @@ def _with_control_flow_outputs(model: onnx.ModelProto, copy: onnx.ModelProto, te
     known: set[str] = set()
     for _ in range(_CONTROL_FLOW_ROUNDS):
         table = ShapeTable(MappingProxyType(tensors), ())
-        found = {name: info for name, info in control_flow_outputs(model.graph, table, opset).items() if name not in known}
+        found = {name: info for name, info in control_flow_outputs(model.graph, table, opset).items()
+                 if name not in known}
         if not found:
             break
         known.update(found)

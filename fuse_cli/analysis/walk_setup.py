@@ -104,7 +104,8 @@ class WalkGraph:
                         if (size := held_workspace_bytes(node, shapes, self.opset)) is not None
                         and size != scratch.get(stored, 0)}
         # A body's walk is its node's scratch; the outputs it sizes where the table could not.
-        costs = [(stored, cost) for stored, node in self.scratch_nodes if (domain_of(node), node.op_type) in CONTROL_FLOW_OPS
+        costs = [(stored, cost) for stored, node in self.scratch_nodes
+                 if (domain_of(node), node.op_type) in CONTROL_FLOW_OPS
                  and (cost := body_cost(node, self.labels[stored], shapes, self.planner_shapes, self.opset,
                                         self.body_scope)) is not None]
         for stored, cost in costs:
@@ -142,7 +143,8 @@ class WalkSetup:
         if scratch:
             for step, stored in enumerate(self.order):
                 workspace[step] = scratch.get(stored, 0)
-        held_workspace = ({step: held_scratch[stored] for step, stored in enumerate(self.order) if stored in held_scratch}
+        held_workspace = ({step: held_scratch[stored] for step, stored in enumerate(self.order)
+                           if stored in held_scratch}
                           if held_scratch else {})
         unknown = () if len(known) == len(self.producer) else tuple(name for name in self.producer if name not in known)
         result = WalkSizes(known, unknown, workspace, weight_bytes, held_workspace, bodies)

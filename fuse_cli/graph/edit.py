@@ -230,7 +230,8 @@ class GraphEditor:
         if not isinstance(new, gs.Variable) or not new.inputs:
             return f"{old.name!r} is a graph output fed directly by {new.name!r}, which is a graph input or constant"
         if not self._in_scope(new.inputs[0]):
-            return f"{old.name!r} is a body output and {new.name!r} comes from the enclosing graph (a body returns its own values)"
+            return (f"{old.name!r} is a body output and {new.name!r} comes from the enclosing graph "
+                    "(a body returns its own values)")
         if self.is_graph_output(new):
             return f"both {old.name!r} and {new.name!r} are graph outputs"
         return None

@@ -118,7 +118,8 @@ def _densify_sparse_initializers(model: onnx.ModelProto, path: Path) -> None:
             check_tensor_size(name, list(sparse.dims), path)
             itemsize = onnx.helper.tensor_dtype_to_np_dtype(sparse.values.data_type).itemsize
             if math.prod(sparse.dims) * itemsize > INLINE_SAVE_LIMIT_BYTES:
-                raise ModelLoadError(f"{path}: sparse initializer {name!r} is {math.prod(sparse.dims) * itemsize / 2**30:.1f} "
+                raise ModelLoadError(f"{path}: sparse initializer {name!r} is "
+                                     f"{math.prod(sparse.dims) * itemsize / 2**30:.1f} "
                                      f"GB dense; fuse writes sparse initializers dense and holds at most 1.8 GB of one")
             try:
                 dense = dense_from_sparse(sparse)
@@ -262,7 +263,8 @@ def _check_tensor_payloads(model: onnx.ModelProto, path: Path) -> None:
             bits = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize * 8
         except (KeyError, TypeError, ValueError):
             raise ModelLoadError(f"{path}: tensor {tensor.name!r} has unknown data type {tensor.data_type}") from None
-        if tensor.data_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4, getattr(onnx.TensorProto, "FLOAT4E2M1", -1)):
+        if tensor.data_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4,
+                                getattr(onnx.TensorProto, "FLOAT4E2M1", -1)):
             bits = 4
         count = 1
         for dim in tensor.dims:

@@ -82,7 +82,8 @@ def _without_big_payloads(data: mmap.mmap, location: str) -> bytes:
         for g_number, g_start, g_value_start, g_end in _fields(data, value_start, end):
             if g_number == _GRAPH_INITIALIZER and g_end - g_value_start >= BIG_WEIGHT_BYTES:
                 graph += data[run_start:g_start]
-                graph += length_delimited(_GRAPH_INITIALIZER, _tensor_by_reference(data, g_value_start, g_end, location))
+                graph += length_delimited(_GRAPH_INITIALIZER,
+                                          _tensor_by_reference(data, g_value_start, g_end, location))
                 run_start = g_end
         graph += data[run_start:end]
         rest += length_delimited(_MODEL_GRAPH, bytes(graph))

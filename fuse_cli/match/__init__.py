@@ -9,7 +9,8 @@ Each element matches a tensor: `Var` any tensor (the same name twice must be the
 `Op` a tensor produced by a node of that type (keyword arguments beyond name/domain/output
 constrain its attributes: `Op("Transpose", x, perm=[0, 2, 1, 3])` wants that value,
 `Op("Gemm", a, b, transA=lambda v: not v)` a predicate over the value, None when absent),
-`Alt` any of several patterns, `Const` a constant whose value satisfies a predicate. Binary Add/Mul are tried in both input orders. Matching
+`Alt` any of several patterns, `Const` a constant whose value satisfies a predicate. Binary Add/Mul
+are tried in both input orders. Matching
 yields every way the pattern fits, so alternatives backtrack naturally; structural failure is
 silent (not the pattern), while preconditions that fail after a structural match are near-misses.
 """
@@ -145,7 +146,8 @@ def match_root(pattern: Op | Alt, node: gs.Node) -> Iterator[Match]:
         return
     for m in _match_node(pattern, node, Match(root=node)):
         if pattern.name:
-            m.tensors.setdefault(pattern.name, node.outputs[pattern.output] if len(node.outputs) > pattern.output else None)
+            m.tensors.setdefault(pattern.name, node.outputs[pattern.output]
+                                 if len(node.outputs) > pattern.output else None)
         yield m
 
 
@@ -258,7 +260,8 @@ def _match_tensor(pattern: Pattern, tensor: gs.Tensor | None, consumer: gs.Node,
         if tensor is None or is_missing(tensor) or not _may_bind(m, pattern.name, tensor):
             return
         producer = producer_of(tensor)
-        if producer is None or len(producer.outputs) <= pattern.output or producer.outputs[pattern.output] is not tensor:
+        if (producer is None or len(producer.outputs) <= pattern.output
+                or producer.outputs[pattern.output] is not tensor):
             return
         for matched in _match_node(pattern, producer, m):
             if pattern.name:

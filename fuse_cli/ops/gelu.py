@@ -31,8 +31,8 @@ RECORDS = (
                  "BiasGelu", "cpu",
                  "onnxruntime's CPU BiasGelu measured 1.04-1.28x slower than the Add + Gelu it would replace, so the "
                  "bias Add stays (target {target}; --target ort-cuda fuses it)",
-                 "onnxruntime 1.31, profiler kernel time, one thread, fp32, graph optimizations off. After a MatMul, 200 "
-                 "runs: [1, 128, 3072] 262-272 vs 210-216 us, [1, 197, 3072] 417 vs 333-352 us, [1, 1024, 3072] "
+                 "onnxruntime 1.31, profiler kernel time, one thread, fp32, graph optimizations off. After a MatMul, "
+                 "200 runs: [1, 128, 3072] 262-272 vs 210-216 us, [1, 197, 3072] 417 vs 333-352 us, [1, 1024, 3072] "
                  "2205-2214 vs 1866-1960 us. Its 12 nodes in real exports, us a run: bert-base dynamo 2988-3423 vs "
                  "2445-2796, vit-base dynamo 4650-4768 vs 3894-3966, vit-base opset 17 4558-4798 vs 3622-3844, "
                  "bert-base opset 17 2410-2513 vs 2321-2400."),),

@@ -46,7 +46,8 @@ def _workspace(node: onnx.NodeProto, shapes: Shapes, opset: int) -> int:
     heads, kv_heads = int(attrs.get("num_heads", 0)), int(attrs.get("kv_num_heads", 0))
     query, key = shapes.get(inputs[0]), shapes.get(inputs[1])
     if (heads <= 0 or kv_heads <= 0 or query is None or key is None or query.shape is None or key.shape is None
-            or len(query.shape) != 3 or len(key.shape) != 3 or not all(isinstance(d, int) for d in query.shape + key.shape)):
+            or len(query.shape) != 3 or len(key.shape) != 3
+        or not all(isinstance(d, int) for d in query.shape + key.shape)):
         return 0  # packed QKV, or sizes unknown
     bits = element_size_bits(query.elem_type)
     if bits is None:

@@ -58,12 +58,13 @@ _BIAS_CRASH = ("onnxruntime-gpu 1.31.1's CPU kernel crashes (SIGSEGV) without it
 RECORDS = (Operator(
     "Attention", MS,
     support=kernels("Attention", "float32", "float32 float16 bfloat16",
-                    "num_heads required; packed QKV weights [hidden, q+k+v] and bias; the graph's mask as attention_bias. "
+                    "num_heads required; packed QKV weights [hidden, q+k+v] and bias; the graph's mask as "
+                    "attention_bias. "
                     "CPU time 0.91-0.97x the Q/K/V MatMuls + MultiHeadAttention it replaces (packed-attention; "
                     "benchmarks/results/bert_packed_attention.md)"),
     unchecked=(Unchecked("Attention", "cuda",
-                         "the packed-QKV Attention was measured faster than the Q/K/V MatMuls and MultiHeadAttention on "
-                         "onnxruntime's CPU provider only (target {target}); --target ort-cpu fuses it"),),
+                         "the packed-QKV Attention was measured faster than the Q/K/V MatMuls and MultiHeadAttention "
+                         "on onnxruntime's CPU provider only (target {target}); --target ort-cpu fuses it"),),
     probe=Spec("Attention", MS, (Input("input", Probe.X3), Input("weights", (_H * _D, 3 * _H * _D)),
                                  Input("bias", (3 * _H * _D,), True), Input("mask_index", (), True),
                                  Input("past", (), True), Input("attention_bias", (_B, _H, _S, _S), True)),

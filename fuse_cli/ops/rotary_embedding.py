@@ -30,9 +30,10 @@ RECORDS = (
         support=kernels(
             "RotaryEmbedding", "float32 float16", "",
             "opset 23; inputs (X, cos_cache, sin_cache, position_ids?); float64: the schema refuses it. Without "
-            "position_ids the caches must be [B, S, d/2] of x's own batch: a batch-1 cache for batch 2 fails at run time "
-            "(\"Inputs 'cos_cache' and 'sin_cache' are expected to have the same shape as input 'x', got 1 and 5\"). CPU "
-            "time 0.83-0.95x the decomposed form, 1.02x on two 128-token prefills (within the shared CPU's noise: not "
+            "position_ids the caches must be [B, S, d/2] of x's own batch: a batch-1 cache for batch 2 fails at "
+            "run time (\"Inputs 'cos_cache' and 'sin_cache' are expected to have the same shape as input 'x', "
+            "got 1 and 5\"). CPU time 0.83-0.95x the decomposed form, 1.02x on two 128-token prefills "
+            "(within the shared CPU's noise: not "
             "declined; benchmarks/results/opset23.md)",
             domain=""),
         standard=True,

@@ -32,7 +32,8 @@ def _temporaries(node: onnx.NodeProto, shapes: Shapes, *, output_held: bool) -> 
         return 0
     infos = [shapes.get(name) for name in node.input if name]
     out = shapes.get(node.output[0])
-    if out is None or out.shape is None or any(i is None or i.shape is None or not all(isinstance(d, int) for d in i.shape)
+    if out is None or out.shape is None or any(i is None or i.shape is None
+                                               or not all(isinstance(d, int) for d in i.shape)
                                                 for i in infos):
         return 0
     bits = element_size_bits(out.elem_type)
@@ -55,4 +56,5 @@ def _held_output(node: onnx.NodeProto, shapes: Shapes, opset: int) -> int:
     return _temporaries(node, shapes, output_held=True)
 
 
-RECORDS = tuple(Operator(op, workspace=_fresh_output, held_workspace=_held_output) for op in ("Sum", "Mean", "Max", "Min"))
+RECORDS = tuple(Operator(op, workspace=_fresh_output, held_workspace=_held_output)
+                for op in ("Sum", "Mean", "Max", "Min"))

@@ -5,4 +5,5 @@ from __future__ import annotations
 
 from fuse_cli.ops.record import Operator
 
-RECORDS = tuple(Operator(op, view_opsets=(1, 10**6)) for op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"))
+RECORDS = tuple(Operator(op, view_opsets=(1, 10**6))
+                for op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"))

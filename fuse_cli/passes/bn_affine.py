@@ -16,7 +16,8 @@ MEASURED = ("BatchNormalization runs faster than Mul+Add in onnxruntime (measure
 # A BatchNormalization a quantizer wrapped in Q/DQ pairs (benchmarks/results/quantized.md: the
 # qdq-bn models) folds into its Conv only before quantization, where it is exact.
 BEFORE_QUANTIZING = ("folding it would move a quantization step; fold BatchNormalization before quantizing: run "
-                     "fuse on the float model (conv-bn), or onnxruntime.quantization's quant_pre_process, which folds it")
+                     "fuse on the float model (conv-bn), or onnxruntime.quantization's quant_pre_process, "
+                     "which folds it")
 
 
 @register

@@ -59,7 +59,8 @@ class FoldBatchNormIntoNextConv(PatternPass):
             return reason
         bias = m.tensor("bias")
         if bias is not None and constant_value(bias).size != w.shape[0]:
-            return Decline(f"{conv.name}'s bias has {constant_value(bias).size} values for {w.shape[0]} output channels")
+            return Decline(f"{conv.name}'s bias has {constant_value(bias).size} values "
+                           f"for {w.shape[0]} output channels")
         return None
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:

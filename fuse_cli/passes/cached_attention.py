@@ -63,15 +63,15 @@ class FuseCachedAttention(PatternPass):
             return decline
         if "softcap" in m.nodes:
             return Decline(f"the scores are soft-capped ({m.node('softcap_tanh').name}: tanh(s / c) * c, as Gemma2's): "
-                           "MultiHeadAttention has no soft cap, and GroupQueryAttention's, over a past, runs on the CPU "
-                           "only at batch 1 or sequence 1, which the graph's symbolic dims do not promise")
+                           "MultiHeadAttention has no soft cap, and GroupQueryAttention's, over a past, runs on the "
+                           "CPU only at batch 1 or sequence 1, which the graph's symbolic dims do not promise")
         heads = held_heads(m, g)
         if isinstance(heads, Decline):
             return heads
         h, d, kv = heads
         if kv == h and any(f"{role}_repeat" in m.nodes for role in ("key", "value")):
-            return Decline(f"the K/V already have {h} heads and are repeated: MultiHeadAttention takes K/V of {h} heads, "
-                           f"or both repeated to {h} by repeat_kv")
+            return Decline(f"the K/V already have {h} heads and are repeated: MultiHeadAttention takes K/V of {h} "
+                           f"heads, or both repeated to {h} by repeat_kv")
         if decline := key_t_decline(m, g, d) or merge_decline(m, g, h * d, rows=True) or scale_decline(m):
             return decline
         k = g.shape(m.tensor("key"))

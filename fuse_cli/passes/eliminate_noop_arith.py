@@ -25,7 +25,8 @@ class EliminateNoopArithmetic(PatternPass):
        =>   readers of y read x
 
     Mul, Add, And, Or and Xor in either order (torch's dynamo export writes And(ones, mask)); Sub
-    and Div only with the constant second (0 - x and 1 / x are not x). Every element of the constant must be the identity element, and the constant must
+    and Div only with the constant second (0 - x and 1 / x are not x). Every element of the constant
+    must be the identity element, and the constant must
     not broadcast x to a larger shape: each of its dims, aligned from the right, is 1 or x's
     static dim there, and its rank is at most x's. Exact for integers; for floats x*1, x/1, x-0
     give x bit for bit, and x+0 too except that a -0.0 in x comes out as +0.0 (an equal value);
@@ -53,8 +54,8 @@ class EliminateNoopArithmetic(PatternPass):
                         f"{list(dims.dims)} to a higher rank"))
             trailing = dims.dims[dims.rank - value.ndim:]
             if any(c != 1 and c != d for c, d in zip(value.shape, trailing)):
-                return (Decline(f"{node.name}'s constant of shape {list(value.shape)} may broadcast {x.name!r} of shape "
-                        f"{list(dims.dims)} to a larger shape"))
+                return (Decline(f"{node.name}'s constant of shape {list(value.shape)} may broadcast "
+                        f"{x.name!r} of shape {list(dims.dims)} to a larger shape"))
         return Decline.unless(g.reroute_reason(node.outputs[0], x))
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:

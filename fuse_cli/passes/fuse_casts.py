@@ -60,12 +60,14 @@ class FuseCasts(PatternPass):
             return Decline.unless(g.reroute_reason(cast.outputs[0], m.tensor("x")))
         first, b = m.node("first"), _to(m.node("first"))
         if a is None:
-            return Decline(f"{first.name}'s input type is unknown, so {first.name} -> {cast.name} cannot be shown exact")
+            return Decline(f"{first.name}'s input type is unknown, "
+                           f"so {first.name} -> {cast.name} cannot be shown exact")
         if a != b and b not in EXACT.get(a, ()):
-            return Decline(f"{first.name} casts {_name(a)} to {_name(b)}, which loses values: {cast.name} cannot skip it")
+            return Decline(f"{first.name} casts {_name(a)} to {_name(b)}, which loses values: "
+                           f"{cast.name} cannot skip it")
         if a in INTEGERS and b in FLOATS and c in INTEGERS and c != a and c not in EXACT[a]:
-            return (Decline(f"{_name(a)} -> {_name(c)} wraps out-of-range values but {_name(b)} -> {_name(c)} does not: "
-                    f"{first.name} -> {cast.name} cannot become one Cast"))
+            return (Decline(f"{_name(a)} -> {_name(c)} wraps out-of-range values but {_name(b)} -> {_name(c)} "
+                    f"does not: {first.name} -> {cast.name} cannot become one Cast"))
         return None
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:

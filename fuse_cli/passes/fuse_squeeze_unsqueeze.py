@@ -36,7 +36,8 @@ class CancelSqueezeUnsqueeze(PatternPass):
         if reason:
             return reason
         if axes[0] != axes[1]:
-            return Decline(f"{inner.name} and {outer.name} act on different axes ({sorted(axes[0])} vs {sorted(axes[1])})")
+            return Decline(f"{inner.name} and {outer.name} act on different axes ({sorted(axes[0])} vs "
+                           f"{sorted(axes[1])})")
         return Decline.unless(g.reroute_reason(outer.outputs[0], m.tensor("x")))
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:

@@ -85,10 +85,11 @@ def _residual_reason(m: Match, g: GraphEditor) -> Decline | None:
         return Decline(f"{add.name} adds {conv.name}'s output to itself: there is no separate residual")
     out, residual = g.shape(conv.outputs[0]), g.shape(z)
     if out is None or residual is None or None in out.dims or None in residual.dims:
-        return (Decline(f"{add.name}: the shapes of {conv.name}'s output and of the residual {z.name!r} are not both known; "
-                "FusedConv needs them equal (no broadcasting)"))
+        return (Decline(f"{add.name}: the shapes of {conv.name}'s output and of the residual {z.name!r} "
+                "are not both known; FusedConv needs them equal (no broadcasting)"))
     if out.dims != residual.dims:
-        return (Decline(f"{add.name} broadcasts: the residual {z.name!r} has shape {list(residual.dims)}, {conv.name}'s output "
+        return (Decline(f"{add.name} broadcasts: the residual {z.name!r} has shape {list(residual.dims)}, "
+                        f"{conv.name}'s output "
                 f"{list(out.dims)}; FusedConv adds Z without broadcasting"))
     return None
 

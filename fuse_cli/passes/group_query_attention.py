@@ -37,7 +37,8 @@ class FuseGroupQueryAttention(PatternPass):
     in their [B, S, hidden] form (rotary-embedding leaves them so). The repeat's shapes are proved
     from the inferred shapes ([B, KV, n, S, d] and [B, KV*n, S, d]); scale is the product of the
     constant scalars on the scores (and FusedMatMul's alpha); Gemma2's soft cap tanh(s / c) * c
-    on the scaled scores, before the mask, is the kernel's `softcap` (applied in that order). CPU kernel: float32, float16, head
+    on the scaled scores, before the mask, is the kernel's `softcap` (applied in that order). CPU
+    kernel: float32, float16, head
     size % 8 == 0; CUDA's has no float32 kernel and its causal=0 + attention_bias path is not
     verified by fuse, so targets with CUDA decline. A prefill graph's present K/V outputs (the K/V
     heads before the repeat) become the node's present_key/present_value outputs. Where the mask

@@ -71,7 +71,8 @@ class FuseHardSigmoid(PatternPass):
         # the scale after the clamp must map [low, high] onto [0, 1]: [0, 6] * (1/6)
         high = 1.0 / _alpha(m)
         if not np.allclose(bounds, [0.0, high], rtol=1e-6, atol=0):
-            return Decline(f"{clamps} before {m.root.name} scales by {_alpha(m):g}; HardSigmoid needs [0, {high:g}] there")
+            return Decline(f"{clamps} before {m.root.name} scales by {_alpha(m):g}; "
+                           f"HardSigmoid needs [0, {high:g}] there")
         return rank_reason(m, g)
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:

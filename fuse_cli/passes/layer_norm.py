@@ -143,5 +143,6 @@ def _widened_input(m: Match, g: GraphEditor) -> tuple[gs.Tensor, np.dtype | Decl
         return x, Decline(f"{cast_out.name} casts the normalized value to {cast_out.attrs.get('to')}, not to the "
                           f"float16/bfloat16 type of {x.name!r} ({g.dtype(x)})")
     if wide is None:
-        return x, Decline(f"{widen.name} casts {m.tensor('centered').name!r} to {widen.attrs.get('to')}, not to a wider float")
+        return x, Decline(f"{widen.name} casts {m.tensor('centered').name!r} to {widen.attrs.get('to')}, "
+                          "not to a wider float")
     return x, half

@@ -47,8 +47,9 @@ class FuseMatMulAddIntoGemm(PatternPass):
         if x_shape is None:
             return Decline(f"{matmul.name}'s input rank is unknown (Gemm needs a rank-2 activation)")
         if x_shape.rank != 2:
-            return (Decline(f"{matmul.name}'s activation has rank {x_shape.rank}; Gemm takes rank 2, and Reshape -> Gemm -> "
-                    "Reshape measured no faster than MatMul + Add in onnxruntime (benchmarks/matmul_add_rank3.py)"))
+            return (Decline(f"{matmul.name}'s activation has rank {x_shape.rank}; Gemm takes rank 2, "
+                    "and Reshape -> Gemm -> Reshape measured no faster than MatMul + Add in onnxruntime "
+                    "(benchmarks/matmul_add_rank3.py)"))
         return gemm_operands_reason(matmul, w, bias)
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:

@@ -35,7 +35,8 @@ class PackQkvAttention(PatternPass):
     and all, and a lower peak on BERT-small and BERT-base layers (no q/k/v tensors between them;
     benchmarks/results/bert_packed_attention.md). Not everywhere: its [B, S, 3D] projection
     scratch can outweigh them (the 64-wide transformer sample at batch 1: 448 against 384 KiB);
-    the peak guard holds the result to the original's peak. The weights must be constant (they are concatenated once) and
+    the peak guard holds the result to the original's peak. The weights must be constant (they are
+    concatenated once) and
     the three projections must read one input: cross-attention keeps MultiHeadAttention. Q and K
     are as wide as each other (the kernel's rule); V may differ (qkv_hidden_sizes).
 

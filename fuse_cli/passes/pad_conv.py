@@ -42,7 +42,8 @@ class FoldPadIntoConv(PatternPass):
             return Decline(f"{pad.name} pads with the value {np.asarray(value).reshape(-1)[0]}; Conv pads with zeros")
         auto_pad = conv.attrs.get("auto_pad", "NOTSET")
         if auto_pad not in ("NOTSET", "VALID"):
-            return Decline(f"{conv.name} has auto_pad={auto_pad}; only explicit pads (NOTSET) or VALID can absorb a Pad")
+            return Decline(f"{conv.name} has auto_pad={auto_pad}; "
+                           "only explicit pads (NOTSET) or VALID can absorb a Pad")
         per_axis = _pads_per_axis(m, g)
         if per_axis is None:
             return Decline(f"the rank of {pad.name}'s input is unknown, so its axes cannot be resolved")

@@ -12,7 +12,8 @@ from fuse_cli.targets import slower
 from fuse_cli.toolkit.activations import ERF_GATE, X, decomposed_gelu
 
 # x's readers: the Erf GELU written out, the standard Gelu, onnxruntime's Gelu (contrib-gelu's output)
-ERF_GELU = Alt(decomposed_gelu(ERF_GATE), Op("Gelu", X, name="gelu"), Op("Gelu", X, name="gelu", domain="com.microsoft"))
+ERF_GELU = Alt(decomposed_gelu(ERF_GATE), Op("Gelu", X, name="gelu"),
+               Op("Gelu", X, name="gelu", domain="com.microsoft"))
 
 
 @register

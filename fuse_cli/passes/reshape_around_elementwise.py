@@ -37,7 +37,8 @@ class ReshapeAroundElementwise(GraphPass):
     element i, and a Reshape keeps the element order, so f computes the same elements on x as on
     y; Reshape(s2) then only restores x's shape. That out has x's shape is proved from s2: a
     constant of x's rank whose entries are x's static dims but for at most one -1 (the element
-    count, which x and z share, fixes that one); no 0, so allowzero does not matter. torch's dynamo export of GPT-2 wraps its GELU so
+    count, which x and z share, fixes that one); no 0, so allowzero does not matter. torch's dynamo
+    export of GPT-2 wraps its GELU so
     ([B*S, 4D] -> [B, S, 4D] -> GELU -> [B*S, 4D] -> Gemm). The first Reshape stays when others
     read y.
     """

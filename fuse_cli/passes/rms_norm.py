@@ -39,12 +39,14 @@ class FuseRMSNormalization(PatternPass):
         if not ("scale" in m.nodes or not read_only_by_constant_op(m.root.outputs[0], ("Mul",), g)):
             return False
         centered = producer_of(m.tensor("x"))
-        return not (centered is not None and centered.op == "Sub" and _is_mean_of(centered.inputs[1], centered.inputs[0]))
+        return not (centered is not None and centered.op == "Sub"
+                    and _is_mean_of(centered.inputs[1], centered.inputs[0]))
 
     def check(self, m: Match, g: GraphEditor) -> Decline | None:
         x = m.tensor("x")
         if g.dtype(x) != np.float32:
-            return Decline(f"{m.node('normalize').name} computes in {g.dtype(x)}; RMSNormalization would compute in float32")
+            return Decline(f"{m.node('normalize').name} computes in {g.dtype(x)}; "
+                           "RMSNormalization would compute in float32")
         shape = g.shape(x)
         axis = normalized_axis(shape, [(m.node("mean_square"), m.tensor("mean_square_axes"))])
         if isinstance(axis, Decline):

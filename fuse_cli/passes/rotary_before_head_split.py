@@ -69,7 +69,8 @@ class RotaryBeforeHeadSplit(PatternPass):
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
         split, transpose, rotary, x3 = m.node("split"), m.node("heads"), m.node("rotary"), m.tensor("x3")
         heads, d = head_split(split, g)
-        attrs = {**rotary.attrs, "num_heads": heads, "rotary_embedding_dim": rotary.attrs.get("rotary_embedding_dim") or d}
+        attrs = {**rotary.attrs, "num_heads": heads,
+                 "rotary_embedding_dim": rotary.attrs.get("rotary_embedding_dim") or d}
         rotated = g.variable(f"{rotary.name}_projection", like=x3)
         rotated.shape = list(g.shape(x3).dims)  # what later passes of this run read (the tables predate it)
         split_out = g.variable(f"{rotary.name}_split", like=x3)

@@ -57,7 +57,8 @@ class FuseRotaryEmbedding(RotateHalfFusion):
             first = _node(g, nodes, "Slice", [m.tensor(role), *(g.constant(f"{base}_{v}", np.array([v], np.int64))
                                                                   for v in (0, d // 2, -1))], f"{base}_{role}")
             caches.append(_node(g, nodes, "Reshape", [first, g.constant(f"{base}_cache_shape",
-                                                                      np.array([-1, d // 2], np.int64))], f"{base}_{role}"))
+                                                                      np.array([-1, d // 2], np.int64))],
+                                f"{base}_{role}"))
         if per_batch_row(m.tensor("cos"), g):  # rotary_decline proved sin of the same [B, 1, S, d] form
             id_nodes, start = row_position_ids(m.tensor("cos"), g, base)
             nodes += id_nodes
@@ -65,15 +66,18 @@ class FuseRotaryEmbedding(RotateHalfFusion):
             start = g.constant(f"{base}_position_start", np.array([0], np.int64))
         attrs = {"interleaved": 0}
         if split is None:
-            nodes.append(gs.Node("RotaryEmbedding", g.unique_name(base), attrs, [x, start, *caches], [m.root.outputs[0]],
+            nodes.append(gs.Node("RotaryEmbedding", g.unique_name(base), attrs, [x, start, *caches],
+                                 [m.root.outputs[0]],
                                  domain="com.microsoft"))
             return Replacement(nodes=nodes)
         x3, heads, reshape, transpose = split
-        rotated = _node(g, nodes, "RotaryEmbedding", [x3, start, *caches], base, num_heads=heads, rotary_embedding_dim=d,
+        rotated = _node(g, nodes, "RotaryEmbedding", [x3, start, *caches], base, num_heads=heads,
+                        rotary_embedding_dim=d,
                         **attrs)
         nodes[-1].domain = "com.microsoft"
         rotated.shape = list(g.shape(x3).dims)  # what later passes of this run read (the tables predate it)
-        nodes.append(gs.Node("Reshape", g.unique_name(f"{base}_split"), dict(reshape.attrs), [rotated, reshape.inputs[1]],
+        nodes.append(gs.Node("Reshape", g.unique_name(f"{base}_split"), dict(reshape.attrs),
+                             [rotated, reshape.inputs[1]],
                              [split_out := g.variable(f"{base}_split_out", like=x)]))
         split_out.shape = list(g.shape(reshape.outputs[0]).dims)
         nodes.append(gs.Node("Transpose", g.unique_name(f"{base}_heads"), dict(transpose.attrs), [split_out],

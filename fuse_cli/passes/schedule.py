@@ -60,6 +60,7 @@ class Schedule(ModelPass):
             input_order = tuple(position[i] for i in range(len(nodes)))
             reorder(model, result.stored)
         return OrderRecord(self.name, self.label, tuple(estimates.rules),
-                           tuple(result.before[r] for r in estimates.rules), tuple(result.after[r] for r in estimates.rules),
+                           tuple(result.before[r] for r in estimates.rules),
+                           tuple(result.after[r] for r in estimates.rules),
                            result.lower_bound, result.method, result.exact, result.reason, result.seconds, unscheduled,
                            input_order)

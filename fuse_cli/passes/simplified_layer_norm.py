@@ -23,7 +23,8 @@ class FuseSimplifiedLayerNormalization(PatternPass):
     The decomposed forms are rms-norm's (Mul(x, x) for Pow; Mul(x, Reciprocal(rms)) or
     Mul(x, Div(1, rms)) for Div; operands in either order; without Mul(gamma), where gamma is all
     ones and eliminate-noop-arith removed it or the model has no affine scale: gamma = ones), and
-    a standard RMSNormalization (what rms-norm writes at opset >= 23) is taken as it is. Exact under rms-norm's conditions:
+    a standard RMSNormalization (what rms-norm writes at opset >= 23) is taken as it is. Exact under
+    rms-norm's conditions:
     one ReduceMean (keepdims=1) over trailing axes, eps a constant scalar, gamma broadcasting over
     those axes only (it is given to onnxruntime with exactly the normalized shape).
     onnxruntime registers SimplifiedLayerNormalization in the default domain although it is not

@@ -37,12 +37,14 @@ class _SkipNorm(PatternPass):
         if len([t for t in norm.outputs if t.name]) > 1:
             return Decline(f"{norm.name} also outputs its statistics")
         if shape is None or shape.rank not in (2, 3):
-            return Decline(f"{m.node('add').name}'s input has rank {shape and shape.rank}; {self.fused_op} takes rank 2 or 3")
+            return Decline(f"{m.node('add').name}'s input has rank {shape and shape.rank}; "
+                           f"{self.fused_op} takes rank 2 or 3")
         if g.shape(skip) != shape or None in shape.dims:
-            return (Decline(f"{m.node('add').name} adds {skip.name!r} of shape {dims_list(g.shape(skip))} to {x.name!r} of "
-                    f"shape {dims_list(shape)}: the shapes must be known and equal"))
+            return (Decline(f"{m.node('add').name} adds {skip.name!r} of shape {dims_list(g.shape(skip))} "
+                    f"to {x.name!r} of shape {dims_list(shape)}: the shapes must be known and equal"))
         if int(norm.attrs.get("axis", -1)) not in (-1, shape.rank - 1):
-            return Decline(f"{norm.name} normalizes from axis {norm.attrs['axis']}; {self.fused_op} normalizes the last only")
+            return Decline(f"{norm.name} normalizes from axis {norm.attrs['axis']}; "
+                           f"{self.fused_op} normalizes the last only")
         if dtype is None or g.dtype(skip) != dtype:
             return Decline(f"{m.node('add').name} adds {g.dtype(skip)} to {dtype}")
         if dtype != np.float32 and int(norm.attrs.get("stash_type", 1)) != 1:

@@ -83,7 +83,8 @@ class FuseStandardAttention(PatternPass):
             attrs["softcap"] = cap  # applied to the scaled scores before attn_mask, as the graph does
         nodes: list[gs.Node] = []
         mask = clamped_mask(m, g, nodes)
-        inputs = [m.tensor("query"), m.tensor("key"), m.tensor("value"), mask if mask is not None else gs.Variable.empty()]
+        inputs = [m.tensor("query"), m.tensor("key"), m.tensor("value"),
+                  mask if mask is not None else gs.Variable.empty()]
         final = m.root.outputs[0]
         unnamed = unnamed_where_it_was([*inputs[:3], m.tensor("mask")], final)
         y = written = g.variable(f"{m.root.name}_attention_named") if unnamed else final
@@ -98,7 +99,8 @@ class FuseStandardAttention(PatternPass):
             split, heads = m.node(f"{role}_split"), m.node(f"{role}_heads")
             if read_outside(heads.outputs[0], m, g):
                 out = g.variable(f"{split.name}_out", like=m.tensor(role))
-                nodes += [g.node("Reshape", [m.tensor(role), split.inputs[1]], split.attrs, name=split.name, outputs=[out]),
+                nodes += [g.node("Reshape", [m.tensor(role), split.inputs[1]], split.attrs, name=split.name,
+                                 outputs=[out]),
                           g.node("Transpose", [out], heads.attrs, name=heads.name, outputs=heads.outputs[:1])]
         nodes.append(g.node("Attention", inputs, attrs, name=f"{m.node('softmax').name}_attention", outputs=outputs))
         if unnamed:

@@ -84,7 +84,8 @@ class FuseStandardCachedAttention(PatternPass):
         final = m.root.outputs[0]
         unnamed = unnamed_where_it_was([m.tensor("query"), m.tensor("key"), m.tensor("value"), m.tensor("mask")], final)
         written = g.variable(f"{base}_attention_named") if unnamed else final
-        nodes.append(gs.Node("Reshape", g.unique_name(m.root.name), dict(m.root.attrs), [merged, m.tensor("merge_shape")],
+        nodes.append(gs.Node("Reshape", g.unique_name(m.root.name), dict(m.root.attrs),
+                             [merged, m.tensor("merge_shape")],
                              [written]))
         if unnamed:
             nodes += unnamed_like_the_original(written, final, g, base)

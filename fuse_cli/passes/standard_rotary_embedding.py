@@ -67,7 +67,8 @@ class FuseStandardRotaryEmbedding(RotateHalfFusion):
         rotated.dtype, rotated.shape = g.dtype(x), list(g.shape(x3).dims)  # what later passes of this run read
         split_out = g.variable(f"{base}_split_out", like=x)
         split_out.shape = list(g.shape(reshape.outputs[0]).dims)
-        nodes.append(gs.Node("Reshape", g.unique_name(f"{base}_split"), dict(reshape.attrs), [rotated, reshape.inputs[1]],
+        nodes.append(gs.Node("Reshape", g.unique_name(f"{base}_split"), dict(reshape.attrs),
+                             [rotated, reshape.inputs[1]],
                              [split_out]))
         nodes.append(gs.Node("Transpose", g.unique_name(f"{base}_heads"), dict(transpose.attrs), [split_out],
                              [m.root.outputs[0]]))

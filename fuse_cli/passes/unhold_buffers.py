@@ -118,7 +118,8 @@ class UnholdBuffers(ModelPass):
         return tuple(records)
 
 
-    def _record(self, label: str, before: dict[str, tuple[int, ...]], after: dict[str, tuple[int, ...]]) -> FusionRecord:
+    def _record(self, label: str, before: dict[str, tuple[int, ...]],
+                after: dict[str, tuple[int, ...]]) -> FusionRecord:
         """A kept change, with its part of the peak change at the bound dims in onnxruntime's order."""
         return FusionRecord(self.name, label, (), (), (), peak_delta=after["onnxruntime"][0] - before["onnxruntime"][0])
 

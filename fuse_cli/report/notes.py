@@ -27,7 +27,8 @@ def run_level_note(target: str, model: onnx.ModelProto) -> tuple[str, ...]:
     if target != "ort-cpu":
         return ()
     adds = {out for node in model.graph.node if node.op_type == "Add" for out in node.output}
-    if not any(node.op_type == "LayerNormalization" and node.input and node.input[0] in adds for node in model.graph.node):
+    if not any(node.op_type == "LayerNormalization" and node.input and node.input[0] in adds
+               for node in model.graph.node):
         return ()
     return ("run this model in onnxruntime with graph optimizations at basic or disabled: at the default level "
             "(all) onnxruntime 1.31 fuses Add + LayerNormalization into its slow CPU SkipLayerNormalization "

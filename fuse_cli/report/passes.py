@@ -43,7 +43,8 @@ def render_passes(target: str, console: Console) -> None:
 # The Markdown reference (docs/passes.md is `fuse passes --markdown`): every pass's docstring, the
 # pipelines it is in and the target tables, generated so the documentation cannot drift from the code.
 REGENERATE = "fuse passes --markdown docs/passes.md"
-_KINDS = {"PatternPass": "pattern", "GraphPass": "whole graph", "ModelPass": "exported model, judged by the memory model"}
+_KINDS = {"PatternPass": "pattern", "GraphPass": "whole graph",
+          "ModelPass": "exported model, judged by the memory model"}
 
 
 def render_passes_markdown(target: str | None = None) -> str:
@@ -51,7 +52,8 @@ def render_passes_markdown(target: str | None = None) -> str:
     targets = TARGETS if target is None else (target,)
     names = _merged_order(targets)
     title = "# Passes" if target is None else f"# Passes for `--target {target}`"
-    lines = [title, "", f"<!-- Generated from the pass docstrings by `{REGENERATE}`: edit the passes, not this file. -->",
+    lines = [title, "",
+             f"<!-- Generated from the pass docstrings by `{REGENERATE}`: edit the passes, not this file. -->",
              "", _INTRO, "", "## Pipelines", ""]
     lines += _table(("pass", *(f"`{t}`" for t in targets), "min opset", "emits", "description"),
                     [(f"[`{n}`](#{n})", *(_position(n, t) for t in targets), _opset(REGISTRY[n], targets),
@@ -116,13 +118,15 @@ def _capabilities(target: str | None) -> list[str]:
 def _slower(targets: tuple[str, ...]) -> list[str]:
     providers = {p for t in targets for p in PROVIDERS_OF[t]}
     rows = [(s.op.replace(":", " with "), PROVIDER_NAMES[s.provider],
-             "not in the pipelines of targets that run on it" if s.leaves_pipeline else "declined (a near-miss says why)",
+             "not in the pipelines of targets that run on it" if s.leaves_pipeline
+             else "declined (a near-miss says why)",
              s.evidence) for s in SLOWER if s.provider in providers]
     return _table(("operator", "provider", "what fuse does", "measured"), rows)
 
 
 def _section(p: Pass, targets: tuple[str, ...]) -> list[str]:
-    facts = [f"{_KINDS.get(_kind(p), 'pass')} pass", "targets " + ", ".join(f"`{t}`" for t in TARGETS if t in p.targets),
+    facts = [f"{_KINDS.get(_kind(p), 'pass')} pass",
+             "targets " + ", ".join(f"`{t}`" for t in TARGETS if t in p.targets),
              f"min opset {_opset(p, targets)}"]
     if p.emits:
         facts.append("emits " + ", ".join(f"`{op}`" for op in p.emits))

@@ -120,7 +120,8 @@ def _percent(before: int, after: int) -> str:
 
 def verification_lines(report: Report) -> list[str]:
     # rolled-back passes are failures (FAILED lines, one per distinct reason) unless mismatches are allowed
-    lines = [f"Rolled back: {line}" for line in describe_rolled_back(report.rolled_back)] if report.allow_mismatch else []
+    lines = ([f"Rolled back: {line}" for line in describe_rolled_back(report.rolled_back)]
+             if report.allow_mismatch else [])
     result = report.verification
     if result is not None:
         lines.append(verdict_line(result))
@@ -133,10 +134,12 @@ def verdict_line(result: VerifyResult) -> str:
     """One line a person and a CI log can read: the status first, then the evidence."""
     where = "; ".join([describe_setting(dict(s)) for s in result.settings]
                       + ([result.settings_note] if result.settings_note and result.settings else []))
-    at = f" at {len(result.settings)} shape setting{'s' if len(result.settings) != 1 else ''} ({where})" if where else ""
+    at = (f" at {len(result.settings)} shape setting{'s' if len(result.settings) != 1 else ''} ({where})"
+          if where else "")
     if result.status == UNVERIFIABLE:
         return (f"UNVERIFIABLE: {result.reason}; the output was not checked "
-                "(bind symbolic dims with --dim or --input-shape, integer ranges with --int-range, or pass --require-verified to fail)")
+                "(bind symbolic dims with --dim or --input-shape, integer ranges with --int-range, or pass "
+                "--require-verified to fail)")
     if result.status == MISMATCH and not result.outputs:
         return f"Verified in onnxruntime (CPU, seeded random inputs{at}): MISMATCH: {result.reason}"
     worst_abs = max((o.max_abs_diff for o in result.outputs), default=0.0)
@@ -204,7 +207,8 @@ def sparkline(timeline: tuple[int, ...], width: int = 60, scale: int | None = No
     if not timeline:
         return ""
     scale = scale or max(timeline) or 1
-    buckets = [max(timeline[i * len(timeline) // width:max((i + 1) * len(timeline) // width, i * len(timeline) // width + 1)])
+    buckets = [max(timeline[i * len(timeline) // width:max((i + 1) * len(timeline) // width,
+                                                           i * len(timeline) // width + 1)])
                for i in range(min(width, len(timeline)))]
     return "".join(SPARK[min(len(SPARK) - 1, round(v / scale * (len(SPARK) - 1)))] for v in buckets)
 
@@ -304,7 +308,8 @@ def _render_audit(report: Report, console: Console) -> None:
     """The memory audit's detail: where the bytes go, before fusion and after."""
     audit = report.memory
     scale = max(audit.before.peak_bytes, audit.after.peak_bytes, 1)
-    console.print("Live activations over execution steps (peak marked by the tallest bar, same scale):", highlight=False)
+    console.print("Live activations over execution steps (peak marked by the tallest bar, same scale):",
+                  highlight=False)
     lines = [("before", audit.before.timeline), ("after", audit.after.timeline)]
     if audit.unscheduled is not None:  # the `schedule` pass reordered: the fused model in its input order too
         lines.insert(1, ("after, input node order", audit.unscheduled.timeline))
@@ -452,7 +457,8 @@ def render_verify_rich(result: VerifyResult, console: Console) -> None:
              UNVERIFIABLE: "UNVERIFIABLE"}[result.status]
     rows = []
     for o in result.outputs:
-        verdict = "ok" if o.passed and not o.all_nonfinite else "all NaN/inf" if o.passed else "[bold red]FAIL[/bold red]"
+        verdict = ("ok" if o.passed and not o.all_nonfinite
+                   else "all NaN/inf" if o.passed else "[bold red]FAIL[/bold red]")
         # the dtype under the shape, relative beside absolute difference (each over its tolerance):
         # three columns fewer leave the output's name its width at 80 columns
         rows.append((terminal(o.name), f"{'x'.join(map(str, o.shape)) or 'scalar'}\n{o.dtype}",
@@ -463,7 +469,8 @@ def render_verify_rich(result: VerifyResult, console: Console) -> None:
 
 
 def render_verify_json(result: VerifyResult) -> str:
-    return json.dumps({"schema_version": SCHEMA_VERSION, "fuse_version": __version__, **_verification_json(result)}, indent=2) + "\n"
+    return json.dumps({"schema_version": SCHEMA_VERSION, "fuse_version": __version__, **_verification_json(result)},
+                      indent=2) + "\n"
 
 
 def render_batch_rich(items, console: Console) -> None:
@@ -535,13 +542,15 @@ def render_timings(timings: Timings | None, console: Console) -> None:
         label = "(beside the run) " + step.name if step.within == BESIDE else step.name
         rows.append((plain("  " * depth + label), str(step.count), f"{step.seconds:.2f}", share,
                      human_bytes(step.peak_rss_bytes)))
-    console.print(fitted_table(STEP_COLUMNS, rows, console.width, title="Steps (the top level adds up to the wall time)"))
+    console.print(fitted_table(STEP_COLUMNS, rows, console.width,
+                               title="Steps (the top level adds up to the wall time)"))
     if timings.passes:
         slowest = sorted(timings.passes, key=lambda p: -p.seconds)
         rows = [(plain(p.name), str(p.runs), f"{p.seconds:.3f}",
                  *("-" if v is None else f"{v:.3f}" for v in (p.matching_seconds, p.rewriting_seconds)))
                 for p in slowest[:TIMED_PASSES_SHOWN]]
-        console.print(fitted_table(PASS_TIME_COLUMNS, rows, console.width, title=f"Passes ({len(slowest)}, slowest first)"))
+        console.print(fitted_table(PASS_TIME_COLUMNS, rows, console.width,
+                                   title=f"Passes ({len(slowest)}, slowest first)"))
         if len(slowest) > TIMED_PASSES_SHOWN:
             console.print(f"... and {len(slowest) - TIMED_PASSES_SHOWN} more passes (see --json)", highlight=False)
     if timings.verification:

@@ -86,4 +86,5 @@ def _length_source(g: GraphEditor, t: gs.Tensor) -> gs.Tensor:
     if producer is None or producer.op != "MatMul":
         return t
     source, weight = (g.shape(i) for i in producer.inputs)
-    return producer.inputs[0] if source is not None and source.rank == 3 and weight is not None and weight.rank == 2 else t
+    projected = source is not None and source.rank == 3 and weight is not None and weight.rank == 2
+    return producer.inputs[0] if projected else t

@@ -51,7 +51,8 @@ def repeat_decline(m: Match, g: GraphEditor, role: str, h: int, kv: int) -> Decl
     axes = m.tensor(f"{role}_axes")
     axes = constant_value(axes) if axes is not None else m.node(f"{role}_unsqueeze").attrs.get("axes")
     expanded, merged = (g.shape(m.node(f"{role}_{n}").outputs[0]) for n in ("expand", "repeat"))
-    wanted = (source and [source.dims[0], kv, h // kv, *source.dims[2:]], source and [source.dims[0], h, *source.dims[2:]])
+    wanted = (source and [source.dims[0], kv, h // kv, *source.dims[2:]],
+              source and [source.dims[0], h, *source.dims[2:]])
     if (axes is None or [int(a) for a in np.ravel(axes)] != [2] or expanded is None or merged is None or source is None
             or expanded.rank != 5 or merged.rank != 4
             or not all(same_dim(a, b) for a, b in zip(expanded.dims, wanted[0]))
@@ -118,7 +119,8 @@ def softcap_of(m: Match) -> float | Decline | None:
         return None
     inner, outer = (constant_value(m.tensor(f"softcap_{side}")) for side in ("in", "out"))
     if inner is None or outer is None or inner.size != 1 or outer.size != 1:
-        return Decline(f"{m.node('softcap_tanh').name} is not between two constant scalars (a soft cap tanh(s / c) * c)")
+        return Decline(f"{m.node('softcap_tanh').name} is not between two constant scalars "
+                       "(a soft cap tanh(s / c) * c)")
     divisor = float(inner.reshape(-1)[0])
     if m.node("softcap_in_scaling").op == "Mul":
         divisor = 1.0 / divisor if divisor else np.inf

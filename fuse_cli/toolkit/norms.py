@@ -46,7 +46,8 @@ def normalized_axis(shape: TensorShape | None, reductions: list[tuple[gs.Node, g
             return Decline(f"{node.name} reduces axes {axes}, out of range for rank {rank}")
         normalized = sorted({a % rank for a in axes}) or list(range(rank))
         if normalized != list(range(normalized[0], rank)):
-            return Decline(f"{node.name} reduces axes {axes} of a rank-{rank} tensor, not trailing axes ending at the last")
+            return Decline(f"{node.name} reduces axes {axes} of a rank-{rank} tensor, "
+                           "not trailing axes ending at the last")
         if first is not None and normalized[0] != first:
             return Decline(f"{node.name} reduces from axis {normalized[0]}, the mean from axis {first}")
         first = normalized[0]
@@ -81,7 +82,8 @@ def param_reason(g: GraphEditor, param: gs.Tensor | None, role: str, node: gs.No
         j = shape.rank - p.rank + i
         if d != 1 and (j < axis or d != normalized[j - axis]):
             kind = "a non-normalized axis" if j < axis else "normalized axis"
-            return Decline(f"{where} of shape {list(p.dims)} broadcasts over {kind} {j} of the input {list(shape.dims)}")
+            return Decline(f"{where} of shape {list(p.dims)} broadcasts over {kind} {j} "
+                           f"of the input {list(shape.dims)}")
     if constant_value(param) is None and tuple(p.dims) != tuple(normalized):
         return Decline(f"{where} is computed at run time with shape {list(p.dims)}, not exactly {list(normalized)}")
     return None
@@ -104,7 +106,8 @@ def param_tensor(g: GraphEditor, param: gs.Tensor | None, role: str, shape: Tens
 
 MEAN_SQUARED_INPUT = Alt(Op("Pow", Var("x"), Const(scalar_close(2.0)), name="square"),
               Op("Mul", Var("x"), Var("x"), name="square"))
-RMS = Op("Sqrt", Op("Add", reduce_mean(MEAN_SQUARED_INPUT, "mean_square"), Var("eps", const=True), name="add_eps"), name="sqrt")
+RMS = Op("Sqrt", Op("Add", reduce_mean(MEAN_SQUARED_INPUT, "mean_square"), Var("eps", const=True), name="add_eps"),
+         name="sqrt")
 RMS_NORMALIZED = Alt(
     Op("Div", Var("x"), RMS, name="normalize"),
     Op("Mul", Var("x"), Alt(Op("Reciprocal", RMS, name="inverse"),

@@ -49,7 +49,8 @@ def grouped_attention(query: gs.Tensor, key: gs.Tensor, value: gs.Tensor, mask_i
     members = [g.variable(f"{base}_member{r}", like=query) for r in range(n)]
     split = np.ones(n, np.int64)
     nodes += [reshape(query, [0, 0, kv, n, d], grouped, g, f"{base}_groups"),
-              gs.Node("Split", g.unique_name(f"{base}_members"), {"axis": 3, **({} if g.opset >= 13 else {"split": split})},
+              gs.Node("Split", g.unique_name(f"{base}_members"),
+                      {"axis": 3, **({} if g.opset >= 13 else {"split": split})},
                       [grouped, *([g.constant(f"{base}_split", split)] if g.opset >= 13 else [])], members)]
     outputs = []
     for r, member in enumerate(members):

@@ -6,7 +6,8 @@ Not run by the tests (they use the .onnx); kept so the export can be made again.
 """
 import os
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
-import jax, jax.numpy as jnp, numpy as np
+import jax
+import jax.numpy as jnp
 import flax.linen as nn
 import tensorflow as tf
 from jax.experimental import jax2tf
@@ -23,7 +24,9 @@ m = M()
 x = jnp.ones((2, 5, 16), jnp.float32)
 params = m.init(jax.random.PRNGKey(0), x)
 params = jax.tree_util.tree_map(lambda p: p + 0.1 * jax.random.normal(jax.random.PRNGKey(1), p.shape), params)
-f = jax2tf.convert(lambda x: m.apply(params, x), polymorphic_shapes=["(b, s, 16)"], with_gradient=False, native_serialization=False, enable_xla=False)
+f = jax2tf.convert(lambda x: m.apply(params, x), polymorphic_shapes=["(b, s, 16)"], with_gradient=False,
+                   native_serialization=False, enable_xla=False)
 spec = [tf.TensorSpec([None, None, 16], tf.float32, name="x")]
-model, _ = tf2onnx.convert.from_function(tf.function(f, autograph=False), input_signature=spec, opset=17, output_path="flax_ln_gelu.onnx")
+model, _ = tf2onnx.convert.from_function(tf.function(f, autograph=False), input_signature=spec, opset=17,
+                                         output_path="flax_ln_gelu.onnx")
 print("ok", [n.op_type for n in model.graph.node])
