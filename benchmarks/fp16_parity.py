@@ -23,6 +23,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 TARGETS = (("onnx", ("--upgrade-opset", "20")), ("ort-cpu", ()), ("ort-cuda", ()))
+# Passes whose counts follow the graph's form, not a fusion the copy lacks: a float16 export has
+# other Casts, other equal weights and other shape arithmetic than its float32 copy.
+HOUSEKEEPING = ("fold-", "merge-", "eliminate-", "static-", "fuse-casts", "fuse-reshapes", "fuse-transposes",
+                "fuse-squeeze", "flatten-", "unhold-", "schedule", "pin-gelu-bias")
 
 
 def run_fuse(model: Path, target: str, extra: tuple[str, ...], dims: list[str], work: Path) -> dict:
@@ -68,11 +72,13 @@ def main(argv=None) -> int:
                 differ = sorted(p for p in set(a["fusions"]) | set(b["fusions"]) if a["fusions"][p] != b["fusions"][p])
                 said = "; ".join(f"{p} {a['fusions'][p]} / {b['fusions'][p]}"
                                  + (f" ({b['misses'][p][:160]})" if p in b["misses"] else "") for p in differ)
-                gaps += any(b["fusions"][p] < a["fusions"][p] and p not in b["misses"] for p in differ)
+                gaps += any(b["fusions"][p] < a["fusions"][p] and p not in b["misses"] and not p.startswith(HOUSEKEEPING)
+                            for p in differ)
                 lines.append(f"| {fp32.stem} | {target} | {a['nodes']} -> {b['nodes']} | {a['status']} / {b['status']} "
                              f"| {sum(a['fusions'].values())} / {sum(b['fusions'].values())} | {said or 'none'} |")
                 print(lines[-1], flush=True)
-    lines += ["", f"{gaps} cells where the float16 copy fuses less with no reason given (or a run failed)."]
+    lines += ["", f"{gaps} cells where the float16 copy fuses less with no reason given (or a run failed); "
+              "housekeeping passes (" + ", ".join(HOUSEKEEPING) + ") count the graph's form, not a fusion."]
     args.out.write_text("\n".join(lines) + "\n")
     print(f"wrote {args.out}; {gaps} unexplained gaps")
     return 1 if gaps else 0

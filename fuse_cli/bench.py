@@ -50,7 +50,7 @@ from fuse_cli.analysis.measure import measure_peak
 from fuse_cli.config import UNBOUND_DIM, FuseConfig
 from fuse_cli.core import isolation, sessions
 from fuse_cli.errors import FuseError, ModelLoadError, UsageError
-from fuse_cli.graph.io import save_model
+from fuse_cli.graph.save import save_model
 from fuse_cli.report.bench_records import (
     BENCH_SCHEMA_VERSION, PEAK_RATIO_FLOOR_BYTES, QUICK, BenchResult, BenchRow, Latency, Timing)
 

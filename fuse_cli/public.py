@@ -39,7 +39,8 @@ from onnx.external_data_helper import load_external_data_for_tensor
 from fuse_cli import api
 from fuse_cli.config import FuseConfig, split_names
 from fuse_cli.errors import EXIT_CHECK_FAILED, EXIT_INTERNAL, EXIT_OK, CheckFailed, FuseError, InputError, InternalError
-from fuse_cli.graph.io import load_model, save_model
+from fuse_cli.graph.io import load_model
+from fuse_cli.graph.save import save_model
 from fuse_cli.graph.output import output_lock, same_file
 from fuse_cli.graph.walk import all_graphs
 from fuse_cli.graph.weights import ParkingLot, read_in, reference
@@ -299,7 +300,7 @@ def _remove_scratch(lot: ParkingLot, folder: Path) -> None:
 
 def _model_file(model, base_dir, folder: Path, name: str) -> Path:
     """The file the engine reads `model` from: a path as given; a ModelProto written to `folder`
-    by io.save_model, one weight in memory at a time (external data over protobuf's 2 GB limit,
+    by graph.save.save_model, one weight in memory at a time (external data over protobuf's 2 GB limit,
     and for a model whose weights are in files: copied file to file, never read in)."""
     if isinstance(model, (str, os.PathLike)):
         return Path(model)

@@ -14,8 +14,9 @@ from onnx import TensorProto, helper, numpy_helper
 from fuse_cli import api
 from fuse_cli.config import FuseConfig
 from fuse_cli.errors import FuseError, ModelLoadError
-from fuse_cli.graph import io
-from fuse_cli.graph.io import load_model, save_model
+from fuse_cli.graph import io, save
+from fuse_cli.graph.io import load_model
+from fuse_cli.graph.save import save_model
 from tests.conftest import assert_equivalent
 from tests.graphs import GraphBuilder, op_counts
 from tests.test_cli import assert_one_line_error, invoke, no_temp_files, run_fuse, sha256
@@ -296,7 +297,7 @@ def test_a_failed_write_leaves_no_temp_files_and_the_old_output_intact(tmp_path,
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(io.onnx, "save_model", half_written)
-    monkeypatch.setattr(io, "_write_streamed", half_written)
+    monkeypatch.setattr(save, "_write_streamed", half_written)
     for external_data in (False, True):
         with pytest.raises(FuseError, match="No space left on device"):
             save_model(model, target, external_data=external_data)

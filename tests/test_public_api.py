@@ -172,7 +172,7 @@ def test_save_is_atomic(tmp_path, monkeypatch):
         def interrupted(model, model_file):
             Path(model_file).write_bytes(b"half a model")
             raise OSError("disk full")
-        monkeypatch.setattr("fuse_cli.graph.io._write_streamed", interrupted)
+        monkeypatch.setattr("fuse_cli.graph.save._write_streamed", interrupted)
         with pytest.raises(fuse_cli.InputError, match="disk full"):
             result.save(out)
         assert out.read_bytes() == b"the previous output" and sorted(tmp_path.iterdir()) == [out]

@@ -1,4 +1,4 @@
-"""Reading and writing model files without losing anything a user relies on.
+"""Reading model files without losing anything a user relies on (writing them: graph/save.py).
 
 What must survive a round trip: graph input/output names, dtypes and shapes, the IR version (onnx
 1.23 helpers stamp IR 14 while onnxruntime 1.31 accepts <= 13), opset imports, metadata, doc
@@ -10,7 +10,7 @@ read at load: embedded ones are left in the model file and referenced there (wei
 external ones have their extent checked. Every such reference is made absolute, so a model in
 memory says where each weight is wherever it goes. graphsurgeon maps a weight only when a pass
 reads its values, the new weights of a candidate are parked in a scratch file (weights.ParkingLot),
-onnxruntime maps the files itself (core/sessions.py), and `save_model` copies the bytes from file
+onnxruntime maps the files itself (core/sessions.py), and graph/save.py copies the bytes from file
 to file: a weight no pass touches is never held in memory.
 """
 
@@ -18,33 +18,28 @@ from __future__ import annotations
 
 import math
 import os
-import re
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
 import onnx_graphsurgeon as gs
 from google.protobuf.message import DecodeError
-from onnx.external_data_helper import ExternalDataInfo, load_external_data_for_tensor, set_external_data
+from onnx.external_data_helper import ExternalDataInfo, load_external_data_for_tensor
 
 from fuse_cli import __version__
 from fuse_cli.core.order import execution_order
 from fuse_cli.core.tensors import payload_bytes
 from fuse_cli.core.domains import default_opset_or_none, is_default_domain
-from fuse_cli.errors import FuseError, ModelLoadError
+from fuse_cli.errors import ModelLoadError
 from fuse_cli.graph import weights
 from fuse_cli.graph.checks import check_model, check_tensor_size, dense_from_sparse
 from fuse_cli.graph.walk import all_graphs
 from fuse_cli.graph.edit import every_tensor
-from fuse_cli.graph.weights import LoadedValues, MappedValues, encode_varint, length_delimited
+from fuse_cli.graph.weights import LoadedValues, MappedValues
 
-# protobuf refuses to serialize a message of 2 GiB or more; leave headroom for the graph itself.
+# protobuf refuses to serialize a message of 2 GiB or more; leave headroom for the graph itself
+# (graph/save.py writes above it as external data; a sparse weight densified past it is refused).
 INLINE_SAVE_LIMIT_BYTES = 1_800_000_000
-# Smaller initializers stay inline in the .onnx file, as onnx.save does by default.
-EXTERNAL_DATA_MIN_BYTES = 1024
-_COPY_CHUNK_BYTES = 16 * 2**20
 
 
 @dataclass
@@ -81,7 +76,7 @@ def load_model(path: str | os.PathLike, *, freeze_inputs: bool = False) -> Loade
     try:
         model = _read(path)
     except (DecodeError, RuntimeError, ValueError, OSError) as exc:
-        raise ModelLoadError(f"{path}: not a readable ONNX model ({_first_line(exc)})") from exc
+        raise ModelLoadError(f"{path}: not a readable ONNX model ({first_line(exc)})") from exc
     if not model.HasField("graph") or (not model.graph.node and not model.graph.output):
         raise ModelLoadError(f"{path}: not an ONNX model (no graph found)")
     _check_text_fields(model, path)
@@ -90,7 +85,7 @@ def load_model(path: str | os.PathLike, *, freeze_inputs: bool = False) -> Loade
     try:
         _load_external_data(model, path.parent)
     except (OSError, ValueError, onnx.checker.ValidationError) as exc:
-        raise ModelLoadError(f"{path}: cannot read external data ({_first_line(exc)})") from exc
+        raise ModelLoadError(f"{path}: cannot read external data ({first_line(exc)})") from exc
     _anchor_references(model, path.parent)
     _check_graph_wiring(model.graph, path)
     check_model(model, path)  # impossible sizes, self-reads; densifies a Constant's sparse_value
@@ -98,7 +93,7 @@ def load_model(path: str | os.PathLike, *, freeze_inputs: bool = False) -> Loade
     try:
         execution_order(model.graph)
     except ValueError as exc:
-        raise ModelLoadError(f"{path}: invalid graph: {_first_line(exc)}") from exc
+        raise ModelLoadError(f"{path}: invalid graph: {first_line(exc)}") from exc
     _check_tensor_payloads(model, path)
     _check_attribute_types(model, path)
     loaded = LoadedModel(path=path, model=model, file_bytes=size, external_files=external_files)
@@ -124,7 +119,7 @@ def _densify_sparse_initializers(model: onnx.ModelProto, path: Path) -> None:
             try:
                 dense = dense_from_sparse(sparse)
             except (ValueError, IndexError, TypeError) as exc:
-                raise ModelLoadError(f"{path}: sparse initializer {name!r} is malformed ({_first_line(exc)})") from exc
+                raise ModelLoadError(f"{path}: sparse initializer {name!r} is malformed ({first_line(exc)})") from exc
             graph.initializer.append(onnx.numpy_helper.from_array(dense, name))
         del graph.sparse_initializer[:]
 
@@ -136,7 +131,7 @@ def load_graph(loaded: LoadedModel) -> gs.Graph:
     for tensor in every_tensor(graph):
         if isinstance(tensor, gs.Constant) and type(tensor._values) is gs.ir.tensor.LazyValues:
             proto = tensor._values.tensor
-            if _is_external(proto):
+            if is_external(proto):
                 tensor._values = MappedValues(_copied(proto))  # a reference: no payload to copy
                 # graphsurgeon would stamp EXTERNAL on the inline tensor it exports for loaded values
                 tensor.data_location = None
@@ -168,7 +163,7 @@ def _anchor_references(model: onnx.ModelProto, folder: Path) -> None:
     the model's folder before this)."""
     base = folder.resolve()
     for tensor in model.graph.initializer:
-        if _is_external(tensor):
+        if is_external(tensor):
             for entry in tensor.external_data:
                 if entry.key == "location":
                     entry.value = str(base / entry.value)
@@ -184,7 +179,7 @@ def unload_unchanged_weights(graph: gs.Graph) -> None:
                 tensor._values = source
 
 
-def _is_external(tensor: onnx.TensorProto) -> bool:
+def is_external(tensor: onnx.TensorProto) -> bool:
     return tensor.data_location == onnx.TensorProto.EXTERNAL
 
 
@@ -192,13 +187,13 @@ def _load_external_data(model: onnx.ModelProto, folder: Path) -> None:
     """Read external data into the model, except big weights of the main graph, whose extent in
     their file is checked instead (they load lazily, see `load_graph`)."""
     for tensor in model.graph.initializer:
-        if _is_external(tensor):
-            if _payload_bytes(tensor) >= weights.BIG_WEIGHT_BYTES:
+        if is_external(tensor):
+            if threshold_bytes(tensor) >= weights.BIG_WEIGHT_BYTES:
                 _check_external_extent(tensor, folder)
             else:
                 load_external_data_for_tensor(tensor, str(folder))
-    for tensor in _all_tensors(model, main_initializers=False):
-        if _is_external(tensor):
+    for tensor in all_tensors(model, main_initializers=False):
+        if is_external(tensor):
             load_external_data_for_tensor(tensor, str(folder))
             # now held in memory: as onnx.load_external_data_for_model leaves a tensor it read
             tensor.data_location = onnx.TensorProto.DEFAULT
@@ -208,7 +203,7 @@ def _load_external_data(model: onnx.ModelProto, folder: Path) -> None:
 def _check_external_extent(tensor: onnx.TensorProto, folder: Path) -> None:
     """What reading the tensor would check, without reading it: the file holds its bytes."""
     info = ExternalDataInfo(tensor)
-    needed = _payload_bytes(tensor)
+    needed = threshold_bytes(tensor)
     if info.length is not None and info.length != needed:
         raise ValueError(f"tensor {tensor.name!r} has {info.length} bytes of external data, its shape "
                          f"{list(tensor.dims)} needs {needed}")
@@ -217,7 +212,7 @@ def _check_external_extent(tensor: onnx.TensorProto, folder: Path) -> None:
         raise ValueError(f"external data of {tensor.name!r} runs past the end of {info.location}")
 
 
-def _payload_bytes(tensor: onnx.TensorProto) -> int:
+def threshold_bytes(tensor: onnx.TensorProto) -> int:
     """Strings count a byte an element: a size for thresholds, never for external data offsets."""
     size = payload_bytes(tensor)
     return math.prod(tensor.dims) if size is None else size
@@ -256,7 +251,7 @@ _TYPED_FIELD = {
 def _check_tensor_payloads(model: onnx.ModelProto, path: Path) -> None:
     """Every weight must hold exactly as many values as its dims say: a mismatch would surface
     much later as a reshape error deep inside a pass."""
-    for tensor in _all_tensors(model):
+    for tensor in all_tensors(model):
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             continue
         try:
@@ -312,7 +307,7 @@ def _check_attribute_types(model: onnx.ModelProto, path: Path) -> None:
                     f"{onnx.AttributeProto.AttributeType.Name(declared.type.value)}")
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
     return text.splitlines()[0][:200]
 
@@ -320,13 +315,13 @@ def _first_line(exc: BaseException) -> str:
 def _check_external_data_locations(model: onnx.ModelProto, path: Path) -> tuple[Path, ...]:
     """The one place that decides where an external byte may come from: the model's own folder,
     symlinks resolved. Refuses paths that leave it (`../../etc/passwd`, absolute paths, symlinks
-    pointing elsewhere). Every tensor that may name external data is checked (_all_tensors: dense
+    pointing elsewhere). Every tensor that may name external data is checked (all_tensors: dense
     and sparse initializers, attribute tensors, in every subgraph and function), and every read
     that follows (_load_external_data, weights.MappedValues) resolves against that folder, never
     the working directory."""
     base = path.parent.resolve()
     files: dict[Path, None] = {}
-    for tensor in _all_tensors(model):
+    for tensor in all_tensors(model):
         if tensor.data_location != onnx.TensorProto.EXTERNAL:
             continue
         location = next((e.value for e in tensor.external_data if e.key == "location"), "")
@@ -345,12 +340,12 @@ def _check_external_data_locations(model: onnx.ModelProto, path: Path) -> tuple[
     return tuple(files)
 
 
-def _all_initializers(model: onnx.ModelProto):
+def all_initializers(model: onnx.ModelProto):
     """Initializers of the main graph and of every subgraph (If/Loop/Scan bodies)."""
     return (t for graph in all_graphs(model.graph) for t in graph.initializer)
 
 
-def _all_tensors(model: onnx.ModelProto, *, main_initializers: bool = True):
+def all_tensors(model: onnx.ModelProto, *, main_initializers: bool = True):
     """Every tensor that may hold external data, in all graphs and model-local functions: dense
     and sparse initializers (a sparse one's values and indices are tensors of their own) and node
     attribute tensors, dense and sparse (a superset of what onnx.load_external_data_for_model
@@ -554,239 +549,3 @@ def _record_provenance(model: onnx.ModelProto, original: onnx.ModelProto, proven
     onnx.helper.set_model_props(model, {**props, "fuse": provenance})
     model.producer_name = "fuse"
     model.producer_version = __version__
-
-
-def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, external_data: bool | None = None,
-               relink: bool = False) -> list[Path]:
-    """Write atomically (temp files + rename) and return the paths written.
-
-    external_data: True forces a side `<name>.data` file, None picks it when the model would not fit
-    protobuf's 2 GB limit inline. Weights held by reference are copied from file to file, never
-    loaded. relink: leave `model`'s big weights referencing the written files (the files they came
-    from, a scratch folder, may then go, and the model holds no payload); otherwise `model` is left
-    as it was.
-    """
-    path = Path(path)
-    folder = path.parent
-    if not folder.is_dir():
-        raise FuseError(f"{path}: output folder {folder} does not exist")
-    # Parsers refuse a file over 2 GB, even one written a weight at a time (_write_streamed)
-    too_big_inline = _tensor_bytes(model) > INLINE_SAVE_LIMIT_BYTES
-    if external_data is None:
-        external_data = too_big_inline
-    elif not external_data and too_big_inline:
-        raise FuseError(f"{path}: the weights exceed protobuf's 2 GB limit for one file: write external data")
-    written: list[Path] = []
-    claimed: Path | None = None  # the new data file, until the model that reads it stands
-    tmp_dir = _make_temp_dir(folder, path)
-    try:
-        tmp_model = Path(tmp_dir) / path.name
-        stale = _data_files_of(path)
-        if external_data:
-            data_name = _fresh_data_name(folder, path.name)
-            claimed = folder / data_name
-            placed = _save_with_external_data(model, tmp_model, data_name, relink)
-            os.replace(Path(tmp_dir) / data_name, folder / data_name)
-            written.append(folder / data_name)
-        else:
-            placed = _write_streamed(model, tmp_model)
-        # the model last: until this rename the old model and its data stand, after it the new pair
-        os.replace(tmp_model, path)
-        claimed = None
-        written.insert(0, path)
-        for old in stale - set(written):
-            old.unlink(missing_ok=True)
-    except OSError as exc:
-        raise FuseError(f"{path}: cannot write output ({_first_line(exc)})") from exc
-    except ValueError as exc:
-        raise FuseError(f"{path}: cannot serialize model ({_first_line(exc)}); try --external-data") from exc
-    finally:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
-        if claimed is not None:
-            claimed.unlink(missing_ok=True)
-    if relink:
-        for tensor, name, offset, length in placed:
-            weights.refer(tensor, (folder / name).resolve(), offset, length)
-    return written
-
-
-def _fresh_data_name(folder: Path, model_name: str) -> str:
-    """`<model>.data`, or `<model>.1.data`, ... : the first name no file has, claimed (created
-    empty) at once. The data of a model already at the output path is never written over: a
-    kill before the model's rename leaves that model with its own data."""
-    for n in range(10_000):
-        name = f"{model_name}.data" if n == 0 else f"{model_name}.{n}.data"
-        try:
-            os.close(os.open(folder / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
-        except FileExistsError:
-            continue
-        return name
-    raise OSError(f"no free name for the weights of {model_name} in {folder}")
-
-
-def _data_files_of(path: Path) -> set[Path]:
-    """The data files fuse wrote for the model now at `path` (names `_fresh_data_name` makes that
-    the model references): what replacing it leaves unread, to remove once the new pair stands.
-    Files of other names, the user's, are never removed."""
-    if not path.is_file():
-        return set()
-    try:
-        old = weights.read_model(path)
-    except (ValueError, OSError, DecodeError):
-        return set()
-    ours = re.compile(re.escape(path.name) + r"(\.\d+)?\.data")
-    return {path.parent / location for location in {_location(t) for t in _all_tensors(old) if _is_external(t)}
-            if ours.fullmatch(location)}
-
-
-def _location(tensor: onnx.TensorProto) -> str:
-    return next((e.value for e in tensor.external_data if e.key == "location"), "")
-
-
-def has_unread_weights(model: onnx.ModelProto) -> bool:
-    """Does `model` hold weights by reference (weights.py)? Such a model is complete only with
-    the files it names."""
-    return any(_is_external(t) for t in model.graph.initializer)
-
-
-# ModelProto.graph and GraphProto.initializer: field numbers of onnx.proto
-_MODEL_GRAPH_FIELD, _GRAPH_INITIALIZER_FIELD = 7, 5
-_TENSOR_RAW_DATA_FIELD = 9
-
-
-def _write_streamed(model: onnx.ModelProto, model_file: Path) -> list:
-    """The bytes onnx.save_model would write, without the whole model as one bytes object, and
-    with the weights held by reference copied in from their files. Returns where each of those
-    went: (tensor, file name, offset, length).
-
-    SerializeToString builds the full file in memory (twice over, briefly, inside protobuf): on
-    BERT-base that was 830 MB above fuse's resident size at the final save. Protobuf's wire
-    format allows an embedded message field to occur several times, the parser merging the
-    occurrences and appending repeated fields in order, so the graph is written once without its
-    initializers and then once per initializer; a referenced weight's payload goes last in its
-    record (field order does not matter to the parser), copied in chunks.
-    """
-    rest = onnx.ModelProto()
-    for descriptor, value in model.ListFields():
-        if descriptor.number != _MODEL_GRAPH_FIELD:
-            _copy_field(rest, descriptor, value)
-    graph = onnx.GraphProto()
-    for descriptor, value in model.graph.ListFields():
-        if descriptor.number != _GRAPH_INITIALIZER_FIELD:
-            _copy_field(graph, descriptor, value)
-    placed = []
-    with open(model_file, "wb") as out:
-        out.write(rest.SerializeToString())
-        out.write(length_delimited(_MODEL_GRAPH_FIELD, graph.SerializeToString()))
-        for tensor in model.graph.initializer:
-            source = weights.reference(tensor)
-            if source is None:
-                out.write(length_delimited(_MODEL_GRAPH_FIELD, length_delimited(
-                    _GRAPH_INITIALIZER_FIELD, tensor.SerializeToString())))
-                continue
-            file, offset, length = source
-            head = onnx.TensorProto()
-            head.CopyFrom(tensor)
-            head.ClearField("external_data")
-            head.ClearField("data_location")
-            payload_key = encode_varint(_TENSOR_RAW_DATA_FIELD << 3 | 2) + encode_varint(length)
-            record = head.SerializeToString() + payload_key
-            out.write(encode_varint(_MODEL_GRAPH_FIELD << 3 | 2) + encode_varint(_delimited_size(len(record) + length)))
-            out.write(encode_varint(_GRAPH_INITIALIZER_FIELD << 3 | 2) + encode_varint(len(record) + length) + record)
-            placed.append((tensor, model_file.name, out.tell(), length))
-            _copy_bytes(file, offset, length, out)
-    return placed
-
-
-def _delimited_size(size: int) -> int:
-    """The size of a length-delimited record whose payload is `size` bytes (tag of one byte)."""
-    return 1 + len(encode_varint(size)) + size
-
-
-def _copy_field(message, descriptor, value) -> None:
-    # protobuf 7 has is_repeated and no label; older releases only label
-    repeated = getattr(descriptor, "is_repeated", None)
-    if repeated is None:
-        repeated = descriptor.label == descriptor.LABEL_REPEATED
-    if repeated:
-        getattr(message, descriptor.name).extend(value)
-    elif descriptor.type == descriptor.TYPE_MESSAGE:
-        getattr(message, descriptor.name).CopyFrom(value)
-    else:
-        setattr(message, descriptor.name, value)
-
-
-def _save_with_external_data(model: onnx.ModelProto, model_file: Path, data_name: str, relink: bool) -> list:
-    """Initializers of 1 KiB or more go to `data_name` beside `model_file`: weights held by
-    reference are copied from file to file, never loaded. Returns where each went (see
-    _write_streamed); unless relinking, the model is put back as it was.
-
-    Not onnx.save_model(save_as_external_data=True): it strips the weights out of the caller's
-    model for good, and refuses a location that exists relative to the *working directory*, so a
-    second `--external-data` run from the output's folder failed.
-    """
-    moved: list[tuple[onnx.TensorProto, bytes]] = []
-    relinked: list[tuple[onnx.TensorProto, list[tuple[str, str]]]] = []
-    placed = []
-    try:
-        with open(model_file.parent / data_name, "wb") as data:
-            for tensor in _all_initializers(model):
-                offset = data.tell()
-                source = weights.reference(tensor)
-                if source is not None:
-                    file, source_offset, length = source
-                    _copy_bytes(file, source_offset, length, data)
-                    relinked.append((tensor, [(e.key, e.value) for e in tensor.external_data]))
-                    _relink(tensor, [("location", data_name), ("offset", str(offset)), ("length", str(length))])
-                    placed.append((tensor, data_name, offset, length))
-                    continue
-                raw = tensor.raw_data
-                if len(raw) < EXTERNAL_DATA_MIN_BYTES:
-                    continue
-                data.write(raw)
-                moved.append((tensor, raw))
-                set_external_data(tensor, data_name, offset, len(raw))
-                tensor.ClearField("raw_data")
-                placed.append((tensor, data_name, offset, len(raw)))
-        onnx.save_model(model, str(model_file))
-    finally:
-        for tensor, raw in moved:
-            if not relink:
-                tensor.ClearField("external_data")
-                tensor.ClearField("data_location")
-                tensor.raw_data = raw
-        for tensor, entries in relinked:
-            _relink(tensor, entries)
-    return placed
-
-
-def _relink(tensor: onnx.TensorProto, entries: list[tuple[str, str]]) -> None:
-    del tensor.external_data[:]
-    for key, value in entries:
-        tensor.external_data.add(key=key, value=value)
-    tensor.data_location = onnx.TensorProto.EXTERNAL
-
-
-def _copy_bytes(source: Path, offset: int, length: int, into) -> None:
-    """Through one reused buffer: the copy never holds more than a chunk of the weight."""
-    buffer = memoryview(bytearray(min(length, _COPY_CHUNK_BYTES)))
-    with open(source, "rb", buffering=0) as f:
-        f.seek(offset)
-        while length > 0:
-            read = f.readinto(buffer[:min(length, len(buffer))])
-            if not read:
-                raise OSError(f"{source} ends before the weights it should hold")
-            into.write(buffer[:read])
-            length -= read
-
-
-def _make_temp_dir(folder: Path, path: Path) -> str:
-    try:
-        return tempfile.mkdtemp(prefix=f".{path.name}.", dir=folder)
-    except OSError as exc:
-        raise FuseError(f"{path}: cannot write to {folder} ({exc.strerror or _first_line(exc)})") from exc
-
-
-def _tensor_bytes(model: onnx.ModelProto) -> int:
-    # ByteSize: no copy of the weights; a weight still in external data by its shape
-    return sum(_payload_bytes(t) if _is_external(t) else t.ByteSize() for t in _all_tensors(model))

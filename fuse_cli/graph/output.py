@@ -13,7 +13,8 @@ import onnx
 
 from fuse_cli.core.tensors import weight_bytes
 from fuse_cli.errors import UsageError
-from fuse_cli.graph.io import LoadedModel, save_model
+from fuse_cli.graph.io import LoadedModel
+from fuse_cli.graph.save import save_model
 from fuse_cli.graph.weights import ParkingLot
 from fuse_cli.progress import step, update
 
