@@ -72,8 +72,8 @@ def main(argv=None) -> int:
                 differ = sorted(p for p in set(a["fusions"]) | set(b["fusions"]) if a["fusions"][p] != b["fusions"][p])
                 said = "; ".join(f"{p} {a['fusions'][p]} / {b['fusions'][p]}"
                                  + (f" ({b['misses'][p][:160]})" if p in b["misses"] else "") for p in differ)
-                gaps += any(b["fusions"][p] < a["fusions"][p] and p not in b["misses"] and not p.startswith(HOUSEKEEPING)
-                            for p in differ)
+                gaps += any(b["fusions"][p] < a["fusions"][p] and p not in b["misses"]
+                            and not p.startswith(HOUSEKEEPING) for p in differ)
                 lines.append(f"| {fp32.stem} | {target} | {a['nodes']} -> {b['nodes']} | {a['status']} / {b['status']} "
                              f"| {sum(a['fusions'].values())} / {sum(b['fusions'].values())} | {said or 'none'} |")
                 print(lines[-1], flush=True)

@@ -164,3 +164,24 @@ def test_onnxruntime_runs_no_more_convolutions_of_the_output_than_of_the_origina
     original, fused = ort_level_all_ops(model, tmp_path, "original"), ort_level_all_ops(result.model, tmp_path, "fused")
     assert convolutions(fused) <= convolutions(original)
     assert_equivalent(model, result.model)
+
+
+def test_a_big_weight_sliced_by_computed_starts_folds(tmp_path, capfd):
+    """An LSTM's gates as torch writes them: Slice(weight, starts, ends) with starts and ends built
+    by Unsqueeze/Concat from constants. The weight is big (held by reference to the model file), the
+    Slice's inputs become constant only once the chain before it folds, and the whole fold goes to
+    onnxruntime in one session: the weight must be mapped for it too, or onnxruntime refuses the
+    fold ("Absolute path not allowed for external data location") and nothing folds."""
+    b = GraphBuilder(opset=17)
+    x = b.input("x", ["batch", 256])
+    weight = b.const(b.rand(512, 256))  # 512 KiB: above graph/weights.BIG_WEIGHT_BYTES
+    starts = b.op("Concat", b.op("Unsqueeze", b.const(np.int64(128), dtype=np.int64), b.const(np.array([0], np.int64))),
+                  axis=0)
+    ends = b.op("Concat", b.op("Unsqueeze", b.const(np.int64(384), dtype=np.int64), b.const(np.array([0], np.int64))),
+                axis=0)
+    gate = b.op("Slice", weight, starts, ends, b.const(np.array([0], np.int64)))
+    model = b.build(b.op("MatMul", x, b.op("Transpose", gate)), output_names=["y"])
+    result = optimize_model(model, tmp_path, passes=("fold-constants",))
+    assert op_counts(result.model) == {"MatMul": 1}
+    assert "Inference failed" not in capfd.readouterr().err
+    assert_equivalent(model, result.model, dims={"batch": 3})

@@ -6,6 +6,7 @@ import functools
 
 import onnx_graphsurgeon as gs
 import onnxruntime
+from onnx_graphsurgeon.logger import G_LOGGER
 
 from fuse_cli.core.domains import is_default_domain
 from fuse_cli.core.folding_sessions import sessions_in_the_worker
@@ -79,7 +80,8 @@ class FoldConstants(GraphPass):
                 # optimizer warnings ("UnsqueezeElimination cannot remove node") are noise here
                 onnxruntime.set_default_logger_severity(3)
                 # an If with a constant condition is inline-constant-if's (see there)
-                with sessions_in_the_worker() as crashes:
+                # its warnings (a subgraph it could not fold) are not the user's to read on stderr
+                with sessions_in_the_worker() as crashes, G_LOGGER.suppress(G_LOGGER.ERROR):
                     fold = functools.partial(graph.fold_constants, size_threshold=g.fold_limit_bytes,
                                              recurse_subgraphs=False, error_ok=True, should_exclude_node=excluded,
                                              flatten_subgraphs=False)

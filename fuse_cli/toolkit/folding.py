@@ -114,10 +114,26 @@ def map_weights_read_by_foldable_nodes(graph: gs.Graph, excluded) -> None:
     """graphsurgeon hands onnxruntime the constants a folded node reads by value, and onnxruntime
     cannot follow fuse's references to weights (absolute paths): map those weights in (read-only
     views of their files, each under the fold limit, as `excluded` skips nodes reading more);
-    fusing.py hands the references back at export."""
-    for node in graph.nodes:
-        inputs = [t for t in node.inputs if not t.is_empty()]
-        if not excluded(node) and all(isinstance(t, gs.Constant) for t in inputs):
-            for tensor in inputs:
-                if isinstance(tensor._values, LazyValues):
-                    tensor._values = tensor._values.load()
+    fusing.py hands the references back at export. A node whose inputs become constant only when
+    the nodes before it fold (a Slice of an LSTM's weight by starts an Unsqueeze/Concat chain
+    computes) is folded in the same session: its weights are mapped too, else onnxruntime refuses
+    the whole fold ("Absolute path not allowed for external data location")."""
+    computed: set[int] = set()  # tensors the fold will compute, by identity
+    foldable: list[gs.Node] = []
+    remaining = list(graph.nodes)
+    while remaining:  # to a fixpoint: graph.nodes need not be in topological order mid-pipeline
+        later = []
+        for node in remaining:
+            inputs = [t for t in node.inputs if not t.is_empty()]
+            if excluded(node) or not all(isinstance(t, gs.Constant) or id(t) in computed for t in inputs):
+                later.append(node)
+                continue
+            foldable.append(node)
+            computed.update(id(t) for t in node.outputs)
+        if len(later) == len(remaining):
+            break
+        remaining = later
+    for node in foldable:
+        for tensor in node.inputs:
+            if isinstance(tensor, gs.Constant) and isinstance(tensor._values, LazyValues):
+                tensor._values = tensor._values.load()
