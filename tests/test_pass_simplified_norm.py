@@ -111,3 +111,42 @@ def test_unit_gamma_removed_first_still_fuses(tmp_path):
     assert not [m for m in result.report.near_misses if "upgrade-opset" in m.reason]
     for batch in (1, 3):
         assert_equivalent(model, result.model, dims={"batch": batch})
+
+
+def torch_half_rms_norm(gamma: bool = True, back_to=onnx.TensorProto.FLOAT16) -> onnx.ModelProto:
+    """LlamaRMSNorm of a half() model: x.to(float32), the RMSNorm in float32, .to(input_dtype),
+    then weight * (float16)."""
+    import numpy as np
+
+    b = GraphBuilder(opset=17)
+    x16 = b.input("x", ["batch", "sequence", 16], onnx.TensorProto.FLOAT16)
+    x = b.op("Cast", x16, to=onnx.TensorProto.FLOAT)
+    (y,) = rms_norm(b, x, gamma_shape=None, divide="reciprocal")
+    y = b.op("Cast", y, to=back_to)
+    if gamma:
+        y = b.op("Mul", b.const(b.rand(16, low=0.5, high=1.5).astype(np.float16)), y)
+    return b.build(y, output_names=["y"])
+
+
+@pytest.mark.parametrize("gamma", [True, False], ids=["gamma", "no-gamma"])
+def test_torch_float16_rms_norm_fuses_with_stash_type(tmp_path, gamma):
+    model = torch_half_rms_norm(gamma)
+    result = optimize_model(model, tmp_path, target="ort-cpu", passes=("simplified-layer-norm",))
+    assert op_counts(result.model) == {"SimplifiedLayerNormalization": 1}
+    (node,) = result.model.graph.node
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    assert node.input[0] == "x" and attrs["stash_type"] == 1
+    for dims in ({"batch": 1, "sequence": 3}, {"batch": 3, "sequence": 5}):
+        assert_equivalent(model, result.model, dims=dims, rtol=1e-2, atol=1e-3)
+
+
+def test_a_float16_rms_norm_cast_back_to_another_type_fuses_only_its_float32_part(tmp_path):
+    """Cast to float64 after the float32 RMSNorm: no round trip, so not the stash_type form; the
+    float32 RMSNorm between the Casts still fuses, on the Cast's output."""
+    model = torch_half_rms_norm(gamma=False, back_to=onnx.TensorProto.DOUBLE)
+    model.graph.output[0].type.tensor_type.elem_type = onnx.TensorProto.DOUBLE
+    result = optimize_model(model, tmp_path, target="ort-cpu", passes=("simplified-layer-norm",))
+    assert op_counts(result.model) == {"Cast": 2, "SimplifiedLayerNormalization": 1}
+    (node,) = [n for n in result.model.graph.node if n.op_type == "SimplifiedLayerNormalization"]
+    assert node.input[0] != "x"
+    assert_equivalent(model, result.model, dims={"batch": 2, "sequence": 3})

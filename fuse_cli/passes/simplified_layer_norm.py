@@ -8,7 +8,8 @@ import onnx_graphsurgeon as gs
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Alt, Match, Op, Var, constant_value, producer_of
 from fuse_cli.pipeline.base import Decline, PatternPass
-from fuse_cli.toolkit.norms import RMS_NORMALIZED, normalized_axis, param_reason, param_tensor, read_only_by_constant_op
+from fuse_cli.toolkit.norms import (RMS_NORMALIZED, half_source, normalized_axis, param_reason, param_tensor,
+                                    read_only_by_constant_op)
 from fuse_cli.pipeline.registry import register
 
 
@@ -23,7 +24,9 @@ class FuseSimplifiedLayerNormalization(PatternPass):
     The decomposed forms are rms-norm's (Mul(x, x) for Pow; Mul(x, Reciprocal(rms)) or
     Mul(x, Div(1, rms)) for Div; operands in either order; without Mul(gamma), where gamma is all
     ones and eliminate-noop-arith removed it or the model has no affine scale: gamma = ones), and
-    a standard RMSNormalization (what rms-norm writes at opset >= 23) is taken as it is. Exact under
+    a standard RMSNormalization (what rms-norm writes at opset >= 23) is taken as it is; torch's
+    float16 form (x16 ── Cast(float) ── ... ── Cast(float16) ── Mul(gamma16)) fuses on x16 with
+    stash_type=1, the kernel's own float32 computation. Exact under
     rms-norm's conditions:
     one ReduceMean (keepdims=1) over trailing axes, eps a constant scalar, gamma broadcasting over
     those axes only (it is given to onnxruntime with exactly the normalized shape).
@@ -35,8 +38,12 @@ class FuseSimplifiedLayerNormalization(PatternPass):
     description = "Fuse RMSNorm into onnxruntime's SimplifiedLayerNormalization"
     label = "RMSNorm -> SimplifiedLayerNormalization"
     emits = ("SimplifiedLayerNormalization",)
-    pattern = Alt(Op("Mul", RMS_NORMALIZED, Var("gamma"), name="scale"),  # largest first
+    # largest first; torch's float16 RMSNorm computes in float32 between Casts (x.to(float32) ...
+    # .to(input_dtype)) and scales after: SimplifiedLayerNormalization's own stash_type=1
+    pattern = Alt(Op("Mul", Op("Cast", RMS_NORMALIZED, name="cast_out"), Var("gamma"), name="scale"),
+                  Op("Mul", RMS_NORMALIZED, Var("gamma"), name="scale"),
                   Op("RMSNormalization", Var("x"), Var("gamma"), name="rmsnorm"),
+                  Op("Cast", RMS_NORMALIZED, name="cast_out"),
                   RMS_NORMALIZED)
 
     def matches(self, m: Match, g: GraphEditor) -> bool:
@@ -52,6 +59,9 @@ class FuseSimplifiedLayerNormalization(PatternPass):
         dtype = g.dtype(x)
         if dtype is None or ("rmsnorm" not in m.nodes and dtype != np.float32):
             return Decline(f"{norm.name} computes in {dtype}; only float32 RMSNorm is matched")
+        if "cast_out" in m.nodes and half_source(x, m.node("cast_out"), g) is None:
+            return Decline(f"{m.node('cast_out').name} casts the normalized value to another type, but {x.name!r} "
+                           "is not a Cast from that type: the stash_type form needs the round trip")
         if "rmsnorm" not in m.nodes and _is_centered(x):
             return Decline(f"{m.node('square').name} squares x - mean(x): a LayerNorm (see layer-norm)")
         shape = g.shape(x)
@@ -61,10 +71,10 @@ class FuseSimplifiedLayerNormalization(PatternPass):
         if "rmsnorm" not in m.nodes and constant_value(m.tensor("eps")).size != 1:
             return Decline(f"{m.node('add_eps').name} adds an eps that is not a scalar")
         owner = m.nodes.get("rmsnorm") or m.nodes.get("scale")
-        return param_reason(g, m.tensor("gamma"), "gamma", owner, shape, axis, dtype)
+        return param_reason(g, m.tensor("gamma"), "gamma", owner, shape, axis, g.dtype(_input(m, g)))
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
-        x = m.tensor("x")
+        x = _input(m, g)
         shape, axis = g.shape(x), rms_axis(m, g)
         gamma = param_tensor(g, m.tensor("gamma"), "gamma", shape, axis, g.dtype(x))
         if "rmsnorm" in m.nodes:
@@ -77,6 +87,11 @@ class FuseSimplifiedLayerNormalization(PatternPass):
                       {"axis": axis - shape.rank, "epsilon": epsilon, "stash_type": stash_type},
                       name=f"{source.name}_simplified", outputs=[m.root.outputs[0]])
         return Replacement(nodes=[node])
+
+
+def _input(m: Match, g: GraphEditor) -> gs.Tensor:
+    """What SimplifiedLayerNormalization reads: x, or the float16/bfloat16 tensor x was Cast from."""
+    return half_source(m.tensor("x"), m.node("cast_out"), g) if "cast_out" in m.nodes else m.tensor("x")
 
 
 def rms_axis(m: Match, g: GraphEditor) -> int | Decline:
