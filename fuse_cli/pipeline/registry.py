@@ -53,6 +53,7 @@ PORTABLE_PIPELINE: tuple[str, ...] = (
     "matmul-bn",
     # 4. decomposed normalizations and activations -> single standard operators
     "layer-norm",
+    "moments-layer-norm",
     "rms-norm",
     "standard-rotary-embedding",  # opset 23; before standard-attention, which then finds Q and K as [B, S, H*d]
     "standard-rotary-before-head-split",  # one fused on split heads (behind a per-head norm) moves onto the projection
@@ -82,6 +83,7 @@ PORTABLE_PIPELINE: tuple[str, ...] = (
 RUNTIME_PIPELINE: tuple[str, ...] = (
     *PORTABLE_PIPELINE[: PORTABLE_PIPELINE.index("layer-norm")],
     "layer-norm",
+    "moments-layer-norm",
     "rms-norm",
     "simplified-layer-norm",
     "skip-layer-norm",

@@ -27,15 +27,16 @@ def half_source(x: gs.Tensor, cast_out: gs.Node, g: GraphEditor) -> gs.Tensor | 
     return cast_in.inputs[0]
 
 
-def normalized_axis(shape: TensorShape | None, reductions: list[tuple[gs.Node, gs.Tensor | None]]) -> int | Decline:
-    """The first normalized axis if every ReduceMean (keepdims=1) reduces the same trailing axes
-    [axis, rank) of a tensor of `shape`, else why not."""
+def normalized_axis(shape: TensorShape | None, reductions: list[tuple[gs.Node, gs.Tensor | None]],
+                    keepdims: int = 1) -> int | Decline:
+    """The first normalized axis if every reduction (ReduceMean, ReduceSum: with `keepdims`)
+    reduces the same trailing axes [axis, rank) of a tensor of `shape`, else why not."""
     if shape is None:
         return Decline(f"the rank of {reductions[0][0].name}'s input is unknown")
     rank, first = shape.rank, None
     for node, axes_tensor in reductions:
-        if node.attrs.get("keepdims", 1) != 1:
-            return Decline(f"{node.name} has keepdims=0")
+        if node.attrs.get("keepdims", 1) != keepdims:
+            return Decline(f"{node.name} has keepdims={node.attrs.get('keepdims', 1)}")
         axes = node.attrs.get("axes") if axes_tensor is None else constant_value(axes_tensor)
         if axes_tensor is not None and axes is None:
             return Decline(f"{node.name}'s axes {axes_tensor.name!r} are computed at run time")
