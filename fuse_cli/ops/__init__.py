@@ -14,7 +14,7 @@ from types import MappingProxyType
 import onnx
 
 from fuse_cli.ops import (conv, dropout, embed_layer_norm, function_bodies, fused_conv, fused_gemm, fused_matmul, gelu,
-                          group_query_attention, in_place, layer_norm, lrn, lstm, multi_head_attention,
+                          group_query_attention, gru, in_place, layer_norm, lrn, lstm, multi_head_attention,
                           packed_attention, rotary_embedding, simplified_layer_norm, skip_layer_norm,
                           standard_attention, unemitted, variadic, views, where)
 from fuse_cli.ops.record import Operator, Shapes
@@ -41,6 +41,7 @@ OPERATORS: tuple[Operator, ...] = (
     *variadic.RECORDS,
     *lrn.RECORDS,
     *lstm.RECORDS,
+    *gru.RECORDS,
     *dropout.RECORDS,
     *function_bodies.RECORDS,
     *views.RECORDS,

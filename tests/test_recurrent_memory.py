@@ -1,0 +1,42 @@
+"""Recurrent layers' memory: the estimate holds a GRU's gate buffers and its copy of the input
+(ops/gru.py), measured against onnxruntime's allocations (analysis/measure.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from fuse_cli.analysis.measure import measure_peak
+from fuse_cli.analysis.memory import profile_memory
+from fuse_cli.analysis.shapes import infer_shapes
+
+
+def gru(steps: int, batch: int, features: int, hidden: int, direction: str = "forward") -> onnx.ModelProto:
+    directions = 2 if direction == "bidirectional" else 1
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.normal(0, 0.1, shape).astype(np.float32), name)
+               for name, shape in (("W", (directions, 3 * hidden, features)), ("R", (directions, 3 * hidden, hidden)),
+                                   ("B", (directions, 6 * hidden)))]
+    node = helper.make_node("GRU", ["x", "W", "R", "B"], ["y", "y_h"], hidden_size=hidden, direction=direction)
+    graph = helper.make_graph([node], "gru", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                           [steps, batch, features])],
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in ("y", "y_h")], weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)], ir_version=9)
+
+
+@pytest.mark.parametrize("steps, batch, features, hidden, direction", [
+    (16, 64, 64, 128, "forward"), (16, 128, 64, 128, "forward"), (16, 64, 64, 128, "bidirectional"),
+], ids=["forward", "wider-batch", "bidirectional"])
+def test_a_grus_estimate_is_near_what_onnxruntime_allocates(steps, batch, features, hidden, direction):
+    """Without the gate buffers the estimate was a third of the allocator's peak (0.34 here, 0.30 on
+    a paddle2onnx BiGRU tagger); with them, within the memory-truth tolerance of 15%, with room
+    for the allocator's run-to-run variation (up to 5% here)."""
+    model = gru(steps, batch, features, hidden, direction)
+    measured = measure_peak(model)
+    if measured.peak_bytes is None:
+        pytest.skip(f"the peak could not be measured here: {measured.reason}")
+    estimate = profile_memory(model, infer_shapes(model)).peak_bytes
+    assert measured.peak_bytes >= 2**20
+    assert 0.8 <= estimate / measured.peak_bytes <= 1.2, (estimate, measured.peak_bytes)
