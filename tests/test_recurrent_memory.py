@@ -20,9 +20,9 @@ def gru(steps: int, batch: int, features: int, hidden: int, direction: str = "fo
                for name, shape in (("W", (directions, 3 * hidden, features)), ("R", (directions, 3 * hidden, hidden)),
                                    ("B", (directions, 6 * hidden)))]
     node = helper.make_node("GRU", ["x", "W", "R", "B"], ["y", "y_h"], hidden_size=hidden, direction=direction)
-    graph = helper.make_graph([node], "gru", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
-                                                                           [steps, batch, features])],
-                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in ("y", "y_h")], weights)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [steps, batch, features])
+    outputs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in ("y", "y_h")]
+    graph = helper.make_graph([node], "gru", [x], outputs, weights)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)], ir_version=9)
 
 
