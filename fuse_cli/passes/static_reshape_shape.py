@@ -10,7 +10,7 @@ from fuse_cli.match import Match, Op, Var, constant_value
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
 from fuse_cli.toolkit.runtime_shapes import is_unnamed_view
-from fuse_cli.toolkit.shapes import piece_dims, piece_entries, shape_pieces
+from fuse_cli.toolkit.shapes import minus_one_resolved, piece_entries, reads_a_shape, shape_pieces
 
 
 @register
@@ -50,7 +50,7 @@ class StaticReshapeShape(PatternPass):
         """Only shapes that read some tensor's Shape (directly, or through arithmetic: MobileViT's
         unfold is [B * C * h, ph, w, pw]); other run-time shapes depend on data."""
         shape = m.tensor("shape")
-        if (constant_value(shape) is not None or not any(_reads_a_shape(piece) for piece in shape_pieces(shape))
+        if (constant_value(shape) is not None or not any(reads_a_shape(piece) for piece in shape_pieces(shape))
                 or is_unnamed_view(m.node("reshape"))):
             return False
         # already as short as it gets (e.g. this pass's own output): nothing to say
@@ -113,22 +113,6 @@ def _dead_with(m: Match, g: GraphEditor, source: gs.Tensor) -> int:
     return len(dead) - 1
 
 
-def _reads_a_shape(piece: gs.Tensor, limit: int = 8) -> bool:
-    """The piece is dims read from a Shape, or computed from a Shape within `limit` nodes."""
-    if piece_dims(piece):
-        return True
-    todo, seen = [piece], 0
-    while todo and seen < limit:
-        t = todo.pop()
-        if isinstance(t, gs.Constant) or len(t.inputs) != 1:
-            continue
-        node, seen = t.inputs[0], seen + 1
-        if node.op == "Shape":
-            return True
-        todo += [i for i in node.inputs if isinstance(i, gs.Variable)]
-    return False
-
-
 def _static_shape(m: Match, g: GraphEditor) -> np.ndarray | Decline:
     reshape, x = m.node("reshape"), m.tensor("x")
     allowzero = reshape.attrs.get("allowzero", 0)
@@ -160,21 +144,4 @@ def _static_shape(m: Match, g: GraphEditor) -> np.ndarray | Decline:
         why = "allowzero=1, so 0 cannot copy a dim; " if allowzero else ""
         taken = "the shape already has a -1" if -1 in shape else "at most one can be left to -1"
         return Decline(f"{label(reshape)}'s shape is known only at run time in {'; '.join(unknown)} ({why}{taken})")
-    return np.array(_inferred([-1 if s is None else s for s in shape], x_dims, allowzero), np.int64)
-
-
-def _inferred(shape: list[int], x_dims, allowzero: int) -> list[int]:
-    """The -1 made static where x's dims that no 0 copies are all static: numel(x) = copied dims *
-    the other entries * the -1, so the -1 is (x's other dims) / (the other entries)."""
-    if -1 not in shape or x_dims is None or (allowzero and 0 in shape):
-        return shape
-    copied = {j for j, s in enumerate(shape) if s == 0 and j < x_dims.rank}
-    rest = [d for j, d in enumerate(x_dims.dims) if j not in copied]
-    if not all(isinstance(d, int) for d in rest):
-        return shape
-    total, part = int(np.prod(rest)), int(np.prod([s for s in shape if s > 0]))
-    if part == 0 or total % part or total // part == 0:
-        return shape
-    return [total // part if s == -1 else s for s in shape]
-
-
+    return np.array(minus_one_resolved([-1 if s is None else s for s in shape], x_dims, allowzero), np.int64)

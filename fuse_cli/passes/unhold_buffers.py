@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import itertools
-from dataclasses import dataclass
-
 import onnx
-from onnx import helper
 
 from fuse_cli.pipeline.base import Estimates, ModelPass
 from fuse_cli.pipeline.records import FusionRecord
 from fuse_cli.pipeline.registry import register
 from fuse_cli.scheduling import gain_needed
+from fuse_cli.toolkit.declared_dims import declare_fresh_dims, undeclare
 
 DROPPED_LABEL = "declared shapes -> dropped"
 # Declarations tried per model: each is judged by a walk of the memory model at every shape setting.
@@ -99,7 +96,7 @@ class UnholdBuffers(ModelPass):
             # the first later tenant, then (where the freed buffer would only pass to the next
             # tensor of that shape: a layer's twin in the next layer) every later tenant
             for tenants in dict.fromkeys((buffer.tenants[:1], buffer.tenants)):
-                declared = [d for name in tenants if (d := _declare_fresh_dims(model, name, estimates.planner(model)))]
+                declared = [d for name in tenants if (d := declare_fresh_dims(model, name, estimates.planner(model)))]
                 if not declared:
                     continue  # nothing to name (a shape vector): no walk spent on it
                 walks += 1
@@ -112,7 +109,7 @@ class UnholdBuffers(ModelPass):
                     current = after
                     break
                 for d in reversed(declared):
-                    _undeclare(model, d)
+                    undeclare(model, d)
                 if walks >= MAX_TRIES:
                     break
         return tuple(records)
@@ -122,12 +119,6 @@ class UnholdBuffers(ModelPass):
                 after: dict[str, tuple[int, ...]]) -> FusionRecord:
         """A kept change, with its part of the peak change at the bound dims in onnxruntime's order."""
         return FusionRecord(self.name, label, (), (), (), peak_delta=after["onnxruntime"][0] - before["onnxruntime"][0])
-
-@dataclass(frozen=True)
-class _Declared:
-    tensor: str
-    replaced: tuple[onnx.ValueInfoProto, ...]  # the tensor's value_info as it was
-
 
 def _peaks(model: onnx.ModelProto, estimates: Estimates) -> dict[str, tuple[int, ...]]:
     """The estimated peaks per execution rule and setting; onnxruntime's always (the report's)."""
@@ -141,32 +132,3 @@ def _better(before: dict[str, tuple[int, ...]], after: dict[str, tuple[int, ...]
     never_worse = all(a <= b for rule in before for a, b in zip(after[rule], before[rule]))
     goals = [(rule, 0) for rule in before] + [("onnxruntime", i) for i in range(1, len(before["onnxruntime"]))]
     return never_worse and any(before[rule][i] - after[rule][i] >= gain_needed(before[rule][i]) for rule, i in goals)
-
-
-def _declare_fresh_dims(model: onnx.ModelProto, tensor: str, planner) -> _Declared | None:
-    """`tensor`'s value_info with each dim the planner has no value for named afresh (unheld_N);
-    None where every dim has a value (nothing to rename) or it is a graph output (its declared
-    shape is the model's interface)."""
-    graph = model.graph
-    info = planner.get(tensor)
-    if (info is None or info.shape is None or all(isinstance(d, int) for d in info.shape)
-            or any(o.name == tensor for o in graph.output)):
-        return None
-    taken = {d.dim_param for vi in (*graph.input, *graph.output, *graph.value_info)
-             if vi.type.HasField("tensor_type") for d in vi.type.tensor_type.shape.dim if d.dim_param}
-    fresh = (name for k in itertools.count() if (name := f"unheld_{k}") not in taken)
-    dims = [d if isinstance(d, int) else next(fresh) for d in info.shape]
-    replaced = tuple(vi for vi in graph.value_info if vi.name == tensor)
-    if replaced:
-        kept = [vi for vi in graph.value_info if vi.name != tensor]
-        del graph.value_info[:]
-        graph.value_info.extend(kept)
-    graph.value_info.append(helper.make_tensor_value_info(tensor, info.elem_type, dims))
-    return _Declared(tensor, replaced)
-
-
-def _undeclare(model: onnx.ModelProto, declared: _Declared) -> None:
-    graph = model.graph
-    kept = [vi for vi in graph.value_info if vi.name != declared.tensor]
-    del graph.value_info[:]
-    graph.value_info.extend([*kept, *declared.replaced])

@@ -107,3 +107,32 @@ def dims_list(shape: TensorShape | None) -> list | None:
     return list(shape.dims) if shape is not None else None
 
 
+def reads_a_shape(piece: gs.Tensor, limit: int = 8) -> bool:
+    """The piece is dims read from a Shape, or computed from a Shape within `limit` nodes."""
+    if piece_dims(piece):
+        return True
+    todo, seen = [piece], 0
+    while todo and seen < limit:
+        t = todo.pop()
+        if isinstance(t, gs.Constant) or len(t.inputs) != 1:
+            continue
+        node, seen = t.inputs[0], seen + 1
+        if node.op == "Shape":
+            return True
+        todo += [i for i in node.inputs if isinstance(i, gs.Variable)]
+    return False
+
+
+def minus_one_resolved(shape: list[int], x_dims, allowzero: int) -> list[int]:
+    """The -1 made static where x's dims that no 0 copies are all static: numel(x) = copied dims *
+    the other entries * the -1, so the -1 is (x's other dims) / (the other entries)."""
+    if -1 not in shape or x_dims is None or (allowzero and 0 in shape):
+        return shape
+    copied = {j for j, s in enumerate(shape) if s == 0 and j < x_dims.rank}
+    rest = [d for j, d in enumerate(x_dims.dims) if j not in copied]
+    if not all(isinstance(d, int) for d in rest):
+        return shape
+    total, part = int(np.prod(rest)), int(np.prod([s for s in shape if s > 0]))
+    if part == 0 or total % part or total // part == 0:
+        return shape
+    return [total // part if s == -1 else s for s in shape]

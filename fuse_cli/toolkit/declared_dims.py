@@ -1,0 +1,46 @@
+"""Fresh dim names declared on a tensor's value_info, and taken back: what unhold-buffers tries so
+that onnxruntime's allocation planner, which reuses a buffer only for a tensor of provably the same
+size, stops holding a dead buffer across the peak (the planner's shapes: analysis/planner_shapes.py)."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import onnx
+from onnx import helper
+
+
+@dataclass(frozen=True)
+class Declared:
+    tensor: str
+    replaced: tuple[onnx.ValueInfoProto, ...]  # the tensor's value_info as it was
+
+
+def declare_fresh_dims(model: onnx.ModelProto, tensor: str, planner) -> Declared | None:
+    """`tensor`'s value_info with each dim the planner has no value for named afresh (unheld_N);
+    None where every dim has a value (nothing to rename) or it is a graph output (its declared
+    shape is the model's interface)."""
+    graph = model.graph
+    info = planner.get(tensor)
+    if (info is None or info.shape is None or all(isinstance(d, int) for d in info.shape)
+            or any(o.name == tensor for o in graph.output)):
+        return None
+    taken = {d.dim_param for vi in (*graph.input, *graph.output, *graph.value_info)
+             if vi.type.HasField("tensor_type") for d in vi.type.tensor_type.shape.dim if d.dim_param}
+    fresh = (name for k in itertools.count() if (name := f"unheld_{k}") not in taken)
+    dims = [d if isinstance(d, int) else next(fresh) for d in info.shape]
+    replaced = tuple(vi for vi in graph.value_info if vi.name == tensor)
+    if replaced:
+        kept = [vi for vi in graph.value_info if vi.name != tensor]
+        del graph.value_info[:]
+        graph.value_info.extend(kept)
+    graph.value_info.append(helper.make_tensor_value_info(tensor, info.elem_type, dims))
+    return Declared(tensor, replaced)
+
+
+def undeclare(model: onnx.ModelProto, declared: Declared) -> None:
+    graph = model.graph
+    kept = [vi for vi in graph.value_info if vi.name != declared.tensor]
+    del graph.value_info[:]
+    graph.value_info.extend([*kept, *declared.replaced])
