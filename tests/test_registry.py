@@ -56,3 +56,16 @@ def test_unknown_target_is_a_usage_error():
     with pytest.raises(UsageError, match="unknown target 'onx'.*did you mean 'onnx'"):
         resolve("onx")
     assert set(TARGETS) == ALL_TARGETS
+
+
+def test_pattern_passes_declare_their_requirements_instead_of_overriding_matches():
+    """One way to decline (issue 33): a near-miss from `check`, and conditions a pattern cannot
+    state declared as `requires`, which `fuse passes --explain` lists; no pass hides its own."""
+    from fuse_cli.pipeline.base import PatternPass
+
+    overriding = [name for name, p in REGISTRY.items()
+                  if isinstance(p, PatternPass) and type(p).matches is not PatternPass.matches]
+    assert not overriding
+    declared = [name for name, p in REGISTRY.items() if getattr(p, "requires", ())]
+    assert len(declared) >= 18 and all(r.says and callable(r.holds) for name in declared
+                                       for r in REGISTRY[name].requires)

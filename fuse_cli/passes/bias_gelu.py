@@ -7,8 +7,15 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor
 from fuse_cli.match import Alt, Match, Op, Var, constant_value
+from fuse_cli.pipeline.base import Requirement
 from fuse_cli.pipeline.registry import register
 from fuse_cli.toolkit.activation_pass import MS, ActivationPass, approximated
+
+
+def _is_this_pattern(m: Match, g: GraphEditor) -> bool:
+    # Add(bias, x) is also tried as input=bias, bias=x: no candidate, and its near-miss ("x is
+    # computed at run time") would hide the real one of the other ordering.
+    return constant_value(m.tensor("input")) is None or constant_value(m.tensor("bias")) is not None
 
 
 @register
@@ -32,10 +39,10 @@ class FuseBiasGelu(ActivationPass):
                   Op("Gelu", Op("Add", Var("input"), Var("bias", const=True), name="add"), name="gelu",
                      approximate=approximated("none")))
 
-    def matches(self, m: Match, g: GraphEditor) -> bool:
-        # Add(bias, x) is also tried as input=bias, bias=x: no candidate, and its near-miss ("x is
-        # computed at run time") would hide the real one of the other ordering.
-        return constant_value(m.tensor("input")) is None or constant_value(m.tensor("bias")) is not None
+    requires = (Requirement(
+        "Add(bias, x) is also tried as input=bias, bias=x: no candidate, and its near-miss ('x is computed at "
+        "run time') would hide the real one of the other ordering.",
+        _is_this_pattern),)
 
     def emitted_at(self, m: Match, g: GraphEditor) -> tuple[np.dtype | None, gs.Node]:
         # the engine asks before check: on the CPU no other condition matters, and each ordering

@@ -9,7 +9,7 @@ from fuse_cli.graph.edit import GraphEditor, Replacement, rebuilt
 from fuse_cli.match import Alt, Match, Op, Var, constant_value, variadic
 from fuse_cli.toolkit.conv_weights import (FOLDABLE_DTYPES, batchnorm_affine, batchnorm_reason, bn_params_reason,
                                            output_channels, refolded_conv, scale_output_channels)
-from fuse_cli.pipeline.base import Decline, PatternPass
+from fuse_cli.pipeline.base import Decline, PatternPass, Requirement
 from fuse_cli.pipeline.registry import register
 
 MAX_INPUTS = 32  # Concat is variadic and the matcher's Op has a fixed arity: one option per count
@@ -25,6 +25,12 @@ def _conv(i: int) -> Op:
 ALL_CONVS = tuple(Op("Concat", *(_conv(i) for i in range(n)), name="concat")
                   for n in range(1, MAX_INPUTS + 1))
 ANY_CONCAT = variadic("Concat", "concat", MAX_INPUTS)
+
+
+def _is_this_pattern(m: Match, g: GraphEditor) -> bool:
+    """A Concat with an input no Conv computes (DenseNet's pooled features) is not this
+    pattern: silent. The any-Concat form is kept only to explain Convs that do not fit."""
+    return "conv0" in m.nodes or all(_conv_output(t) for t in m.node("concat").inputs)
 
 
 @register
@@ -49,10 +55,10 @@ class FoldBatchNormIntoConcatenatedConvs(PatternPass):
     pattern = Op("BatchNormalization", Alt(*ALL_CONVS, ANY_CONCAT), Var("scale", const=True), Var("beta", const=True),
                  Var("mean", const=True), Var("variance", const=True), name="bn")
 
-    def matches(self, m: Match, g: GraphEditor) -> bool:
-        """A Concat with an input no Conv computes (DenseNet's pooled features) is not this
-        pattern: silent. The any-Concat form is kept only to explain Convs that do not fit."""
-        return "conv0" in m.nodes or all(_conv_output(t) for t in m.node("concat").inputs)
+    requires = (Requirement(
+        "A Concat with an input no Conv computes (DenseNet's pooled features) is not this pattern: silent. "
+        "The any-Concat form is kept only to explain Convs that do not fit.",
+        _is_this_pattern),)
 
     def check(self, m: Match, g: GraphEditor) -> Decline | None:
         bn, concat = m.node("bn"), m.node("concat")

@@ -6,8 +6,15 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Match, variadic
-from fuse_cli.pipeline.base import PatternPass
+from fuse_cli.pipeline.base import PatternPass, Requirement
 from fuse_cli.pipeline.registry import register
+
+def _is_this_pattern(m: Match, g: GraphEditor) -> bool:
+    """Some input of the Concat is empty along its axis, and not all of them."""
+    concat = m.node("concat")
+    empty = [_empty(t, concat, g) for t in concat.inputs]
+    return any(empty) and not all(empty)
+
 
 @register
 class EliminateEmptyConcatInputs(PatternPass):
@@ -29,10 +36,9 @@ class EliminateEmptyConcatInputs(PatternPass):
     label = "Concat of an empty input"
     pattern = variadic("Concat", "concat")
 
-    def matches(self, m: Match, g: GraphEditor) -> bool:
-        concat = m.node("concat")
-        empty = [_empty(t, concat, g) for t in concat.inputs]
-        return any(empty) and not all(empty)
+    requires = (Requirement(
+        "Some input of the Concat is empty along its axis, and not all of them.",
+        _is_this_pattern),)
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
         concat = m.node("concat")

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 from fuse_cli.graph.edit import GraphEditor, Replacement, rebuilt
 from fuse_cli.match import Match, Op, Var
-from fuse_cli.pipeline.base import Decline, PatternPass
+from fuse_cli.pipeline.base import Decline, PatternPass, Requirement
 from fuse_cli.pipeline.registry import register
+
+
+def _is_this_pattern(m: Match, g: GraphEditor) -> bool:
+    """Flattening a rank-4 feature map before the classifier is what Flatten is for: only a
+    rank-2 input can make it a no-op, so anything else is not this pattern."""
+    dims = g.shape(m.tensor("x"))
+    return dims is not None and dims.rank == 2
 
 
 @register
@@ -24,11 +31,10 @@ class EliminateFlattenBeforeGemm(PatternPass):
     pattern = Op("Gemm", Op("Flatten", Var("x"), name="flatten"), Var("b"), Var("c", optional=True),
                  name="gemm")
 
-    def matches(self, m: Match, g: GraphEditor) -> bool:
-        """Flattening a rank-4 feature map before the classifier is what Flatten is for: only a
-        rank-2 input can make it a no-op, so anything else is not this pattern."""
-        dims = g.shape(m.tensor("x"))
-        return dims is not None and dims.rank == 2
+    requires = (Requirement(
+        "Flattening a rank-4 feature map before the classifier is what Flatten is for: only a rank-2 input "
+        "can make it a no-op, so anything else is not this pattern.",
+        _is_this_pattern),)
 
     def check(self, m: Match, g: GraphEditor) -> Decline | None:
         flatten = m.node("flatten")

@@ -7,13 +7,21 @@ import numpy as np
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Alt, Match, Op, Var, constant_value
-from fuse_cli.pipeline.base import Decline, PatternPass
+from fuse_cli.pipeline.base import Decline, PatternPass, Requirement
 from fuse_cli.pipeline.registry import register
 from fuse_cli.toolkit.runtime_shapes import is_unnamed_view
 from fuse_cli.toolkit.shapes import same_dim
 
 # An end at least this large means "to the end" whatever the dim (torch writes INT64_MAX).
 TO_THE_END = 2**31 - 1
+
+
+def _is_this_pattern(m: Match, g: GraphEditor) -> bool:
+    """Only the forms that keep x: any other Tile, Pad, Slice or Expand is not this pattern."""
+    node = m.node("op")
+    return {"Concat": lambda: True, "Tile": lambda: _all(m, "repeats", 1), "Pad": lambda: _pads_zero(m),
+            "Slice": lambda: _whole_slice(m, g), "Expand": lambda: _expand_keeps(m, g),
+            "Reshape": lambda: _reshape_keeps(m, g) and not is_unnamed_view(node)}[node.op]()
 
 
 @register
@@ -52,12 +60,9 @@ class EliminateNoopLayout(PatternPass):
         Op("Reshape", Var("x"), Var("shape"), name="op"),
     )
 
-    def matches(self, m: Match, g: GraphEditor) -> bool:
-        """Only the forms that keep x: any other Tile, Pad, Slice or Expand is not this pattern."""
-        node = m.node("op")
-        return {"Concat": lambda: True, "Tile": lambda: _all(m, "repeats", 1), "Pad": lambda: _pads_zero(m),
-                "Slice": lambda: _whole_slice(m, g), "Expand": lambda: _expand_keeps(m, g),
-                "Reshape": lambda: _reshape_keeps(m, g) and not is_unnamed_view(node)}[node.op]()
+    requires = (Requirement(
+        "Only the forms that keep x: any other Tile, Pad, Slice or Expand is not this pattern.",
+        _is_this_pattern),)
 
     def check(self, m: Match, g: GraphEditor) -> Decline | None:
         return Decline.unless(g.reroute_reason(m.node("op").outputs[0], m.tensor("x")))

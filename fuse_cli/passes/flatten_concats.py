@@ -7,8 +7,14 @@ import onnx_graphsurgeon as gs
 from fuse_cli.core.domains import is_default_domain
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Match, variadic
-from fuse_cli.pipeline.base import PatternPass
+from fuse_cli.pipeline.base import PatternPass, Requirement
 from fuse_cli.pipeline.registry import register
+
+def _is_this_pattern(m: Match, g: GraphEditor) -> bool:
+    """Some input of the outer Concat is an inner Concat on the same axis that only it reads."""
+    outer = m.node("outer")
+    return any(_inner(t, outer, g) is not None for t in outer.inputs)
+
 
 @register
 class FlattenConcats(PatternPass):
@@ -26,9 +32,9 @@ class FlattenConcats(PatternPass):
     label = "Concat + Concat"
     pattern = variadic("Concat", "outer")
 
-    def matches(self, m: Match, g: GraphEditor) -> bool:
-        outer = m.node("outer")
-        return any(_inner(t, outer, g) is not None for t in outer.inputs)
+    requires = (Requirement(
+        "Some input of the outer Concat is an inner Concat on the same axis that only it reads.",
+        _is_this_pattern),)
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
         outer = m.node("outer")

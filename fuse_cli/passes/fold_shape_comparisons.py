@@ -7,7 +7,7 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Alt, Const, Match, Op, Var, constant_value
-from fuse_cli.pipeline.base import Decline, PatternPass
+from fuse_cli.pipeline.base import Decline, PatternPass, Requirement
 from fuse_cli.pipeline.registry import register
 from fuse_cli.toolkit.shapes import shape_entries
 
@@ -18,6 +18,18 @@ def _int_vector(value: np.ndarray) -> bool:
 
 def _all_false(value: np.ndarray) -> bool:
     return value.dtype == np.bool_ and value.ndim <= 1 and not value.any()
+
+
+def _is_this_pattern(m: Match, g: GraphEditor) -> bool:
+    """Only comparisons every entry of which is decided, and a Where that keeps s's shape."""
+    if "equal" in m.nodes:
+        return _decided(m, g) is not None
+    shape = g.shape(m.tensor("s"))
+    n = shape.static(0) if shape is not None and shape.rank == 1 else None
+    sizes = [constant_value(m.tensor("cond")).shape, g.shape(m.tensor("a"))]
+    return n is not None and sizes[1] is not None and sizes[1].rank <= 1 and \
+        all(size.dims[0] in (1, n) for size in (shape, sizes[1]) if size.rank == 1) and \
+        all(d in (1, n) for d in sizes[0])
 
 
 @register
@@ -39,16 +51,9 @@ class FoldShapeComparisons(PatternPass):
     pattern = Alt(Op("Equal", Var("s"), Const(_int_vector, name="c"), name="equal"),
                   Op("Where", Const(_all_false, name="cond"), Var("a"), Var("s"), name="where"))
 
-    def matches(self, m: Match, g: GraphEditor) -> bool:
-        """Only comparisons every entry of which is decided, and a Where that keeps s's shape."""
-        if "equal" in m.nodes:
-            return _decided(m, g) is not None
-        shape = g.shape(m.tensor("s"))
-        n = shape.static(0) if shape is not None and shape.rank == 1 else None
-        sizes = [constant_value(m.tensor("cond")).shape, g.shape(m.tensor("a"))]
-        return n is not None and sizes[1] is not None and sizes[1].rank <= 1 and \
-            all(size.dims[0] in (1, n) for size in (shape, sizes[1]) if size.rank == 1) and \
-            all(d in (1, n) for d in sizes[0])
+    requires = (Requirement(
+        "Only comparisons every entry of which is decided, and a Where that keeps s's shape.",
+        _is_this_pattern),)
 
     def check(self, m: Match, g: GraphEditor) -> Decline | None:
         if "where" in m.nodes:

@@ -8,7 +8,7 @@ from onnx import TensorProto as T
 
 from fuse_cli.graph.edit import GraphEditor, Replacement, rebuilt
 from fuse_cli.match import Alt, Match, Op, Var
-from fuse_cli.pipeline.base import Decline, PatternPass
+from fuse_cli.pipeline.base import Decline, PatternPass, Requirement
 from fuse_cli.pipeline.registry import register
 
 INTEGERS = {T.INT8, T.UINT8, T.INT16, T.UINT16, T.INT32, T.UINT32, T.INT64, T.UINT64}
@@ -29,6 +29,13 @@ EXACT = {
 }
 
 
+def _is_this_pattern(m: Match, g: GraphEditor) -> bool:
+    """A lone Cast is this pattern only when it casts to its input's own type."""
+    if "first" in m.nodes:
+        return True
+    return _elem_type(g, m.tensor("x")) == _to(m.node("cast"))
+
+
 @register
 class FuseCasts(PatternPass):
     """x:a ── Cast(to=b) ── Cast(to=c) ── y   =>   x ── Cast(to=c) ── y
@@ -47,11 +54,9 @@ class FuseCasts(PatternPass):
     min_opset = 6  # `to` is an enum from opset 6 (a string before)
     pattern = Op("Cast", Alt(Op("Cast", Var("x"), name="first"), Var("x")), name="cast")
 
-    def matches(self, m: Match, g: GraphEditor) -> bool:
-        """A lone Cast is this pattern only when it casts to its input's own type."""
-        if "first" in m.nodes:
-            return True
-        return _elem_type(g, m.tensor("x")) == _to(m.node("cast"))
+    requires = (Requirement(
+        "A lone Cast is this pattern only when it casts to its input's own type.",
+        _is_this_pattern),)
 
     def check(self, m: Match, g: GraphEditor) -> Decline | None:
         cast = m.node("cast")

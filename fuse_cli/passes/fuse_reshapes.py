@@ -7,9 +7,25 @@ import numpy as np
 
 from fuse_cli.graph.edit import GraphEditor, Replacement, rebuilt
 from fuse_cli.match import Alt, Const, Match, Op, Var, constant_value
-from fuse_cli.pipeline.base import Decline, PatternPass
+from fuse_cli.pipeline.base import Decline, PatternPass, Requirement
 from fuse_cli.pipeline.registry import register
 from fuse_cli.toolkit.runtime_shapes import is_unnamed_view
+
+
+def _is_this_pattern(m: Match, g: GraphEditor) -> bool:
+    """A lone Reshape is this pattern only when it provably keeps the shape (most Reshapes
+    change it, and saying so for each would drown the real near-misses)."""
+    if "first" in m.nodes:
+        return not is_unnamed_view(m.node("first"))
+    if "transpose" in m.nodes:
+        return _moves_only_unit_axes(m.node("transpose").attrs.get("perm"), g.shape(m.tensor("x")))
+    reshape, shape = m.node("reshape"), constant_value(m.tensor("shape"))
+    dims = g.shape(m.tensor("x"))
+    if dims is None or len(shape) != dims.rank:
+        return False
+    allowzero = reshape.attrs.get("allowzero", 0)
+    same = [int(s) == dims.static(i) or (s == 0 and not allowzero) for i, s in enumerate(shape)]
+    return same.count(False) <= (1 if -1 in shape.tolist() else 0)
 
 
 @register
@@ -37,20 +53,10 @@ class FuseReshapes(PatternPass):
                                 Op("Transpose", Var("x"), name="transpose"), Var("x")),
                  Const(lambda v: v.ndim == 1, name="shape"), name="reshape")
 
-    def matches(self, m: Match, g: GraphEditor) -> bool:
-        """A lone Reshape is this pattern only when it provably keeps the shape (most Reshapes
-        change it, and saying so for each would drown the real near-misses)."""
-        if "first" in m.nodes:
-            return not is_unnamed_view(m.node("first"))
-        if "transpose" in m.nodes:
-            return _moves_only_unit_axes(m.node("transpose").attrs.get("perm"), g.shape(m.tensor("x")))
-        reshape, shape = m.node("reshape"), constant_value(m.tensor("shape"))
-        dims = g.shape(m.tensor("x"))
-        if dims is None or len(shape) != dims.rank:
-            return False
-        allowzero = reshape.attrs.get("allowzero", 0)
-        same = [int(s) == dims.static(i) or (s == 0 and not allowzero) for i, s in enumerate(shape)]
-        return same.count(False) <= (1 if -1 in shape.tolist() else 0)
+    requires = (Requirement(
+        "A lone Reshape is this pattern only when it provably keeps the shape (most Reshapes change it, and "
+        "saying so for each would drown the real near-misses).",
+        _is_this_pattern),)
 
     def check(self, m: Match, g: GraphEditor) -> Decline | None:
         if "transpose" in m.nodes:

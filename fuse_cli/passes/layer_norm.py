@@ -8,7 +8,7 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Alt, Const, Match, Op, Var, constant_value, scalar_close
-from fuse_cli.pipeline.base import Decline, PatternPass
+from fuse_cli.pipeline.base import Decline, PatternPass, Requirement
 from fuse_cli.pipeline.registry import register
 from fuse_cli.toolkit.norms import (HALF_TYPES, half_source, normalized_axis, param_reason, param_tensor,
                                     read_only_by_constant_op, reduce_mean)
@@ -41,6 +41,20 @@ CORE = Alt(NORMALIZED, Op("Cast", NORMALIZED, name="cast_out"), Op("Cast", _norm
 SCALED = Op("Mul", CORE, Var("gamma"), name="scale")
 
 
+def _is_this_pattern(m: Match, g: GraphEditor) -> bool:
+    """A smaller form whose only reader is what a larger form adds (the Cast back to half, a
+    constant Mul or Add) is silent: the larger form, rooted there, fuses it or says why not, once."""
+    if "shift" in m.nodes:
+        return True
+    out = m.root.outputs[0]
+    if "scale" in m.nodes:
+        return not read_only_by_constant_op(out, ("Add",), g)
+    reader = out.outputs[0] if len(out.outputs) == 1 and not g.is_graph_output(out) else None
+    if "cast_out" not in m.nodes and reader is not None and reader.op == "Cast":
+        return half_source(m.tensor("x"), reader, g) is None
+    return not read_only_by_constant_op(out, ("Mul", "Add"), g)
+
+
 @register
 class FuseLayerNormalization(PatternPass):
     """y = (x - mean(x)) / sqrt(mean((x - mean(x))^2) + eps) * gamma + beta  over trailing axes
@@ -70,18 +84,10 @@ class FuseLayerNormalization(PatternPass):
     # Largest first: the sweep visits Add(beta) before the Mul(gamma) and Div inside it.
     pattern = Alt(Op("Add", Alt(SCALED, CORE), Var("beta"), name="shift"), SCALED, CORE)
 
-    def matches(self, m: Match, g: GraphEditor) -> bool:
-        """A smaller form whose only reader is what a larger form adds (the Cast back to half, a
-        constant Mul or Add) is silent: the larger form, rooted there, fuses it or says why not, once."""
-        if "shift" in m.nodes:
-            return True
-        out = m.root.outputs[0]
-        if "scale" in m.nodes:
-            return not read_only_by_constant_op(out, ("Add",), g)
-        reader = out.outputs[0] if len(out.outputs) == 1 and not g.is_graph_output(out) else None
-        if "cast_out" not in m.nodes and reader is not None and reader.op == "Cast":
-            return half_source(m.tensor("x"), reader, g) is None
-        return not read_only_by_constant_op(out, ("Mul", "Add"), g)
+    requires = (Requirement(
+        "A smaller form whose only reader is what a larger form adds (the Cast back to half, a constant Mul "
+        "or Add) is silent: the larger form, rooted there, fuses it or says why not, once.",
+        _is_this_pattern),)
 
     def check(self, m: Match, g: GraphEditor) -> Decline | None:
         x, dtype = input_of(m, g)

@@ -4,10 +4,20 @@ from __future__ import annotations
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Match, Op, Var, constant_value
-from fuse_cli.pipeline.base import Decline, PatternPass
+from fuse_cli.pipeline.base import Decline, PatternPass, Requirement
 from fuse_cli.pipeline.registry import register
 from fuse_cli.toolkit.constness import computed_at_run_time
 from fuse_cli.toolkit.gemm import gemm_operands_reason
+
+
+def _is_this_pattern(m: Match, g: GraphEditor) -> bool:
+    """An activation as the weight (attention's q @ k^T) or as the bias (a residual Add) is
+    not a Linear layer: silent, not a near-miss. Nor is a rank >= 3 result that only a
+    Reshape reads: matmul-add-into-view's pattern, which says why where it declines."""
+    if computed_at_run_time(m.tensor("weight")) or computed_at_run_time(m.tensor("bias")):
+        return False
+    x, readers = g.shape(m.tensor("x")), m.node("add").outputs[0].outputs
+    return not (x is not None and x.rank >= 3 and len(readers) == 1 and readers[0].op == "Reshape")
 
 
 @register
@@ -30,14 +40,11 @@ class FuseMatMulAddIntoGemm(PatternPass):
     pattern = Op("Add", Op("MatMul", Var("x"), Var("weight", const=True), name="matmul"), Var("bias", const=True),
                  name="add")
 
-    def matches(self, m: Match, g: GraphEditor) -> bool:
-        """An activation as the weight (attention's q @ k^T) or as the bias (a residual Add) is
-        not a Linear layer: silent, not a near-miss. Nor is a rank >= 3 result that only a
-        Reshape reads: matmul-add-into-view's pattern, which says why where it declines."""
-        if computed_at_run_time(m.tensor("weight")) or computed_at_run_time(m.tensor("bias")):
-            return False
-        x, readers = g.shape(m.tensor("x")), m.node("add").outputs[0].outputs
-        return not (x is not None and x.rank >= 3 and len(readers) == 1 and readers[0].op == "Reshape")
+    requires = (Requirement(
+        "An activation as the weight (attention's q @ k^T) or as the bias (a residual Add) is not a Linear "
+        "layer: silent, not a near-miss. Nor is a rank >= 3 result that only a Reshape reads: "
+        "matmul-add-into-view's pattern, which says why where it declines.",
+        _is_this_pattern),)
 
     def check(self, m: Match, g: GraphEditor) -> Decline | None:
         matmul = m.node("matmul")

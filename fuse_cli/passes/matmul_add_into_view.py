@@ -7,7 +7,7 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement, rebuilt
 from fuse_cli.match import Match, Op, Var, constant_value, producer_of
-from fuse_cli.pipeline.base import Decline, PatternPass
+from fuse_cli.pipeline.base import Decline, PatternPass, Requirement
 from fuse_cli.pipeline.registry import register
 from fuse_cli.toolkit.constness import computed_at_run_time
 from fuse_cli.toolkit.gemm import gemm_operands_reason
@@ -15,6 +15,18 @@ from fuse_cli.toolkit.shapes import same_dim, shape_entries
 
 # allowzero (a 0 entry is a 0, not a copy of the input's dim) is an attribute from opset 14
 ALLOWZERO_OPSET = 14
+
+
+def _is_this_pattern(m: Match, g: GraphEditor) -> bool:
+    """A Linear layer (constant weight and bias) on activations of rank 3 or more whose Reshape
+    of x costs no node (_rows_shared): rank 2 is matmul-add's, an activation as the weight
+    or bias is not a Linear layer, and where the Reshape of x costs a node the projection
+    would only trade its Add for it (Whisper's lone V projection, traded: no faster, and its
+    measured peak moved by 5% either way with the rows' new shape)."""
+    x = g.shape(m.tensor("x"))
+    return (x is not None and x.rank >= 3
+            and not (computed_at_run_time(m.tensor("weight")) or computed_at_run_time(m.tensor("bias")))
+            and _rows_shared(m.tensor("x"), g.dim(m.tensor("weight"), 0), g))
 
 
 @register
@@ -47,16 +59,13 @@ class FuseMatMulAddIntoView(PatternPass):
     pattern = Op("Reshape", Op("Add", Op("MatMul", Var("x"), Var("weight", const=True), name="matmul"),
                                Var("bias", const=True), name="add"), Var("shape"), name="reshape")
 
-    def matches(self, m: Match, g: GraphEditor) -> bool:
-        """A Linear layer (constant weight and bias) on activations of rank 3 or more whose Reshape
-        of x costs no node (_rows_shared): rank 2 is matmul-add's, an activation as the weight
-        or bias is not a Linear layer, and where the Reshape of x costs a node the projection
-        would only trade its Add for it (Whisper's lone V projection, traded: no faster, and its
-        measured peak moved by 5% either way with the rows' new shape)."""
-        x = g.shape(m.tensor("x"))
-        return (x is not None and x.rank >= 3
-                and not (computed_at_run_time(m.tensor("weight")) or computed_at_run_time(m.tensor("bias")))
-                and _rows_shared(m.tensor("x"), g.dim(m.tensor("weight"), 0), g))
+    requires = (Requirement(
+        "A Linear layer (constant weight and bias) on activations of rank 3 or more whose Reshape of x costs "
+        "no node (_rows_shared): rank 2 is matmul-add's, an activation as the weight or bias is not a Linear "
+        "layer, and where the Reshape of x costs a node the projection would only trade its Add for it "
+        "(Whisper's lone V projection, traded: no faster, and its measured peak moved by 5% either way with "
+        "the rows' new shape).",
+        _is_this_pattern),)
 
     def check(self, m: Match, g: GraphEditor) -> Decline | None:
         matmul, reshape = m.node("matmul"), m.node("reshape")

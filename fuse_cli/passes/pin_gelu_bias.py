@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Alt, Const, Match, Op, Var, constant_value, match_root
-from fuse_cli.pipeline.base import Decline, PatternPass
+from fuse_cli.pipeline.base import Decline, PatternPass, Requirement
 from fuse_cli.pipeline.registry import register
 from fuse_cli.targets import slower
 from fuse_cli.toolkit.activations import ERF_GATE, X, decomposed_gelu
@@ -14,6 +14,16 @@ from fuse_cli.toolkit.activations import ERF_GATE, X, decomposed_gelu
 # x's readers: the Erf GELU written out, the standard Gelu, onnxruntime's Gelu (contrib-gelu's output)
 ERF_GELU = Alt(decomposed_gelu(ERF_GATE), Op("Gelu", X, name="gelu"),
                Op("Gelu", X, name="gelu", domain="com.microsoft"))
+
+
+def _is_this_pattern(m: Match, g: GraphEditor) -> bool:
+    """Only a bias whose sum an Erf GELU reads, where the CPU may run the model (--target onnx
+    included): other Adds, and every Add on ort-cuda, are not this pattern (silent)."""
+    if g.target != "onnx" and slower(g.target, "BiasGelu") is None:
+        return False
+    x = m.node("add").outputs[0]
+    near = [reader for child in x.outputs for reader in (child, *(n for t in child.outputs for n in t.outputs))]
+    return any(gelu.tensor("x") is x and _exact_gelu(gelu) for node in near for gelu in match_root(ERF_GELU, node))
 
 
 @register
@@ -40,14 +50,10 @@ class PinGeluBias(PatternPass):
     label = "Add (bias [N]) before an Erf GELU -> bias [1, N]"
     pattern = Op("Add", Var("input"), Const(lambda value: value.ndim == 1 and value.size > 1, name="bias"), name="add")
 
-    def matches(self, m: Match, g: GraphEditor) -> bool:
-        """Only a bias whose sum an Erf GELU reads, where the CPU may run the model (--target onnx
-        included): other Adds, and every Add on ort-cuda, are not this pattern (silent)."""
-        if g.target != "onnx" and slower(g.target, "BiasGelu") is None:
-            return False
-        x = m.node("add").outputs[0]
-        near = [reader for child in x.outputs for reader in (child, *(n for t in child.outputs for n in t.outputs))]
-        return any(gelu.tensor("x") is x and _exact_gelu(gelu) for node in near for gelu in match_root(ERF_GELU, node))
+    requires = (Requirement(
+        "Only a bias whose sum an Erf GELU reads, where the CPU may run the model (--target onnx included): "
+        "other Adds, and every Add on ort-cuda, are not this pattern (silent).",
+        _is_this_pattern),)
 
     def check(self, m: Match, g: GraphEditor) -> Decline | None:
         add, shape = m.node("add"), g.shape(m.tensor("input"))

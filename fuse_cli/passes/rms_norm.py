@@ -7,10 +7,20 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Alt, Match, Op, Var, constant_value, producer_of
-from fuse_cli.pipeline.base import Decline, PatternPass
+from fuse_cli.pipeline.base import Decline, PatternPass, Requirement
 from fuse_cli.toolkit.norms import RMS_NORMALIZED, normalized_axis, param_reason, param_tensor, read_only_by_constant_op
 from fuse_cli.toolkit.shapes import rank_reason
 from fuse_cli.pipeline.registry import register
+
+
+def _is_this_pattern(m: Match, g: GraphEditor) -> bool:
+    """Without gamma, silent where a constant Mul reads the result: the gamma form reports there.
+    Silent where x is x - mean(x): that is a LayerNorm (layer-norm's pattern), not an RMSNorm."""
+    if not ("scale" in m.nodes or not read_only_by_constant_op(m.root.outputs[0], ("Mul",), g)):
+        return False
+    centered = producer_of(m.tensor("x"))
+    return not (centered is not None and centered.op == "Sub"
+                and _is_mean_of(centered.inputs[1], centered.inputs[0]))
 
 
 @register
@@ -33,14 +43,10 @@ class FuseRMSNormalization(PatternPass):
     min_opset = 23
     pattern = Alt(Op("Mul", RMS_NORMALIZED, Var("gamma"), name="scale"), RMS_NORMALIZED)  # largest first
 
-    def matches(self, m: Match, g: GraphEditor) -> bool:
-        """Without gamma, silent where a constant Mul reads the result: the gamma form reports there.
-        Silent where x is x - mean(x): that is a LayerNorm (layer-norm's pattern), not an RMSNorm."""
-        if not ("scale" in m.nodes or not read_only_by_constant_op(m.root.outputs[0], ("Mul",), g)):
-            return False
-        centered = producer_of(m.tensor("x"))
-        return not (centered is not None and centered.op == "Sub"
-                    and _is_mean_of(centered.inputs[1], centered.inputs[0]))
+    requires = (Requirement(
+        "Without gamma, silent where a constant Mul reads the result: the gamma form reports there. Silent "
+        "where x is x - mean(x): that is a LayerNorm (layer-norm's pattern), not an RMSNorm.",
+        _is_this_pattern),)
 
     def check(self, m: Match, g: GraphEditor) -> Decline | None:
         x = m.tensor("x")

@@ -7,7 +7,7 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement, kept
 from fuse_cli.match import Alt, Match, Op, Var
-from fuse_cli.pipeline.base import Decline, PatternPass
+from fuse_cli.pipeline.base import Decline, PatternPass, Requirement
 from fuse_cli.pipeline.registry import register
 from fuse_cli.toolkit.heads import head_split
 
@@ -25,6 +25,11 @@ def _rotary_on_heads(domain: str, head_norm: str, *rest: Var) -> Op:
               Op("Transpose", Alt(Op(head_norm, _split(), Var("norm_scale"), name="head_norm"), _split()),
                  name="heads", perm=HEADS_PERM),
               *rest, domain=domain, name="rotary")
+
+
+def _is_this_pattern(m: Match, g: GraphEditor) -> bool:
+    """A norm between split and Transpose is this pattern only over each head's own axis."""
+    return "head_norm" not in m.nodes or m.node("head_norm").attrs.get("axis", -1) in (-1, 3)
 
 
 @register
@@ -54,9 +59,9 @@ class RotaryBeforeHeadSplit(PatternPass):
     emits = ("com.microsoft::RotaryEmbedding",)
     pattern = _rotary_on_heads(MS, "SimplifiedLayerNormalization", Var("position_ids"), Var("cos"), Var("sin"))
 
-    def matches(self, m: Match, g: GraphEditor) -> bool:
-        """A norm between split and Transpose is this pattern only over each head's own axis."""
-        return "head_norm" not in m.nodes or m.node("head_norm").attrs.get("axis", -1) in (-1, 3)
+    requires = (Requirement(
+        "A norm between split and Transpose is this pattern only over each head's own axis.",
+        _is_this_pattern),)
 
     def check(self, m: Match, g: GraphEditor) -> Decline | None:
         split = m.node("split")

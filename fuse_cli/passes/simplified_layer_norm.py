@@ -7,10 +7,15 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Alt, Match, Op, Var, constant_value, producer_of
-from fuse_cli.pipeline.base import Decline, PatternPass
+from fuse_cli.pipeline.base import Decline, PatternPass, Requirement
 from fuse_cli.toolkit.norms import (RMS_NORMALIZED, half_source, normalized_axis, param_reason, param_tensor,
                                     read_only_by_constant_op)
 from fuse_cli.pipeline.registry import register
+
+
+def _is_this_pattern(m: Match, g: GraphEditor) -> bool:
+    """Without gamma, silent where a constant Mul reads the result: the gamma form reports there."""
+    return bool({"scale", "rmsnorm"} & set(m.nodes)) or not read_only_by_constant_op(m.root.outputs[0], ("Mul",), g)
 
 
 @register
@@ -46,9 +51,9 @@ class FuseSimplifiedLayerNormalization(PatternPass):
                   Op("Cast", RMS_NORMALIZED, name="cast_out"),
                   RMS_NORMALIZED)
 
-    def matches(self, m: Match, g: GraphEditor) -> bool:
-        """Without gamma, silent where a constant Mul reads the result: the gamma form reports there."""
-        return bool({"scale", "rmsnorm"} & set(m.nodes)) or not read_only_by_constant_op(m.root.outputs[0], ("Mul",), g)
+    requires = (Requirement(
+        "Without gamma, silent where a constant Mul reads the result: the gamma form reports there.",
+        _is_this_pattern),)
 
     def emitted_at(self, m: Match, g: GraphEditor) -> tuple[np.dtype | None, None]:
         return g.dtype(m.tensor("x")), None

@@ -7,10 +7,22 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement, label, rebuilt
 from fuse_cli.match import Match, Op, Var, constant_value
-from fuse_cli.pipeline.base import Decline, PatternPass
+from fuse_cli.pipeline.base import Decline, PatternPass, Requirement
 from fuse_cli.pipeline.registry import register
 from fuse_cli.toolkit.runtime_shapes import is_unnamed_view
 from fuse_cli.toolkit.shapes import minus_one_resolved, piece_entries, reads_a_shape, shape_pieces
+
+
+def _is_this_pattern(m: Match, g: GraphEditor) -> bool:
+    """Only shapes that read some tensor's Shape (directly, or through arithmetic: MobileViT's
+    unfold is [B * C * h, ph, w, pw]); other run-time shapes depend on data."""
+    shape = m.tensor("shape")
+    if (constant_value(shape) is not None or not any(reads_a_shape(piece) for piece in shape_pieces(shape))
+            or is_unnamed_view(m.node("reshape"))):
+        return False
+    # already as short as it gets (e.g. this pass's own output): nothing to say
+    leading = _leading_dims(m, g) if isinstance(_static_shape(m, g), Decline) else None
+    return leading is None or _dead_with(m, g, leading[0]) > 2
 
 
 @register
@@ -46,16 +58,10 @@ class StaticReshapeShape(PatternPass):
     label = "Reshape(Shape arithmetic) -> Reshape(constant)"
     pattern = Op("Reshape", Var("x"), Var("shape"), name="reshape")
 
-    def matches(self, m: Match, g: GraphEditor) -> bool:
-        """Only shapes that read some tensor's Shape (directly, or through arithmetic: MobileViT's
-        unfold is [B * C * h, ph, w, pw]); other run-time shapes depend on data."""
-        shape = m.tensor("shape")
-        if (constant_value(shape) is not None or not any(reads_a_shape(piece) for piece in shape_pieces(shape))
-                or is_unnamed_view(m.node("reshape"))):
-            return False
-        # already as short as it gets (e.g. this pass's own output): nothing to say
-        leading = _leading_dims(m, g) if isinstance(_static_shape(m, g), Decline) else None
-        return leading is None or _dead_with(m, g, leading[0]) > 2
+    requires = (Requirement(
+        "Only shapes that read some tensor's Shape (directly, or through arithmetic: MobileViT's unfold is [B "
+        "* C * h, ph, w, pw]); other run-time shapes depend on data.",
+        _is_this_pattern),)
 
     def check(self, m: Match, g: GraphEditor) -> Decline | None:
         shape = _static_shape(m, g)

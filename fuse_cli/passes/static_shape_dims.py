@@ -7,12 +7,19 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement, rebuilt
 from fuse_cli.match import Alt, Const, Match, Op, Var, constant_value
-from fuse_cli.pipeline.base import PatternPass
+from fuse_cli.pipeline.base import PatternPass, Requirement
 from fuse_cli.pipeline.registry import register
 
 
 def _integer_indices(value: np.ndarray) -> bool:
     return value.dtype in (np.int32, np.int64) and value.ndim <= 1
+
+
+def _is_this_pattern(m: Match, g: GraphEditor) -> bool:
+    """Reading a symbolic dim is what Shape is for: silent, not a near-miss."""
+    dims = _selected_dims(m, g)
+    picked = _picked(m, dims) if dims is not None else None
+    return picked is not None and all(isinstance(d, int) for d in picked)
 
 
 @register
@@ -36,11 +43,9 @@ class FoldStaticShapeDims(PatternPass):
                   Op("Shape", Var("x"), name="shape"))  # every selected dim static (a Concat of 4 pieces)
     keeps = ("shape",)  # the rewrite re-creates Shape for its other readers
 
-    def matches(self, m: Match, g: GraphEditor) -> bool:
-        """Reading a symbolic dim is what Shape is for: silent, not a near-miss."""
-        dims = _selected_dims(m, g)
-        picked = _picked(m, dims) if dims is not None else None
-        return picked is not None and all(isinstance(d, int) for d in picked)
+    requires = (Requirement(
+        "Reading a symbolic dim is what Shape is for: silent, not a near-miss.",
+        _is_this_pattern),)
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
         shape = m.node("shape")

@@ -61,6 +61,14 @@ class Pass:
         return (type(self).__doc__ or self.description).strip()
 
 
+@dataclass(frozen=True)
+class Requirement:
+    """A condition a match must meet to be the pattern at all, in words (`says`) and as a test."""
+
+    says: str
+    holds: Callable[[Match, GraphEditor], bool]
+
+
 class PatternPass(Pass):
     """pattern + check + rewrite. The engine matches, applies the shared safety check
     (`GraphEditor.replace_reason`), then `check`, then `rewrite`, and does the splicing and the
@@ -72,10 +80,14 @@ class PatternPass(Pass):
     # rewrite produces those tensors too (as an extra output of the fused node).
     keeps: ClassVar[tuple[str, ...]] = ()
 
+    # Structural conditions the declarative pattern cannot state ("this Reshape keeps the shape"),
+    # declared with the pattern: a match failing one is not this pattern, silently (a near-miss
+    # comes from `check` alone); `fuse passes --explain` lists them.
+    requires: ClassVar[tuple[Requirement, ...]] = ()
+
     def matches(self, m: Match, g: GraphEditor) -> bool:
-        """A structural predicate the declarative pattern cannot express ("this Reshape keeps the
-        shape"). False means "not this pattern" and is silent; a near-miss comes from `check`."""
-        return True
+        """The declared requirements all hold (passes declare them; they do not override this)."""
+        return all(requirement.holds(m, g) for requirement in self.requires)
 
     def emitted_at(self, m: Match, g: GraphEditor) -> tuple[np.dtype | None, gs.Node | None]:
         """The dtype the emitted operators compute in (the engine asks targets.emit_reason at it,

@@ -25,6 +25,8 @@ CAPABILITY_COLUMNS = (Column(CAPABILITY_HEADERS[0], whole=True),
 def render_explanation(chosen: Pass, console: Console) -> None:
     console.print(f"[bold]{chosen.name}[/bold]: {chosen.description}\n", highlight=False)
     console.print(chosen.explanation, highlight=False, markup=False)
+    for requirement in getattr(chosen, "requires", ()):
+        console.print(f"\nOnly where: {requirement.says}", highlight=False, markup=False)
 
 
 def render_passes(target: str, console: Console) -> None:
@@ -133,8 +135,9 @@ def _section(p: Pass, targets: tuple[str, ...]) -> list[str]:
     doc = inspect.cleandoc(p.explanation)
     fence = "`" * max(3, 1 + max((len(run) for run in re.findall(r"`+", doc)), default=0))
     facts_line = "; ".join(facts)
+    only_where = [f"Only where: {r.says}" for r in getattr(p, "requires", ())]
     return [f"### {p.name}", "", f"{p.description}.", "", facts_line[0].upper() + facts_line[1:] + ".", "",
-            f"{fence}text", doc, fence]
+            *(line for said in only_where for line in (said, "")), f"{fence}text", doc, fence]
 
 
 def _kind(p: Pass) -> str:
