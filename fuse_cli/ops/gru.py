@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import onnx
-from onnx import TensorProto
 
 from fuse_cli.ops.record import Operator, Shapes
-from fuse_cli.ops.rules import attributes
+from fuse_cli.ops.rules import recurrent_sizes
 
 
 def _gates_and_input(node: onnx.NodeProto, shapes: Shapes, opset: int) -> int:
@@ -16,16 +15,10 @@ def _gates_and_input(node: onnx.NodeProto, shapes: Shapes, opset: int) -> int:
     node, forward, Y and Y_h, S 4-32, B 16-128, I 32-256, H 64-256): within 8% of the measured
     peak above the outputs from 1 MiB up (smaller runs: 10-80%, the allocator's own sizes), and 3%
     bidirectional; before, the estimate held the outputs alone (a BiGRU tagger: 0.30 of the peak)."""
-    x = shapes.get(node.input[0])
-    if x is None or x.elem_type != TensorProto.FLOAT or x.shape is None or len(x.shape) != 3 \
-            or not all(isinstance(d, int) for d in x.shape):
+    sizes = recurrent_sizes(node, shapes)
+    if sizes is None:
         return 0
-    attrs = attributes(node)
-    hidden = int(attrs.get("hidden_size", 0))
-    if hidden <= 0 or int(attrs.get("layout", 0)):
-        return 0
-    steps, batch, features = x.shape
-    directions = 2 if attrs.get("direction", b"forward") in (b"bidirectional", "bidirectional") else 1
+    steps, batch, features, hidden, directions = sizes
     reversed_sequences = steps * batch * (features + hidden) if directions == 2 else 0
     return 4 * (directions * steps * batch * (3 * hidden + features) + reversed_sequences)
 

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import onnx
-from onnx import TensorProto
 
 from fuse_cli.ops.record import Operator, Shapes
-from fuse_cli.ops.rules import attributes
+from fuse_cli.ops.rules import recurrent_sizes
 
 
 def _gates_and_states(node: onnx.NodeProto, shapes: Shapes, opset: int) -> int:
@@ -16,16 +15,10 @@ def _gates_and_states(node: onnx.NodeProto, shapes: Shapes, opset: int) -> int:
     Measured on onnxruntime 1.31.1 (B 64-256, S 1-16, H 128-256, with and without initial states,
     each output alone and all three): within 0.15 [B, H] of (4 S + 3 + outputs left out) per
     direction, bidirectional within 0.2."""
-    x = shapes.get(node.input[0])
-    if x is None or x.elem_type != TensorProto.FLOAT or x.shape is None or len(x.shape) != 3 \
-            or not all(isinstance(d, int) for d in x.shape):
+    sizes = recurrent_sizes(node, shapes)
+    if sizes is None:
         return 0
-    attrs = attributes(node)
-    hidden = int(attrs.get("hidden_size", 0))
-    if hidden <= 0 or int(attrs.get("layout", 0)):
-        return 0
-    steps, batch, features = x.shape
-    directions = 2 if attrs.get("direction", b"forward") in (b"bidirectional", "bidirectional") else 1
+    steps, batch, features, hidden, directions = sizes
     outputs = list(node.output) + ["", ""]
     states = 3 + (not outputs[1]) + (not outputs[2])
     reversed_sequences = steps * batch * (features + hidden) if directions == 2 else 0

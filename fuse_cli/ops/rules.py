@@ -22,6 +22,21 @@ def static_shape(shapes: Shapes, name: str) -> tuple[int, ...] | None:
     return info.shape
 
 
+def recurrent_sizes(node: onnx.NodeProto, shapes: Shapes) -> tuple[int, int, int, int, int] | None:
+    """(steps, batch, features, hidden, directions) of a float32 LSTM/GRU/RNN over a static
+    [S, B, I] sequence in the default layout; None otherwise (its buffers are then not modelled)."""
+    x = shapes.get(node.input[0])
+    if x is None or x.elem_type != onnx.TensorProto.FLOAT or x.shape is None or len(x.shape) != 3 \
+            or not all(isinstance(d, int) for d in x.shape):
+        return None
+    attrs = attributes(node)
+    hidden = int(attrs.get("hidden_size", 0))
+    if hidden <= 0 or int(attrs.get("layout", 0)):
+        return None
+    directions = 2 if attrs.get("direction", b"forward") in (b"bidirectional", "bidirectional") else 1
+    return (*x.shape, hidden, directions)
+
+
 def broadcast_static(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
     rank = max(len(a), len(b))
     a, b = (1,) * (rank - len(a)) + tuple(a), (1,) * (rank - len(b)) + tuple(b)
