@@ -88,15 +88,16 @@ class FuseGroupQueryAttention(PatternPass):
             attrs["scale"] = scale
         if (cap := softcap_of(m)) is not None:
             attrs["softcap"] = cap  # the kernel caps the scaled scores, then adds attention_bias
-        base, nodes = m.node("softmax").name, []
+        base = m.node("softmax").name
+        b = g.builder(base)
         key = m.tensor("key")
-        dims = _node(g, nodes, "Shape", [key], base)  # [B, S, KV*d]: a prompt of S tokens per row
-        length = _node(g, nodes, "Gather", [dims, g.constant(f"{base}_one", np.array(1, np.int64))], base, axis=0)
-        total = _node(g, nodes, "Cast", [length], base, to=6)
-        last = _node(g, nodes, "Sub", [total, g.constant(f"{base}_int32_one", np.array(1, np.int32))], base)
-        batch = _node(g, nodes, "Slice", [dims, *(g.constant(f"{base}_b{v}", np.array([v], np.int64)) for v in (0, 1))],
-                      base)
-        seqlens = _node(g, nodes, "Expand", [last, batch], base)
+        dims = b.op.Shape(key)  # [B, S, KV*d]: a prompt of S tokens per row
+        length = b.op.Gather(dims, g.constant(f"{base}_one", np.array(1, np.int64)), axis=0)
+        total = b.op.Cast(length, to=6)
+        last = b.op.Sub(total, g.constant(f"{base}_int32_one", np.array(1, np.int32)))
+        batch = b.op.Slice(dims, *(g.constant(f"{base}_b{v}", np.array([v], np.int64)) for v in (0, 1)))
+        seqlens = b.op.Expand(last, batch)
+        nodes = b.nodes
         mask = m.tensor("mask")
         inputs = [m.tensor("query"), key, m.tensor("value"), gs.Variable.empty(), gs.Variable.empty(), seqlens, total]
         if mask is not None:
@@ -112,14 +113,7 @@ class FuseGroupQueryAttention(PatternPass):
         if any(kept):
             outputs += [t if keep else g.variable(f"{base}_present_{role}")
                         for t, keep, role in zip(presents, kept, ("key", "value"))]
-        nodes.append(gs.Node("GroupQueryAttention", g.unique_name(f"{base}_gqa"), attrs, inputs, outputs,
-                             domain="com.microsoft"))
+        b.add("GroupQueryAttention", inputs, attrs, domain="com.microsoft", outputs=outputs, name=f"{base}_gqa")
         if unnamed:
             nodes += unnamed_like_the_original(outputs[0], y, g, base)
         return Replacement(nodes=nodes)
-
-
-def _node(g: GraphEditor, nodes: list[gs.Node], op: str, inputs: list[gs.Tensor], base: str, **attrs) -> gs.Variable:
-    out = g.variable(f"{base}_{op.lower()}_out")
-    nodes.append(gs.Node(op=op, name=g.unique_name(f"{base}_{op.lower()}"), attrs=attrs, inputs=inputs, outputs=[out]))
-    return out

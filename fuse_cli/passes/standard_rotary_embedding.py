@@ -43,27 +43,29 @@ class FuseStandardRotaryEmbedding(RotateHalfFusion):
     min_opset = 23
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
-        x, base, nodes = m.tensor("x"), m.node("rotary").name, []
+        x, base = m.tensor("x"), m.node("rotary").name
+        b = g.builder(base)
+        nodes = b.nodes
         d = g.shape(x).static(3)
         split = split_heads(x, g)
         source = x if split is None else split[0]
         per_row = per_batch_row(m.tensor("cos"), g)  # rotary_decline proved sin of the same form
         repeat = None
         if g.shape(source).dims[0] != 1 and not per_row:  # [B, 1, 1]: Shape(x)[:1] ++ [1, 1]
-            dims = _node(g, nodes, "Shape", [source], base, start=0, end=1)
-            repeat = _node(g, nodes, "Concat", [dims, _ints(g, base, "ones", 1, 1)], base, axis=0)
+            dims = b.op.Shape(source, start=0, end=1)
+            repeat = b.op.Concat(dims, _ints(g, base, "ones", 1, 1), axis=0)
         caches = []
         for role in ("cos", "sin"):
-            first = _node(g, nodes, "Slice", [m.tensor(role), _ints(g, base, "zero", 0), _ints(g, base, "half", d // 2),
-                                              _ints(g, base, "last", -1)], f"{base}_{role}")
-            rows = _node(g, nodes, "Reshape", [first, _ints(g, base, "cache_shape", 0 if per_row else 1, -1, d // 2)],
-                         f"{base}_{role}")
-            caches.append(rows if repeat is None else _node(g, nodes, "Expand", [rows, repeat], f"{base}_{role}"))
+            first = b.op.Slice(m.tensor(role), _ints(g, base, "zero", 0), _ints(g, base, "half", d // 2),
+                               _ints(g, base, "last", -1), _name=f"{base}_{role}_slice")
+            rows = b.op.Reshape(first, _ints(g, base, "cache_shape", 0 if per_row else 1, -1, d // 2),
+                                _name=f"{base}_{role}_reshape")
+            caches.append(rows if repeat is None else b.op.Expand(rows, repeat, _name=f"{base}_{role}_expand"))
         if split is None:
             nodes.append(gs.Node("RotaryEmbedding", g.unique_name(base), {}, [x, *caches], [m.root.outputs[0]]))
             return Replacement(nodes=nodes)
         x3, heads, reshape, transpose = split
-        rotated = _node(g, nodes, "RotaryEmbedding", [x3, *caches], base, num_heads=heads)
+        rotated = b.op.RotaryEmbedding(x3, *caches, num_heads=heads)
         rotated.dtype, rotated.shape = g.dtype(x), list(g.shape(x3).dims)  # what later passes of this run read
         split_out = g.variable(f"{base}_split_out", like=x)
         split_out.shape = list(g.shape(reshape.outputs[0]).dims)
@@ -77,9 +79,3 @@ class FuseStandardRotaryEmbedding(RotateHalfFusion):
 
 def _ints(g: GraphEditor, base: str, role: str, *values: int) -> gs.Constant:
     return g.constant(f"{base}_{role}", np.array(values, np.int64))
-
-
-def _node(g: GraphEditor, nodes: list[gs.Node], op: str, inputs: list[gs.Tensor], base: str, **attrs) -> gs.Variable:
-    out = g.variable(f"{base}_{op.lower()}_out")
-    nodes.append(gs.Node(op=op, name=g.unique_name(f"{base}_{op.lower()}"), attrs=attrs, inputs=inputs, outputs=[out]))
-    return out
