@@ -85,6 +85,8 @@ def run_constants(model_bytes: bytes, names: Sequence[str]) -> list[np.ndarray]:
     """The outputs `names` of an input-free model (graphsurgeon's constant subgraph to fold)."""
     import onnxruntime
 
-    onnxruntime.set_default_logger_severity(3)  # its optimizer's warnings on a constant subgraph are noise
+    # graphsurgeon builds these at onnxruntime's default log level, whose optimizer warnings on a
+    # constant subgraph ("UnsqueezeElimination cannot remove node") are noise here
+    onnxruntime.set_default_logger_severity(3)
     session = onnxruntime.InferenceSession(model_bytes, providers=["CPUExecutionProvider"])
     return session.run(list(names), {})

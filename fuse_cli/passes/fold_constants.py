@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 
 import onnx_graphsurgeon as gs
-import onnxruntime
 from onnx_graphsurgeon.logger import G_LOGGER
 
 from fuse_cli.core.domains import is_default_domain
@@ -76,9 +75,6 @@ class FoldConstants(GraphPass):
             folding = _may_fold(graph, excluded)
             if folding:
                 map_weights_read_by_foldable_nodes(graph, excluded)
-                # graphsurgeon evaluates with onnxruntime sessions at its default log level, whose
-                # optimizer warnings ("UnsqueezeElimination cannot remove node") are noise here
-                onnxruntime.set_default_logger_severity(3)
                 # an If with a constant condition is inline-constant-if's (see there)
                 # its warnings (a subgraph it could not fold) are not the user's to read on stderr
                 with sessions_in_the_worker() as crashes, G_LOGGER.suppress(G_LOGGER.ERROR):

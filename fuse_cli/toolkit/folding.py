@@ -125,7 +125,8 @@ def map_weights_read_by_foldable_nodes(graph: gs.Graph, excluded) -> None:
         later = []
         for node in remaining:
             inputs = [t for t in node.inputs if not t.is_empty()]
-            if excluded(node) or not all(isinstance(t, gs.Constant) or id(t) in computed for t in inputs):
+            # the inputs first: `excluded` sizes the node's outputs, and most nodes read a variable
+            if not all(isinstance(t, gs.Constant) or id(t) in computed for t in inputs) or excluded(node):
                 later.append(node)
                 continue
             foldable.append(node)
