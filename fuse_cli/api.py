@@ -16,7 +16,7 @@ from pathlib import Path
 
 import onnx
 
-from fuse_cli.audit import PeakEstimate, measure, memory_audit, peak_tolerance
+from fuse_cli.audit import PeakEstimate, measure, memory_audit
 from fuse_cli.config import FuseConfig
 from fuse_cli.core import isolation
 from fuse_cli.core.tensors import payload_bytes, weight_bytes
@@ -172,8 +172,7 @@ def _optimize(source: Path, config: FuseConfig, target_path: Path | None, *, dry
             peak_guard=declined,
             peak_settings=() if config.allow_peak_growth
             else tuple(tuple(sorted(s.dims.items())) for s in estimate.settings),
-            peak_tolerances=() if config.allow_peak_growth else tuple(peak_tolerance(s.before.peak_bytes)
-                                                                      for s in estimate.settings),
+            peak_tolerances=() if config.allow_peak_growth else estimate.tolerances(),
             orders=fused.orders,
         )
     return OptimizeResult(report=report, model_by_reference=optimized, input_weight_files=loaded.external_files)

@@ -178,12 +178,15 @@ class PeakEstimate:
         self._symbolic = [*self._symbolic[-1:], (model, (nodes, declared), filled)]
         return filled
 
+    def tolerances(self) -> tuple[int, ...]:
+        """Per setting, the bytes a candidate's estimated peak may grow by (peak_tolerance)."""
+        return tuple(peak_tolerance(setting.before.peak_bytes) for setting in self.settings)
+
     def growth(self, model: onnx.ModelProto) -> tuple[PeakGrowth, ...]:
         """Where the candidate's estimated peak is above the original's by more than the tolerance
         (empty: never worse beyond it)."""
         grown = []
-        for setting, after in zip(self.settings, self.profiles(model)):
-            tolerance = peak_tolerance(setting.before.peak_bytes)
+        for setting, tolerance, after in zip(self.settings, self.tolerances(), self.profiles(model)):
             if after.peak_bytes > setting.before.peak_bytes + tolerance:
                 alive = tuple(t.name for t in sorted(after.live_at_peak, key=lambda t: -(t.nbytes or 0))[:3])
                 grown.append(PeakGrowth(tuple(sorted(setting.dims.items())), setting.before.peak_bytes,
