@@ -15,7 +15,7 @@ import onnx
 
 from fuse_cli.ops import (conv, dropout, embed_layer_norm, function_bodies, fused_conv, fused_gemm, fused_matmul, gelu,
                           group_query_attention, gru, in_place, layer_norm, lrn, lstm, multi_head_attention,
-                          packed_attention, rotary_embedding, simplified_layer_norm, skip_layer_norm,
+                          packed_attention, qlinear, rotary_embedding, simplified_layer_norm, skip_layer_norm,
                           standard_attention, unemitted, variadic, views, where)
 from fuse_cli.ops.record import Operator, Shapes
 
@@ -34,6 +34,7 @@ OPERATORS: tuple[Operator, ...] = (
     *rotary_embedding.RECORDS,
     *unemitted.RECORDS,
     *standard_attention.RECORDS,
+    *qlinear.RECORDS,
     # standard operators whose shapes or memory need a rule of their own
     *layer_norm.RECORDS,
     *conv.RECORDS,

@@ -51,6 +51,9 @@ PORTABLE_PIPELINE: tuple[str, ...] = (
     "bn-mul",  # after conv-bn: a BatchNormalization its Conv could take is gone by now
     "bn-add",
     "matmul-bn",
+    # QDQ node units as the standard quantized operators: after the folds, which leave a unit alone
+    "qlinear-conv",
+    "qlinear-matmul",
     # 4. decomposed normalizations and activations -> single standard operators
     "layer-norm",
     "moments-layer-norm",
