@@ -217,12 +217,26 @@ def qdq_unit_with_activation(op: str):
 @pytest.mark.parametrize("op,pass_name", [("Conv", "fused-conv"), ("Gemm", "fused-gemm"), ("MatMul", "fused-matmul")])
 def test_a_qdq_unit_is_not_fused_into_a_float_operator(tmp_path, op, pass_name):
     """At ort-cpu, fused-conv made FusedConv of DQ -> Conv -> Relu -> Q, and onnxruntime then formed
-    no QLinearConv: the convolution ran in float. The unit is onnxruntime's to form; the pass says why."""
+    no QLinearConv: the convolution ran in float. The unit is not the float pass's; it says why.
+    (qlinear-conv, which forms the Conv unit itself, is left out here: the next test.)"""
     model = qdq_unit_with_activation(op)
-    result = optimize_model(model, tmp_path, target="ort-cpu")
+    result = optimize_model(model, tmp_path, target="ort-cpu", disable=("qlinear-conv",))
     assert not [f for f in result.report.fusions if f.pass_name == pass_name]
     (miss,) = [m for m in result.report.near_misses if m.pass_name == pass_name]
     assert miss.reason.startswith("unit is inside a QDQ node unit") and "DequantizeLinear" in miss.reason
+    assert formed_offline(result.model, tmp_path) == formed_offline(model, tmp_path)
+    assert_equivalent(model, result.model, dims={"batch": 2})
+    assert_equivalent(model, result.model, dims={"batch": 3}, seeds=(2,))
+
+
+@pytest.mark.parametrize("target", ["onnx", "ort-cpu"])
+def test_the_conv_unit_is_formed_into_qlinearconv_before_any_float_fusion(tmp_path, target):
+    """The whole pipeline: qlinear-conv forms the QLinearConv onnxruntime would (the Relu, made
+    redundant by the output's zero point 0, dropped with it), so fused-conv never sees the Conv."""
+    model = qdq_unit_with_activation("Conv")
+    result = optimize_model(model, tmp_path, target=target)
+    counts = op_counts(result.model)
+    assert counts["QLinearConv"] == 1 and "Conv" not in counts and "Relu" not in counts, counts
     assert formed_offline(result.model, tmp_path) == formed_offline(model, tmp_path)
     assert_equivalent(model, result.model, dims={"batch": 2})
     assert_equivalent(model, result.model, dims={"batch": 3}, seeds=(2,))

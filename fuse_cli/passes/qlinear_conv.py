@@ -10,7 +10,7 @@ from fuse_cli.match import Alt, Match, Op, constant_value
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
 from fuse_cli.toolkit.quantized import (bias_reason, dequantized, qlinear_unit_reason, quantized, shared_dequantizers,
-                                        zero_point)
+                                        weight_operand, zero_point)
 
 X, W = dequantized("x"), dequantized("w", const=True)
 
@@ -33,7 +33,9 @@ class FormQLinearConv(PatternPass):
     there is one, an int32 at scale x_s * w_s with zero point 0, as the ONNX spec requires. A Relu
     before the Q is dropped where the Q's zero point is its type's minimum (the clamp at 0 is
     then the quantization's own), as onnxruntime's QDQ selectors do. Element types as the CPU
-    kernels take them: u8 x with u8 or s8 w into u8, s8 x with s8 w into s8. A DequantizeLinear
+    kernels take them: u8 x with u8 or s8 w into u8, s8 x with s8 w into s8; an s8 weight beside
+    u8 activations is stored as u8 (w + 128, zero point + 128) where a value passes +-64, which x86
+    CPUs without VNNI would saturate (toolkit.quantized.weight_operand). A DequantizeLinear
     another node reads too stays for that reader. At ORT_ENABLE_EXTENDED onnxruntime forms the
     same QLinearConv itself; formed here, the model runs quantized at every level and on any
     runtime with the standard operator.
@@ -56,8 +58,9 @@ class FormQLinearConv(PatternPass):
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
         conv = m.node("conv")
+        weight, weight_zero = weight_operand(m, g, "x", "w")
         inputs = [m.tensor("x_q"), m.tensor("x_scale"), zero_point(m, g, "x"),
-                  m.tensor("w_q"), m.tensor("w_scale"), _one_zero_point(m, g),
+                  weight, m.tensor("w_scale"), _one_value(g, weight_zero),
                   m.tensor("y_scale"), zero_point(m, g, "y")]
         if m.tensor("b_q") is not None:
             inputs.append(m.tensor("b_q"))
@@ -79,11 +82,7 @@ def _weight_reason(m: Match, conv: gs.Node) -> Decline | None:
     return None
 
 
-def _one_zero_point(m: Match, g: GraphEditor) -> gs.Tensor:
-    """The weight's zero point; per channel they are all equal (checked), so one value serves."""
-    zero = constant_value(m.tensor("w_zero"))
-    if zero is not None and zero.size == 1:
-        return m.tensor("w_zero")
-    dtype = g.dtype(m.tensor("w_q")) if zero is None else zero.dtype
-    value = np.zeros((), dtype) if zero is None else zero.reshape(-1)[:1].reshape(())
-    return g.constant(f"{m.node('conv').name}_w_zero_point", value)
+def _one_value(g: GraphEditor, zero: gs.Tensor) -> gs.Tensor:
+    """The weight's zero point as one value: per channel they are all equal (checked)."""
+    values = constant_value(zero)
+    return zero if values.size == 1 else g.constant(f"{zero.name}_one", values.reshape(-1)[:1].reshape(()))
