@@ -51,7 +51,9 @@ PORTABLE_PIPELINE: tuple[str, ...] = (
     "bn-mul",  # after conv-bn: a BatchNormalization its Conv could take is gone by now
     "bn-add",
     "matmul-bn",
-    # QDQ node units as the standard quantized operators: after the folds, which leave a unit alone
+    # QDQ node units as the standard quantized operators: after the folds, which leave a unit alone;
+    # a pair around a move first, so that a unit reads the moved quantized values
+    "drop-qdq-pairs",
     "qlinear-conv",
     "qlinear-matmul",
     # 4. decomposed normalizations and activations -> single standard operators
