@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 
 from fuse_cli.verify import (QUANTIZED_OUTPUT_STEPS, compare_outputs, make_session, quantized_output_steps, random_inputs,
@@ -20,11 +21,14 @@ class QdqUnit:
     """One QDQ unit as a static quantizer writes it, its parameters computed from the values as a
     calibrated quantizer computes them: activations asymmetric over the calibration range,
     weights symmetric int8 (or uint8 about 128), per tensor or per output channel; the bias int32 at
-    x_scale * w_scale. Weights are perturbed normal values, not round numbers."""
+    x_scale * w_scale. Weights are perturbed normal values, not round numbers, on 7 bits
+    (quantize_static's reduce_range) unless `full_range`: onnxruntime's u8 x s8 kernel saturates
+    full-range weights on x86 CPUs without VNNI (its own formed QLinearConv too)."""
 
-    def __init__(self, seed: int = 0, *, activation=np.uint8, weight=np.int8):
+    def __init__(self, seed: int = 0, *, activation=np.uint8, weight=np.int8, full_range: bool = False):
         self.b = GraphBuilder(opset=17, seed=seed)
         self.activation, self.weight = activation, weight
+        self.weight_max = 127 if full_range else 63
 
     def qdq(self, x: str, low: float, high: float, dtype=None) -> tuple[str, float]:
         """x quantized and dequantized over [low, high]; returns the DQ output and its scale."""
@@ -37,7 +41,7 @@ class QdqUnit:
     def weight_dq(self, w: np.ndarray, axis: int | None) -> tuple[str, np.ndarray]:
         """DQ of w quantized per tensor (axis None) or along `axis`; returns it and the scales."""
         reduce = tuple(i for i in range(w.ndim) if i != axis) if axis is not None else None
-        scale = (np.abs(w).max(axis=reduce) / 127).astype(np.float32)
+        scale = (np.abs(w).max(axis=reduce) / self.weight_max).astype(np.float32)
         shape = [-1 if i == axis else 1 for i in range(w.ndim)] if axis is not None else []
         centre = 0 if self.weight == np.int8 else 128
         q = np.clip(np.round(w / scale.reshape(shape)) + centre, QMIN[self.weight], QMIN[self.weight] + 255)
@@ -61,8 +65,8 @@ class QdqUnit:
 
 def conv_unit(*, per_channel=True, bias=True, relu=False, activation=np.uint8, weight=np.int8, seed=0,
               bias_scale_factor=1.0, shared_input=False, conv_read_twice=False, q_read_twice=False,
-              weight_input=False) -> onnx.ModelProto:
-    u = QdqUnit(seed, activation=activation, weight=weight)
+              weight_input=False, full_range=False) -> onnx.ModelProto:
+    u = QdqUnit(seed, activation=activation, weight=weight, full_range=full_range)
     x, x_scale = u.qdq(u.b.input("x", ["batch", 8, 9, 9]), -3.0, 3.0)
     w = u.b.rng.standard_normal((6, 8, 3, 3)).astype(np.float32) * np.linspace(0.05, 0.2, 6).reshape(6, 1, 1, 1)
     if weight_input:
@@ -143,14 +147,19 @@ def test_a_matmul_unit_becomes_qlinearmatmul(tmp_path, per_column, activation, w
         assert_equivalent(model, result.model, dims=dims, seeds=(index,))
 
 
-def test_s8_weights_beside_u8_activations_are_stored_as_u8(tmp_path):
-    """x86 CPUs without VNNI saturate u8 x s8 pairs past 32767 (11 steps off on this unit at
-    disabled optimization); the same values as u8 about 128 do not (the tests above hold them to one step)."""
-    model = conv_unit()
+def test_full_range_s8_weights_give_what_onnxruntimes_own_kernel_gives(tmp_path):
+    """Full-range s8 weights against u8 activations: on x86 CPUs without VNNI the kernel's int16
+    pair sums saturate (11 steps off the float unit here); onnxruntime's own QLinearConv, formed at
+    ORT_ENABLE_EXTENDED (and ALL, its default), gives the same values: fuse writes the same kernel."""
+    model = conv_unit(full_range=True)
     result = optimize_model(model, tmp_path, passes=("qlinear-conv",))
-    (node,) = [n for n in result.model.graph.node if n.op_type == "QLinearConv"]
-    values = {t.name: onnx.numpy_helper.to_array(t) for t in result.model.graph.initializer}
-    assert values[node.input[3]].dtype == np.uint8 and values[node.input[5]] == np.uint8(128)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    onnxruntimes = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    for seed in (0, 1):
+        feeds = random_inputs(make_session(model), dims={"batch": 2}, seed=seed)
+        np.testing.assert_array_equal(make_session(result.model).run(None, feeds)[0], onnxruntimes.run(None, feeds)[0])
+    assert_equivalent(model, result.model, dims={"batch": 2})
 
 
 def test_a_dequantize_read_by_another_node_stays_for_it(tmp_path):

@@ -10,7 +10,7 @@ from fuse_cli.match import Alt, Match, Op, constant_value
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
 from fuse_cli.toolkit.quantized import (bias_reason, dequantized, qlinear_unit_reason, quantized, shared_dequantizers,
-                                        weight_operand, zero_point)
+                                        zero_point)
 
 X, W = dequantized("x"), dequantized("w", const=True)
 
@@ -33,9 +33,11 @@ class FormQLinearConv(PatternPass):
     there is one, an int32 at scale x_s * w_s with zero point 0, as the ONNX spec requires. A Relu
     before the Q is dropped where the Q's zero point is its type's minimum (the clamp at 0 is
     then the quantization's own), as onnxruntime's QDQ selectors do. Element types as the CPU
-    kernels take them: u8 x with u8 or s8 w into u8, s8 x with s8 w into s8; an s8 weight beside
-    u8 activations is stored as u8 (w + 128, zero point + 128) where a value passes +-64, which x86
-    CPUs without VNNI would saturate (toolkit.quantized.weight_operand). A DequantizeLinear
+    kernels take them: u8 x with u8 or s8 w into u8, s8 x with s8 w into s8. (On x86 CPUs without
+    VNNI onnxruntime's u8 x s8 kernel sums pairs of products in int16, which saturates for weights
+    beyond +-64 against activations near 255: its own QLinearConv, formed at ORT_ENABLE_EXTENDED,
+    does the same, and quantize_static's reduce_range=True, 7-bit weights, avoids it. fuse
+    writes the weights as the quantizer did: stored as u8, they ran 1.3x slower.) A DequantizeLinear
     another node reads too stays for that reader. At ORT_ENABLE_EXTENDED onnxruntime forms the
     same QLinearConv itself; formed here, the model runs quantized at every level and on any
     runtime with the standard operator.
@@ -58,9 +60,8 @@ class FormQLinearConv(PatternPass):
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
         conv = m.node("conv")
-        weight, weight_zero = weight_operand(m, g, "x", "w")
         inputs = [m.tensor("x_q"), m.tensor("x_scale"), zero_point(m, g, "x"),
-                  weight, m.tensor("w_scale"), _one_value(g, weight_zero),
+                  m.tensor("w_q"), m.tensor("w_scale"), _one_value(g, zero_point(m, g, "w")),
                   m.tensor("y_scale"), zero_point(m, g, "y")]
         if m.tensor("b_q") is not None:
             inputs.append(m.tensor("b_q"))

@@ -10,7 +10,7 @@ from fuse_cli.match import Match, Op, constant_value
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
 from fuse_cli.toolkit.quantized import (dequantized, qlinear_unit_reason, quantized, shared_dequantizers,
-                                        weight_operand, zero_point)
+                                        zero_point)
 
 
 @register
@@ -27,8 +27,8 @@ class FormQLinearMatMul(PatternPass):
     verification judges such outputs in steps of their scale). Either operand may be computed
     (attention's Q times K^T); a is quantized per tensor, b per tensor or, as a 2-D weight, per
     column (axis 1). Element types as the CPU kernels take them: u8 a with u8 or s8 b into u8,
-    s8 a with s8 b into s8; a constant s8 b beside u8 a stored as u8, as qlinear-conv does, and a
-    computed one declined. The Relu and shared-DequantizeLinear rules are qlinear-conv's.
+    s8 a with s8 b into s8 (the u8 x s8 saturation qlinear-conv describes applies here too). The
+    Relu and shared-DequantizeLinear rules are qlinear-conv's.
     """
 
     name = "qlinear-matmul"
@@ -48,20 +48,15 @@ class FormQLinearMatMul(PatternPass):
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
         matmul = m.node("matmul")
-        b, b_zero = weight_operand(m, g, "a", "b")
-        inputs = [m.tensor("a_q"), m.tensor("a_scale"), zero_point(m, g, "a"), b, m.tensor("b_scale"), b_zero,
+        inputs = [m.tensor("a_q"), m.tensor("a_scale"), zero_point(m, g, "a"),
+                  m.tensor("b_q"), m.tensor("b_scale"), zero_point(m, g, "b"),
                   m.tensor("y_scale"), zero_point(m, g, "y")]
         formed = g.node("QLinearMatMul", inputs, name=f"{matmul.name}_quantized", outputs=[m.root.outputs[0]])
         return Replacement(nodes=[*shared_dequantizers(m, g), formed])
 
 
 def _operand_b_reason(m: Match, g: GraphEditor, matmul: gs.Node) -> Decline | None:
-    """b per tensor, or a 2-D b per column: its scale (and zero point) one per column, axis 1; a
-    computed s8 b beside u8 a is what x86 CPUs without VNNI may saturate (weight_operand)."""
-    if constant_value(m.tensor("b_q")) is None and (g.dtype(m.tensor("a_q")), g.dtype(m.tensor("b_q"))) == (
-            np.dtype(np.uint8), np.dtype(np.int8)):
-        return Decline(f"{matmul.name} multiplies u8 a by a computed s8 b, which x86 CPUs without VNNI may "
-                       "saturate (a constant b would be stored as u8)")
+    """b per tensor, or a 2-D b per column: its scale (and zero point) one per column, axis 1."""
     scale = constant_value(m.tensor("b_scale"))
     if scale.size == 1:
         return None

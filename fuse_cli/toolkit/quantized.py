@@ -135,27 +135,6 @@ def bias_reason(m: Match, g: GraphEditor, node: gs.Node) -> Decline | None:
     return None
 
 
-# x86 CPUs without VNNI multiply u8 by s8 in pairs summed in int16 (pmaddubsw), which saturates
-# once two products pass 32767: a weight beyond +-64 against activations near 255 gets there (11
-# steps off on a test unit). onnxruntime's Avx2WeightS8ToU8Transformer stores such weights as u8 at
-# ORT_ENABLE_EXTENDED on those CPUs; stored so here, the model is right at every level and on any CPU.
-S8_WITHOUT_SATURATION = 64
-
-
-def weight_operand(m: Match, g: GraphEditor, activation: str, weight: str) -> tuple[gs.Tensor, gs.Tensor]:
-    """The weight's quantized values and zero point as the QLinear node reads them: a constant s8
-    weight beside u8 activations shifted to u8 (w + 128, zero point + 128: the same w - zero point)
-    where a value passes S8_WITHOUT_SATURATION."""
-    q, zero = m.tensor(f"{weight}_q"), zero_point(m, g, weight)
-    values = constant_value(q)
-    if (_dtype_name(m, g, activation), _dtype_name(m, g, weight)) != ("uint8", "int8") or values is None \
-            or np.abs(values.astype(np.int16)).max() <= S8_WITHOUT_SATURATION:
-        return q, zero
-    base = m.node(f"{weight}_dq").name
-    shifted = [(constant_value(t).astype(np.int16) + 128).astype(np.uint8) for t in (q, zero)]
-    return g.constant(f"{base}_u8", shifted[0]), g.constant(f"{base}_zero_point_u8", shifted[1])
-
-
 def shared_dequantizers(m: Match, g: GraphEditor) -> list[gs.Node]:
     """The unit's DequantizeLinear nodes another node reads too: kept for it (onnxruntime likewise
     gives each unit its own copy of a shared DequantizeLinear, EnsureUniqueDQForNodeUnit)."""
