@@ -248,26 +248,30 @@ def _left(counts: dict[str, int]) -> str:
 POLICY = """\
 ## The decision, per target
 
-Both targets (`--target onnx` and `--target ort-cpu`) do the same with quantized models:
-
-- **QDQ models** (QuantizeLinear / DequantizeLinear around each quantized node): every QDQ node
-  unit stays as the quantizer wrote it. fold-constants keeps Q/DQ nodes (folding DequantizeLinear
-  of an int8 weight would hand onnxruntime float weights), eliminate-common-subexpressions merges
-  no Q/DQ pair (a merged pair made onnxruntime form 2 QLinearAdd instead of 12 on a QDQ BERT),
-  fused-conv, fused-gemm and fused-matmul leave a node with DequantizeLinear inputs to onnxruntime
-  (fused, the unit ran in float: see the last table), and a BatchNormalization inside a unit is
-  kept with a reason of its own (fold it before quantizing: quant_pre_process does). Forming the
-  quantized kernels (QLinearConv, QLinearMatMul, QGemm, ...) is left to onnxruntime, which does it
-  at ORT_ENABLE_EXTENDED and above (its default level is ALL), on the unit fuse leaves intact.
+- **QDQ models** (QuantizeLinear / DequantizeLinear around each quantized node): fuse forms the
+  standard quantized operators itself, at every target (plain ONNX, opset 10), from whole node
+  units with onnxruntime's own preconditions (its QDQ selectors): `qlinear-conv` (DQ(x), DQ(const
+  w, per tensor or per output channel), DQ(int32 bias at x_scale * w_scale, zero point 0) -> Conv
+  [-> a Relu the Q's zero point makes redundant] -> Q  =>  QLinearConv), `qlinear-matmul` (=>
+  QLinearMatMul, either operand computed), and `drop-qdq-pairs` (a DQ/Q pair of one scale around
+  Reshape, Transpose, Squeeze, Unsqueeze, Flatten, Expand, Slice, Gather, Tile dropped: exact).
+  A DequantizeLinear another node reads too stays for it (onnxruntime likewise gives each unit its
+  own copy). `--target ort` and `ort-cuda` keep the units (the standard QLinear operators' CUDA
+  kernels are not checked). The units with no standard operator (Add, Mul, Softmax,
+  GlobalAveragePool, Gemm, Concat: onnxruntime's com.microsoft QLinearAdd, QGemm, ...) stay as the
+  quantizer wrote them, for onnxruntime to form at ORT_ENABLE_EXTENDED: eliminate-common-subexpressions
+  merges no Q/DQ pair, fused-conv / fused-gemm / fused-matmul leave a unit alone (fused, it ran in
+  float: the last table), and a BatchNormalization inside a unit is kept with a reason of its own.
+- **Verification** judges an output a DequantizeLinear writes in steps of its scale: within
+  `verify.QUANTIZED_OUTPUT_STEPS` (48) steps elementwise. A quantized kernel sums exactly in int32
+  and requantizes once, so a unit may land one step from its float DQ -> op -> Q, and steps carry
+  through later layers: onnxruntime's own formed kernels move these models' outputs by the same
+  1-35 steps as fuse's ("max abs diff" below: fuse's output against the original's, both at
+  ORT_DISABLE_ALL, at the dims timed).
 - **Dynamically quantized models** (MatMulInteger / ConvInteger / DynamicQuantizeLinear, which
   onnxruntime turns into DynamicQuantizeMatMul): those nodes are left alone; the float parts
   around them (LayerNorm, GELU, attention) fuse as in a float model.
 - **QOperator models** (QLinearConv ...): left alone (tests/test_quantized.py).
-
-Not done: fuse does not form the quantized kernels itself, so at ORT_DISABLE_ALL onnxruntime's own
-offline output (which carries them formed) stays ahead on QDQ models (ranges below); at
-ORT_ENABLE_EXTENDED onnxruntime forms them from fuse's output too. Forming the standard
-QLinearConv / QLinearMatMul at `--target onnx` would close the gap at the disabled level.
 """
 
 
@@ -291,6 +295,29 @@ def decision(rows: list[Row]) -> list[str]:
                               if pick(r) and key in r.outputs and r.outputs[key].latency_ratio]
                     spans.append(f"{min(ratios):.2f}-{max(ratios):.2f}" if ratios else "-")
                 lines.append(f"| {forms} | {level} | " + " | ".join(spans) + " |")
+        lines += ["", *remaining_gap(rows)]
+    return lines
+
+
+def remaining_gap(rows: list[Row]) -> list[str]:
+    """Per QDQ model at ORT_DISABLE_ALL: fuse's better target against the anchor, and the kernels
+    the anchor holds that have no standard operator (fuse leaves those units to onnxruntime)."""
+    lines = ["What is left at ORT_DISABLE_ALL, per QDQ model: the better of fuse's two targets against "
+             "onnxruntime's offline output, and the kernels that output holds beyond the standard "
+             "QLinearConv / QLinearMatMul (com.microsoft: `--target ort-cpu` could form them; the target "
+             "table speaks float dtypes only so far).", "",
+             "| model | fuse (best target) | ort extended | com.microsoft kernels in onnxruntime's output |",
+             "|---|---|---|---|"]
+    for row in rows:
+        if not row.form.startswith("qdq") or "ort extended" not in row.outputs:
+            continue
+        fuse = [row.outputs[k].latency_ratio["disabled"] for k in ("fuse onnx", "fuse ort-cpu")
+                if k in row.outputs and row.outputs[k].latency_ratio]
+        beyond = {op: n for op, n in kernels(row.outputs["original"].formed).items()
+                  if op not in ("QLinearConv", "QLinearMatMul")}
+        anchor = row.outputs["ort extended"].latency_ratio["disabled"]
+        lines.append(f"| {row.name} | {min(fuse):.2f} | {anchor:.2f} | "
+                     f"{', '.join(f'{op} {n}' for op, n in beyond.items()) or 'none'} |")
     return lines
 
 
