@@ -4,7 +4,9 @@ onnxruntime's optimizer turns each unit into one quantized kernel (QLinearConv, 
 at ORT_ENABLE_EXTENDED where it has one, and runs the node in float between the pairs where it
 has none. Fusing the node into a com.microsoft operator hides the unit from it (a QDQ Conv + Relu
 fused to FusedConv runs in float: benchmarks/results/quantized.md), and folding a node into a
-neighbour across a pair moves a quantization step (not exact). So the passes leave a unit alone.
+neighbour across a pair moves a quantization step (not exact). So the float passes leave a unit
+alone; qlinear-conv and qlinear-matmul form the standard quantized operators from whole units
+(the pattern pieces and checks below), with onnxruntime's own preconditions.
 """
 
 from __future__ import annotations
