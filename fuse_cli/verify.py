@@ -385,7 +385,8 @@ class ReferencePlan:
             runs += reference_outputs(original, [{**runs[0][0], **_branch_values(self.branches, 1)}],
                                       seed=seed, int_ranges=self.int_ranges).runs
         return Reference(runs, note=f"the distinct primes fail on the original; only one setting derived from "
-                                    f"the model runs ({where}), so one size setting was verified", computed_in=computed, steps=found[0][0].steps)
+                                    f"the model runs ({where}), so one size setting was verified", computed_in=computed,
+                         steps=found[0][0].steps)
 
 
 # Failures no input size changes: an operator onnxruntime does not know or has no kernel for, a

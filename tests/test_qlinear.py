@@ -9,8 +9,8 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from fuse_cli.verify import (QUANTIZED_OUTPUT_STEPS, compare_outputs, make_session, quantized_output_steps, random_inputs,
-                              verify_models)
+from fuse_cli.verify import (QUANTIZED_OUTPUT_STEPS, compare_outputs, make_session, quantized_output_steps,
+                              random_inputs, verify_models)
 from tests.conftest import assert_equivalent, optimize_model
 from tests.graphs import GraphBuilder, assert_declined, op_counts
 
@@ -71,8 +71,8 @@ def conv_unit(*, per_channel=True, bias=True, relu=False, activation=np.uint8, w
     w = u.b.rng.standard_normal((6, 8, 3, 3)).astype(np.float32) * np.linspace(0.05, 0.2, 6).reshape(6, 1, 1, 1)
     if weight_input:
         q = u.b.input("w_q", [6, 8, 3, 3], onnx.TensorProto.INT8)
-        w_dq, w_scale = u.b.op("DequantizeLinear", q, u.b.const(np.float32(0.01)), u.b.const(np.int8(0), dtype=np.int8)), \
-            np.float32([0.01])
+        w_scale = np.float32([0.01])
+        w_dq = u.b.op("DequantizeLinear", q, u.b.const(w_scale[0]), u.b.const(np.int8(0), dtype=np.int8))
     else:
         w_dq, w_scale = u.weight_dq(w, 0 if per_channel else None)
     inputs = [x, w_dq]

@@ -51,7 +51,8 @@ class DropQdqPairAroundMove(PatternPass):
         scales = [constant_value(m.tensor(f"{n}_scale")) for n in ("x", "y")]
         zeros = [_zero(m, g, n) for n in ("x", "y")]
         if any(v.size != 1 for v in (*scales, *zeros)):
-            return Decline(f"{move.name}: {dq.name} or {q.name} quantizes per axis; the pair is dropped per tensor only")
+            return Decline(f"{move.name}: {dq.name} or {q.name} quantizes per axis; "
+                           "the pair is dropped per tensor only")
         if zeros[0].dtype != zeros[1].dtype:
             return Decline(f"{q.name} quantizes to {zeros[1].dtype}, {dq.name} reads {zeros[0].dtype}")
         if scales[0].reshape(-1)[0] != scales[1].reshape(-1)[0] or zeros[0].reshape(-1)[0] != zeros[1].reshape(-1)[0]:

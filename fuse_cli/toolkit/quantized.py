@@ -100,7 +100,8 @@ def qlinear_unit_reason(m: Match, g: GraphEditor, node: gs.Node, activation: str
     for name in (activation, weight):
         dq = m.node(f"{name}_dq")
         if dq.attrs.get("block_size", 0):
-            return Decline(f"{dq.name} is blockwise (block_size {dq.attrs['block_size']}): no QLinear operator takes it")
+            return Decline(f"{dq.name} is blockwise (block_size {dq.attrs['block_size']}): "
+                           "no QLinear operator takes it")
     for name in (activation, weight, "y"):
         if constant_value(m.tensor(f"{name}_scale")).dtype != np.float32:
             return Decline(f"{node.name}: the {name} scale is not float32, which the QLinear operators need")
