@@ -54,11 +54,18 @@ def fuse_one(path: Path, target: str) -> dict:
                 left={what: after[op] for op, what in LEFT_KINDS.items() if after[op]},
                 verification=result.verification.status if result.verification else "off",
                 peak_guard=[decline.pass_name for decline in report.peak_guard],
-                rolled_back=[r.pass_name for r in report.rolled_back], exit_code=result.exit_code)
+                rolled_back=[r.pass_name for r in report.rolled_back], exit_code=result.exit_code,
+                why_left=_why_left(report) if any(after[op] for op in LEFT_KINDS) else "")
     except fuse_cli.FuseError as error:  # a failure is a row of the table
         row.update(error=f"{type(error).__name__}: {error}")
     row["seconds"] = round(time.perf_counter() - started, 1)
     return row
+
+
+def _why_left(report) -> str:
+    """fuse's own first reason for an attention or rotary it did not fuse (its "Not fused" table)."""
+    reasons = [n for n in report.near_misses if "attention" in n.pass_name or "rotary" in n.pass_name]
+    return f"{reasons[0].pass_name}: {reasons[0].reason}" if reasons else "no reason given"
 
 
 def render(rows: list[dict], models: Path) -> str:
@@ -70,6 +77,7 @@ def render(rows: list[dict], models: Path) -> str:
         "`--target onnx --upgrade-opset 23`. Left: Softmax (an attention) and Neg (a rotate_half) still in the "
         "written graph.", "",
         f"**{len(complete)} of {len(rows)} (graph, target) pairs: nothing left, verified `match`.**", "",
+        *_reasons(rows),
         "| graph | target | nodes | fused | left | verification | peak guard left out | s |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -82,6 +90,16 @@ def render(rows: list[dict], models: Path) -> str:
         lines.append(f"| {r['graph']} | {r['target']} | {r['nodes_before']} -> {r['nodes_after']} | {fused} | "
                      f"{left} | {r['verification']} | {', '.join(r['peak_guard']) or '-'} | {r['seconds']} |")
     return "\n".join(lines) + "\n"
+
+
+def _reasons(rows: list[dict]) -> list[str]:
+    """Why something is left, once per model and reason (the graph's family: its name up to the step)."""
+    seen: dict[tuple[str, str], int] = {}
+    for r in rows:
+        if r.get("why_left"):
+            family = r["graph"].split("-prefill")[0].split("-decode")[0]
+            seen[family, r["why_left"]] = seen.get((family, r["why_left"]), 0) + 1
+    return [f"- {family} ({count} pairs): {why}" for (family, why), count in seen.items()] + ([""] if seen else [])
 
 
 def main() -> None:
