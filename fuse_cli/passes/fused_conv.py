@@ -7,9 +7,9 @@ import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Alt, Match, Op, Var, constant_value
-from fuse_cli.pipeline.base import Decline, PatternPass
+from fuse_cli.pipeline.base import Decline, PatternPass, Requirement
 from fuse_cli.pipeline.registry import register
-from fuse_cli.toolkit.activations import schema_attribute
+from fuse_cli.toolkit.activations import gates_itself, schema_attribute
 from fuse_cli.toolkit.quantized import TO_ONNXRUNTIME, qdq_unit_reason
 
 MS = "com.microsoft"
@@ -46,6 +46,11 @@ class FuseConvActivation(PatternPass):
     emits = (f"{MS}::FusedConv",)
     pattern = Op(tuple(PARAMS), Alt(Op("Add", CONV, Var("z"), name="add"), CONV),
                  Var("min", const=True, optional=True), Var("max", const=True, optional=True), name="act")
+    requires = (Requirement(
+        "The Conv's output does not gate the activation's result (x * relu6(x + 3) / 6, x * sigmoid(x)): "
+        "the Conv's output is read again, so it cannot become FusedConv's; silent, not a near-miss beside "
+        "the gated activation's own.",
+        lambda m, g: not gates_itself(m.node("conv").outputs[0], m.nodes.get("add") or m.node("act"))),)
 
     def emitted_at(self, m: Match, g: GraphEditor) -> tuple[np.dtype | None, gs.Node]:
         conv = m.node("conv")

@@ -7,7 +7,7 @@ import onnx
 from fuse_cli.pipeline.base import Estimates, ModelPass
 from fuse_cli.pipeline.records import FusionRecord
 from fuse_cli.pipeline.registry import register
-from fuse_cli.scheduling import gain_needed
+from fuse_cli.scheduling import peak_tolerance
 from fuse_cli.toolkit.declared_dims import declare_fresh_dims, undeclare
 
 DROPPED_LABEL = "declared shapes -> dropped"
@@ -40,7 +40,7 @@ class UnholdBuffers(ModelPass):
     Reshape(x, Shape(x)) view did the same for the planner, and broke the U-Net's NCHWc Conv chain
     there: 1.025 against the original at `all`, this form 0.988). Each declaration is judged by the
     peak guard's own estimate, as the node order is: kept only when never worse at any setting
-    under any execution rule and lower by a gain the estimate vouches for (scheduling.gain_needed)
+    under any execution rule and lower by more than the estimate's noise (scheduling.peak_tolerance)
     at the bound dims or at the guard's larger setting. The larger setting is where the gains are
     in a default run, whose unbound dims are 1: a prefill at batch 64 holds the MLP's buffers
     through the next layer's attention, at batch 1 it does not (the declaration is what lets the
@@ -127,8 +127,13 @@ def _peaks(model: onnx.ModelProto, estimates: Estimates) -> dict[str, tuple[int,
 
 
 def _better(before: dict[str, tuple[int, ...]], after: dict[str, tuple[int, ...]]) -> bool:
-    """Never worse at any setting under any rule, and lower by a gain the estimate vouches for at
-    the bound dims under some rule, or at a larger setting in onnxruntime's order."""
+    """Never worse at any setting under any rule, and lower by more than the estimate's noise
+    (scheduling.peak_tolerance) at the bound dims under some rule, or at a larger setting in
+    onnxruntime's order. A declaration adds nothing to the graph, so the bar is the peak guard's
+    own and not a reordering's (gain_needed, 1%): a fusion the guard leaves out for growing the
+    peak by 0.54% is kept where a declaration lowers it by 0.93% (Phi-3's decode step at opset 23:
+    every rotary and attention fused, 55.75 -> 55.57 MB estimated at batch 64; the allocator
+    measured the undeclared output's growth too, 55.81 -> 56.12 MB)."""
     never_worse = all(a <= b for rule in before for a, b in zip(after[rule], before[rule]))
     goals = [(rule, 0) for rule in before] + [("onnxruntime", i) for i in range(1, len(before["onnxruntime"]))]
-    return never_worse and any(before[rule][i] - after[rule][i] >= gain_needed(before[rule][i]) for rule, i in goals)
+    return never_worse and any(before[rule][i] - after[rule][i] > peak_tolerance(before[rule][i]) for rule, i in goals)

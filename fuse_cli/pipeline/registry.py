@@ -107,6 +107,7 @@ RUNTIME_PIPELINE: tuple[str, ...] = (
     "hard-sigmoid",
     "hard-swish",
     "fused-matmul",
+    "dynamic-quantize-matmul",
     "matmul-add",
     "matmul-add-into-view",
     "fused-conv",

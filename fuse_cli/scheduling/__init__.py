@@ -13,8 +13,9 @@ and judges each by the memory model (the peak guard's estimate at every shape se
 never keeping an order worse anywhere or better by less than the estimate can vouch for.
 """
 
-from fuse_cli.scheduling.search import (MIN_GAIN_BYTES, RULES, Judge, Scheduled, execution_order, gain_needed,
-                                        memory_judge, reorder, schedule)
+from fuse_cli.scheduling.search import (MIN_GAIN_BYTES, PEAK_TOLERANCE_FRACTION, PEAK_TOLERANCE_MIN_BYTES, RULES, Judge,
+                                        Scheduled, execution_order, gain_needed, memory_judge, peak_tolerance, reorder,
+                                        schedule)
 
-__all__ = ["MIN_GAIN_BYTES", "RULES", "Judge", "Scheduled", "execution_order", "gain_needed", "memory_judge", "reorder",
-           "schedule"]
+__all__ = ["MIN_GAIN_BYTES", "PEAK_TOLERANCE_FRACTION", "PEAK_TOLERANCE_MIN_BYTES", "RULES", "Judge", "Scheduled",
+           "execution_order", "gain_needed", "memory_judge", "peak_tolerance", "reorder", "schedule"]

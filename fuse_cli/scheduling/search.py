@@ -30,6 +30,18 @@ def gain_needed(peak: int) -> int:
     """The least a rearrangement must lower a peak of `peak` bytes by to be taken (MIN_GAIN_*)."""
     return max(MIN_GAIN_BYTES, int(peak * MIN_GAIN_FRACTION))
 
+
+# The estimate's own noise: a peak change within max(0.5% of the peak, 4 KiB) is alignment or an
+# 8-byte shape tensor alive a step longer. The peak guard lets growth within it pass (strict to the
+# byte, it dropped attention for 8 bytes and CSE for 32), and a change that adds nothing to the
+# graph (unhold-buffers' declarations) is taken for a gain beyond it.
+PEAK_TOLERANCE_FRACTION, PEAK_TOLERANCE_MIN_BYTES = 0.005, 4096
+
+
+def peak_tolerance(peak: int) -> int:
+    """Bytes a peak of `peak` bytes may move by as the estimate's noise (PEAK_TOLERANCE_*)."""
+    return max(int(peak * PEAK_TOLERANCE_FRACTION), PEAK_TOLERANCE_MIN_BYTES)
+
 # An execution order (indices into graph.node; None: onnxruntime's order of the nodes as stored,
 # which a caller may have estimated already) -> the estimated peak at each shape setting.
 Judge = Callable[[Sequence[int] | None], tuple[int, ...]]

@@ -71,3 +71,20 @@ def schema_attribute(node: gs.Node, name: str, opset: int) -> float | None:
     return float(helper.get_attribute_value(attr.default_value))
 
 
+
+
+def gates_itself(x: gs.Tensor, first: gs.Node, depth: int = 4) -> bool:
+    """Whether `x` gates what `first`, one of its readers, computes from it: a Mul that also reads
+    `x` is reached from `first`'s outputs within `depth` nodes, as in the self-gated activations
+    x * f(x): hard swish written x * relu6(x + 3) / 6 (paddle2onnx), SiLU, decomposed GELU. There
+    `first` (hard swish's + 3, GELU's / sqrt(2)) is the activation's own arithmetic, not a bias or
+    a scale of x's producer; and x, read again by the gate, cannot be folded away anyway."""
+    others = {id(node) for node in x.outputs if node is not first and node.op == "Mul"}
+    frontier = [first]
+    for _ in range(depth):
+        if not others or not frontier:
+            return False
+        frontier = [reader for node in frontier for out in node.outputs for reader in out.outputs]
+        if any(id(node) in others for node in frontier):
+            return True
+    return False
