@@ -298,3 +298,46 @@ def test_the_dequantize_before_a_move_stays_for_its_other_reader(tmp_path):
     counts = op_counts(result.model)
     assert counts["QuantizeLinear"] == 1 and counts["DequantizeLinear"] == 2, counts
     within_one_step(model, result.model, {"batch": 2}, 0.0)
+
+
+# ---- qgemm (onnxruntime targets): a QDQ Gemm unit -> com.microsoft QGemm
+
+def gemm_unit(*, trans_b=True, per_column=True, bias=True, beta=1.0, seed=4) -> onnx.ModelProto:
+    u = QdqUnit(seed)
+    x, x_scale = u.qdq(u.b.input("x", ["batch", 16]), -2.0, 2.0)
+    w = u.b.rng.standard_normal((16, 10)).astype(np.float32) * np.linspace(0.1, 0.4, 10, dtype=np.float32)
+    w = w.T.copy() if trans_b else w
+    columns_axis = 0 if trans_b else 1
+    w_dq, w_scale = u.weight_dq(w, columns_axis if per_column else None)
+    inputs = [x, w_dq]
+    if bias:
+        inputs.append(u.bias_dq(u.b.rng.standard_normal(10).astype(np.float32) * 0.5,
+                                np.float32(x_scale) * w_scale * np.ones(10, np.float32)))
+    y = u.output(u.b.op("Gemm", *inputs, transB=int(trans_b), beta=beta, name="gemm"), -6.0, 6.0)
+    return u.b.build(y, output_names=["y"])
+
+
+@pytest.mark.parametrize("trans_b", [True, False], ids=["transB", "plain"])
+@pytest.mark.parametrize("per_column", [True, False], ids=["per-column", "per-tensor"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+def test_a_gemm_unit_becomes_qgemm_at_ort_cpu(tmp_path, trans_b, per_column, bias):
+    model = gemm_unit(trans_b=trans_b, per_column=per_column, bias=bias)
+    result = optimize_model(model, tmp_path, target="ort-cpu", passes=("qgemm",))
+    counts = op_counts(result.model)
+    assert counts["com.microsoft::QGemm"] == 1 and "Gemm" not in counts, counts
+    for index, dims in enumerate(SETTINGS):
+        within_one_step(model, result.model, dims, 12 / 255, seed=index)
+        assert_equivalent(model, result.model, dims=dims, seeds=(index,))
+
+
+def test_the_standard_target_keeps_the_gemm_unit(tmp_path):
+    """No standard operator takes a quantized Gemm with its bias: --target onnx leaves the unit."""
+    model = gemm_unit()
+    counts = op_counts(optimize_model(model, tmp_path, target="onnx").model)
+    assert counts["Gemm"] == 1 and "com.microsoft::QGemm" not in counts
+
+
+def test_a_gemm_that_scales_its_bias_stays(tmp_path):
+    model = gemm_unit(beta=0.5)
+    result = optimize_model(model, tmp_path, target="ort-cpu", passes=("qgemm",))
+    assert_declined(model, result, "qgemm", "scales its bias by beta 0.5; QGemm has no beta")

@@ -218,9 +218,9 @@ def qdq_unit_with_activation(op: str):
 def test_a_qdq_unit_is_not_fused_into_a_float_operator(tmp_path, op, pass_name):
     """At ort-cpu, fused-conv made FusedConv of DQ -> Conv -> Relu -> Q, and onnxruntime then formed
     no QLinearConv: the convolution ran in float. The unit is not the float pass's; it says why.
-    (qlinear-conv, which forms the Conv unit itself, is left out here: the next test.)"""
+    (qlinear-conv and qgemm, which form the Conv and Gemm units themselves, are left out here.)"""
     model = qdq_unit_with_activation(op)
-    result = optimize_model(model, tmp_path, target="ort-cpu", disable=("qlinear-conv",))
+    result = optimize_model(model, tmp_path, target="ort-cpu", disable=("qlinear-conv", "qgemm"))
     assert not [f for f in result.report.fusions if f.pass_name == pass_name]
     (miss,) = [m for m in result.report.near_misses if m.pass_name == pass_name]
     assert miss.reason.startswith("unit is inside a QDQ node unit") and "DequantizeLinear" in miss.reason

@@ -59,6 +59,8 @@ PROBES: dict[str, tuple[list, dict]] = {
                               {}),
     "MatMulIntegerToFloat": ([("A", U8, [2, 3]), ("B", I8, [3, 4]), ("a_scale", T, [1]), ("b_scale", T, [4]),
                              ("a_zero_point", U8, [1]), ("b_zero_point", I8, [4])], {}),
+    "QGemm": ([("A", U8, [2, 3]), ("a_scale", T, []), ("a_zero_point", U8, []), ("B", I8, [3, 4]), ("b_scale", T, []),
+               ("b_zero_point", I8, [])], {}),
     "SkipLayerNormalization": ([("x", T, [1, 2, 8]), ("skip", T, [1, 2, 8]), ("gamma", T, [8]), ("beta", T, [8])], {}),
     "SkipSimplifiedLayerNormalization": ([("x", T, [1, 2, 8]), ("skip", T, [1, 2, 8]), ("gamma", T, [8])], {}),
     "SimplifiedLayerNormalization": ([("x", T, [2, 8]), ("scale", T, [8])], {"axis": -1}),

@@ -132,9 +132,11 @@ def bias_reason(m: Match, g: GraphEditor, node: gs.Node) -> Decline | None:
         return Decline(f"{node.name}'s bias has a zero point other than 0")
     expected = (constant_value(m.tensor("x_scale")).astype(np.float64)
                 * constant_value(m.tensor("w_scale")).astype(np.float64)).reshape(-1)
-    if scale.size not in (1, expected.size) or not np.allclose(scale.reshape(-1), expected, rtol=BIAS_SCALE_RTOL,
-                                                                atol=0):
-        return Decline(f"{node.name}'s bias scale is not x_scale * w_scale, the one QLinearConv's bias has")
+    scale = scale.reshape(-1)
+    if expected.size == 1:  # a per-tensor weight: one scale, or one repeated per channel
+        expected = np.broadcast_to(expected, scale.shape)
+    if scale.size not in (1, expected.size) or not np.allclose(scale, expected, rtol=BIAS_SCALE_RTOL, atol=0):
+        return Decline(f"{node.name}'s bias scale is not x_scale * w_scale, the one a quantized bias has")
     return None
 
 
