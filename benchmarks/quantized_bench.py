@@ -249,17 +249,19 @@ POLICY = """\
 ## The decision, per target
 
 - **QDQ models** (QuantizeLinear / DequantizeLinear around each quantized node): fuse forms the
-  standard quantized operators itself, at every target (plain ONNX, opset 10), from whole node
+  standard quantized operators itself at `--target onnx` and `ort-cpu` (plain ONNX, opset 10), from whole node
   units with onnxruntime's own preconditions (its QDQ selectors): `qlinear-conv` (DQ(x), DQ(const
   w, per tensor or per output channel), DQ(int32 bias at x_scale * w_scale, zero point 0) -> Conv
   [-> a Relu the Q's zero point makes redundant] -> Q  =>  QLinearConv), `qlinear-matmul` (=>
   QLinearMatMul, either operand computed), and `drop-qdq-pairs` (a DQ/Q pair of one scale around
-  Reshape, Transpose, Squeeze, Unsqueeze, Flatten, Expand, Slice, Gather, Tile dropped: exact).
+  Reshape, Transpose, Squeeze, Unsqueeze, Flatten, Expand, Slice, Gather, Tile dropped: exact);
+  at `--target ort-cpu` also `qgemm` (a Gemm unit => com.microsoft QGemm: no standard quantized
+  Gemm takes a bias, so `--target onnx` leaves that unit).
   A DequantizeLinear another node reads too stays for it (onnxruntime likewise gives each unit its
   own copy). `--target ort` and `ort-cuda` keep the units (the standard QLinear operators' CUDA
-  kernels are not checked). The units with no standard operator (Add, Mul, Softmax,
-  GlobalAveragePool, Gemm, Concat: onnxruntime's com.microsoft QLinearAdd, QGemm, ...) stay as the
-  quantizer wrote them, for onnxruntime to form at ORT_ENABLE_EXTENDED: eliminate-common-subexpressions
+  kernels are not checked). The other units (Add, Mul, Softmax, GlobalAveragePool, Concat:
+  onnxruntime's com.microsoft QLinearAdd, QLinearMul, ...) stay as the quantizer wrote them, for
+  onnxruntime to form at ORT_ENABLE_EXTENDED: eliminate-common-subexpressions
   merges no Q/DQ pair, fused-conv / fused-gemm / fused-matmul leave a unit alone (fused, it ran in
   float: the last table), and a BatchNormalization inside a unit is kept with a reason of its own.
 - **Verification** judges an output a DequantizeLinear writes in steps of its scale: within
@@ -268,9 +270,10 @@ POLICY = """\
   through later layers: onnxruntime's own formed kernels move these models' outputs by the same
   1-35 steps as fuse's ("max abs diff" below: fuse's output against the original's, both at
   ORT_DISABLE_ALL, at the dims timed).
-- **Dynamically quantized models** (MatMulInteger / ConvInteger / DynamicQuantizeLinear, which
-  onnxruntime turns into DynamicQuantizeMatMul): those nodes are left alone; the float parts
-  around them (LayerNorm, GELU, attention) fuse as in a float model.
+- **Dynamically quantized models** (MatMulInteger / ConvInteger / DynamicQuantizeLinear): at the
+  onnxruntime targets dynamic-quantize-matmul forms DynamicQuantizeMatMul / MatMulIntegerToFloat
+  as onnxruntime does; at `--target onnx` those nodes are left alone. The float parts around them
+  (LayerNorm, GELU, attention) fuse as in a float model.
 - **QOperator models** (QLinearConv ...): left alone (tests/test_quantized.py).
 """
 
@@ -299,25 +302,28 @@ def decision(rows: list[Row]) -> list[str]:
     return lines
 
 
+# the kernels fuse forms itself: standard ones at every target, QGemm at ort-cpu
+FORMED_BY_FUSE = {"onnx": ("QLinearConv", "QLinearMatMul"), "ort-cpu": ("QLinearConv", "QLinearMatMul", "QGemm")}
+
+
 def remaining_gap(rows: list[Row]) -> list[str]:
-    """Per QDQ model at ORT_DISABLE_ALL: fuse's better target against the anchor, and the kernels
-    the anchor holds that have no standard operator (fuse leaves those units to onnxruntime)."""
-    lines = ["What is left at ORT_DISABLE_ALL, per QDQ model: the better of fuse's two targets against "
-             "onnxruntime's offline output, and the kernels that output holds beyond the standard "
-             "QLinearConv / QLinearMatMul (com.microsoft: `--target ort-cpu` could form them; the target "
-             "table speaks float dtypes only so far).", "",
-             "| model | fuse (best target) | ort extended | com.microsoft kernels in onnxruntime's output |",
-             "|---|---|---|---|"]
+    """Per QDQ model at ORT_DISABLE_ALL: each fuse target against the anchor, and the kernels the
+    anchor holds that fuse does not form (it leaves those units to onnxruntime)."""
+    lines = ["What is left at ORT_DISABLE_ALL, per QDQ model: fuse's output at each target against "
+             "onnxruntime's offline output, and the kernels that output holds which fuse does not form "
+             "(at ort-cpu; at onnx QGemm too, which has no standard form).", "",
+             "| model | fuse onnx | fuse ort-cpu | ort extended | kernels left to onnxruntime (ort-cpu) |",
+             "|---|---|---|---|---|"]
     for row in rows:
         if not row.form.startswith("qdq") or "ort extended" not in row.outputs:
             continue
-        fuse = [row.outputs[k].latency_ratio["disabled"] for k in ("fuse onnx", "fuse ort-cpu")
-                if k in row.outputs and row.outputs[k].latency_ratio]
-        beyond = {op: n for op, n in kernels(row.outputs["original"].formed).items()
-                  if op not in ("QLinearConv", "QLinearMatMul")}
-        anchor = row.outputs["ort extended"].latency_ratio["disabled"]
-        lines.append(f"| {row.name} | {min(fuse):.2f} | {anchor:.2f} | "
-                     f"{', '.join(f'{op} {n}' for op, n in beyond.items()) or 'none'} |")
+        ratios = [f"{row.outputs[k].latency_ratio['disabled']:.2f}"
+                  if k in row.outputs and row.outputs[k].latency_ratio else "-"
+                  for k in ("fuse onnx", "fuse ort-cpu", "ort extended")]
+        left = {op: n for op, n in kernels(row.outputs["original"].formed).items()
+                if op not in FORMED_BY_FUSE["ort-cpu"]}
+        lines.append(f"| {row.name} | {' | '.join(ratios)} | "
+                     f"{', '.join(f'{op} {n}' for op, n in left.items()) or 'none'} |")
     return lines
 
 
