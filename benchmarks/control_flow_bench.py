@@ -56,6 +56,17 @@ DEFAULT_TIMEOUT_S = 600
 
 # ---- pure helpers -------------------------------------------------------------------------------
 
+def cpu_ratios(sessions: Mapping[str, Any], feeds: Mapping[str, np.ndarray], dims: Mapping[str, int],
+               ranges: Mapping[str, tuple[int, int]], timing) -> tuple[float, dict[str, float | None]]:
+    """The original's median CPU time (ms) and every other session's over it, timed in interleaved
+    rounds (fuse_cli.bench.time_sessions) on the same feeds."""
+    latencies = time_sessions(sessions, {n: feeds_for(s, feeds, dims=dims, int_ranges=ranges)
+                                         for n, s in sessions.items()}, timing)
+    base = latencies["original"].cpu_median_ms
+    return base, {name: latency.cpu_median_ms / base if base else None
+                  for name, latency in latencies.items() if name != "original"}
+
+
 def subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
     """The graphs a node holds: an If's branches, a Loop's or Scan's body (any GRAPH or GRAPHS attribute)."""
     for attribute in node.attribute:
@@ -414,13 +425,9 @@ def time_outputs(path: Path, model: ModelRow, outputs: Mapping[str, Path], timin
         if "original" not in sessions:
             model.cpu_ms[level] = None
             continue
-        latencies = time_sessions(sessions, {n: feeds_for(s, feeds, dims=dims, int_ranges=ranges)
-                                             for n, s in sessions.items()}, timing[level])
-        base = latencies["original"].cpu_median_ms
-        model.cpu_ms[level] = base
-        for name, latency in latencies.items():
-            if name != "original":
-                model.tool(name).cpu_ratio[level] = latency.cpu_median_ms / base if base else None
+        model.cpu_ms[level], ratios = cpu_ratios(sessions, feeds, dims, ranges, timing[level])
+        for name, ratio in ratios.items():
+            model.tool(name).cpu_ratio[level] = ratio
         for name, why in refused.items():
             if name != "original":
                 row = model.tool(name)

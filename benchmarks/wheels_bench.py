@@ -44,7 +44,7 @@ import run as peers  # noqa: E402 - timing settings
 
 import onnx  # noqa: E402
 
-from fuse_cli.bench import feeds_for, make_session, time_sessions  # noqa: E402
+from fuse_cli.bench import feeds_for, make_session  # noqa: E402
 from fuse_cli.verify import compare_outputs, run as run_session  # noqa: E402
 
 REPO = peers.REPO
@@ -149,13 +149,9 @@ def time_outputs(path: Path, model: ModelRow, outputs: Mapping[str, Path], timin
             rows[target].load_error = cf.last_line(str(exc)) or type(exc).__name__
     for level in peers.LEVELS:
         sessions = {name: make_session(file, level=level) for name, file in ready.items()}
-        latencies = time_sessions(sessions, {n: feeds_for(s, feeds, dims=dims, int_ranges=ranges)
-                                             for n, s in sessions.items()}, timing[level])
-        base = latencies["original"].cpu_median_ms
-        model.cpu_ms[level] = base
-        for name, latency in latencies.items():
-            if name != "original":
-                rows[name].cpu_ratio[level] = latency.cpu_median_ms / base if base else None
+        model.cpu_ms[level], ratios = cf.cpu_ratios(sessions, feeds, dims, ranges, timing[level])
+        for name, ratio in ratios.items():
+            rows[name].cpu_ratio[level] = ratio
 
 
 def measure_memory(path: Path, entry: Mapping[str, Any]) -> list[dict[str, Any]]:

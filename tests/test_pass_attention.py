@@ -21,6 +21,15 @@ def mha_attrs(model: onnx.ModelProto) -> dict:
     return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
 
 
+def merged_by(model: onnx.ModelProto, shape: list[int]) -> onnx.ModelProto:
+    """`model` with its heads merged by a Reshape to `shape` (onnxruntime's quant_pre_process
+    writes [0, 0, -1] for torch's [0, 0, H*d])."""
+    (merge,) = [n for n in model.graph.node if n.name == "merge_reshape"]
+    (target,) = [t for t in model.graph.initializer if t.name == merge.input[1]]
+    target.CopyFrom(onnx.numpy_helper.from_array(np.array(shape, np.int64), target.name))
+    return model
+
+
 FORMS = {
     "bert-opset14-padding": (bert(14, padding=True), 4, None),
     "bert-opset14": (bert(14, padding=False), 4, None),
@@ -39,6 +48,7 @@ FORMS = {
     "custom-scale": (attention_model(scale="custom"), 4, 0.2),
     "cross-attention": (attention_model(cross=True, mask="padding"), 4, None),
     "masked-fill-inf": (attention_model(causal_fill=-np.inf, masked_fill=True, mask="padding"), 4, None),
+    "merge-to-minus-one": (merged_by(bert(17, padding=True), [0, 0, -1]), 4, None),
 }
 
 

@@ -149,10 +149,11 @@ def merged_rows(m: Match, hidden: int) -> bool:
 
 
 def merge_decline(m: Match, g: GraphEditor, hidden: int, *, rows: bool) -> Decline | None:
-    """The merge Reshape gives [B, S, H*d] of the query's B and S: a constant [0, 0|-1, H*d], or
-    [0|-1, S, H*d] with S the query's static length written out (ViT's 197; -1 is then exactly the
-    batch), allowzero unset where it holds a 0; or by inference; or, where the pass reshapes its
-    output (rows=True), the rows [B*S, H*d] (merged_rows)."""
+    """The merge Reshape gives [B, S, H*d] of the query's B and S: a constant [0, 0|-1, H*d] or
+    [0, 0, -1] of a [B, S, H, d] context, or [0|-1, S, H*d] with S the query's static length
+    written out (ViT's 197; -1 is then exactly the batch), allowzero unset where it holds a 0; or
+    by inference; or, where the pass reshapes its output (rows=True), the rows [B*S, H*d]
+    (merged_rows)."""
     if rows and merged_rows(m, hidden):
         return None
     q = g.shape(m.tensor("query"))
@@ -167,6 +168,12 @@ def merge_decline(m: Match, g: GraphEditor, hidden: int, *, rows: bool) -> Decli
         if (len(merged) == 3 and merged[2] == hidden and not (m.root.attrs.get("allowzero", 0) and 0 in merged)
                 and (merged[:2] in ([0, 0], [0, -1]) or length is not None and merged[0] in (0, -1)
                      and merged[1] == length)):
+            return None
+        # [0, 0, -1] of the [B, S, H, d] context: -1 is H*d (onnxruntime's quant_pre_process writes it)
+        heads = g.shape(m.node("merge").inputs[0])
+        if (merged == [0, 0, -1] and heads is not None and heads.rank == 4 and not m.root.attrs.get("allowzero", 0)
+                and heads.static(2) is not None and heads.static(3) is not None
+                and heads.static(2) * heads.static(3) == hidden):
             return None
     wanted = f"[0, 0, {hidden}] or [-1, {hidden}]" if rows else f"[0, 0, {hidden}]"
     return Decline(f"{m.node('merge').name} reshapes to {merged}, not {wanted} (merging the heads)")
