@@ -4,7 +4,7 @@ Same machinery as export.py (random weights made non-trivial by `perturb`, a che
 against PyTorch at another batch/sequence than the trace, atomic writes, a manifest), other models:
 
   timm          deit_tiny, vit_tiny, swin_tiny, convnext_atto, efficientvit_m0, levit_128s, mobilevit_xxs:
-                TorchScript exporter at opset 13
+                TorchScript exporter at opset 13 (levit_128s also at opset 17)
   torchvision   shufflenet_v2_x1_0, squeezenet1_1, googlenet, inception_v3 (299x299), densenet121,
                 regnet_y_400mf, mnasnet0_5: TorchScript opset 17 (BatchNormalization kept) and dynamo
                 (its default opset); three of them also with a static batch of 1
@@ -100,7 +100,7 @@ BATCH_SEQ = {0: "batch", 1: "sequence"}
 
 # ----------------------------------------------------------------------------- models
 
-def timm_model(name: str, image: int = base.IMAGE) -> Heldout:
+def timm_model(name: str, image: int = base.IMAGE, forms: tuple[str, ...] = TIMM_FORMS) -> Heldout:
     def build(_attn: str):
         import timm
         from timm.layers import set_fused_attn
@@ -111,7 +111,7 @@ def timm_model(name: str, image: int = base.IMAGE) -> Heldout:
     spec = base.Spec(name=name.replace("_", "-"), library="timm", build=build, inputs=image_inputs(image),
                      dynamic_axes={"pixel_values": BATCH, "logits": BATCH}, output="logits",
                      note=f"timm.create_model({name!r}, pretrained=False), fused attention off, 3x{image}x{image}")
-    return Heldout(spec, "timm", TIMM_FORMS, image=image)
+    return Heldout(spec, "timm", forms, image=image)
 
 
 def torchvision_model(name: str, forms: tuple[str, ...] = CNN_FORMS, image: int = base.IMAGE, **kwargs) -> Heldout:
@@ -247,7 +247,10 @@ def mel_inputs(batch: int, _seq: int, gen) -> dict:
 
 MODELS: list[Heldout] = [
     *(timm_model(n) for n in ("deit_tiny_patch16_224", "vit_tiny_patch16_224", "swin_tiny_patch4_window7_224",
-                              "convnext_atto", "efficientvit_m0", "levit_128s", "mobilevit_xxs")),
+                              "convnext_atto", "efficientvit_m0", "mobilevit_xxs")),
+    # LeViT also at opset 17: BatchNorm on Linear outputs and a Transpose of every Linear's weight,
+    # whose execution order the memory estimate must replay (issue 34).
+    timm_model("levit_128s", forms=("opset13", "opset17")),
     torchvision_model("shufflenet_v2_x1_0", CNN_STATIC_FORMS),
     torchvision_model("squeezenet1_1", CNN_STATIC_FORMS),
     torchvision_model("googlenet", aux_logits=False, init_weights=True),
