@@ -5,11 +5,14 @@
 
 Models: sample_models/*.onnx, the nine light zoo models inside the onnx package, the "branchy"
 models built in code (branchy_models.py: four randomly wired networks, whose Sum nodes over 3 to 7
-inputs no export has, and a transformer block with parallel Q/K/V), and the corpora in
-benchmarks/corpus/models and benchmarks/corpus/heldout-models (`make bench-corpus` builds both;
-or $FUSE_CORPUS_DIRS, colon-separated), whatever exists when it runs. A folder's manifest.json,
-where present, gives each file's symbolic
-dims, its `small` and `large` settings and the valid ranges of its integer inputs.
+inputs no export has, and a transformer block with parallel Q/K/V), the recurrent ones built in
+code (recurrent_models.py: a BiGRU tagger, an LSTM stack, a GRU), and every corpus folder that
+exists when it runs (or those in $FUSE_CORPUS_DIRS, colon-separated): benchmarks/corpus/models
+(base exports and their fp16 copies), heldout-models, decoder-models (`make bench-corpus` builds
+those), control-flow-models (`make control-flow-corpus`), wheel-models, and build/quantized-models
+(`make quantized-bench`). A folder's manifest.json, where present, gives each file's symbolic dims,
+its `small` and `large` settings (or one setting: a `bench` entry's or a `dims` entry's dims, and
+whole input shapes for dims with no name) and the valid ranges of its integer inputs.
 
 Per model, target (`--target onnx`, `--target ort-cpu`) and setting: fuse's estimate before and
 after fusion (`fuse_cli.api.optimize`, dry run, no verification) and the peak measured in
@@ -26,7 +29,8 @@ Each run is measured twice (measure_peak): resident (VmHWM) and, where memray is
 `bench` extra), allocated (the C allocator's exact high-water mark). Writes memory_truth.json and
 memory_truth.md: estimate / measured per case and measurement, measured after / before (the "never
 worse" figure) and a summary per measurement: worst ratio, cases within 15% among those whose
-measured peak is at least 1 MiB, outliers. The causes found for outliers, written by hand in
+measured peak is at least 1 MiB, outliers; and per family (group), before and after fusion apart.
+The causes found for outliers, written by hand in
 memory_truth_notes.md beside the results, go under the summary;
 `--render benchmarks/results/memory_truth.json` rewrites the Markdown from a run's JSON and the
 notes without measuring again.
@@ -40,6 +44,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -50,6 +55,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from branchy_models import parallel_qkv_transformer, randwire  # noqa: E402 - the benchmarks' own builders
+from recurrent_models import RECURRENT  # noqa: E402
 
 from fuse_cli import api  # noqa: E402
 from fuse_cli.analysis.measure import measure_peak  # noqa: E402
@@ -63,8 +69,11 @@ LARGE_PEAK = 16 * MIB
 MAX_BATCH = 1 << 16
 TOLERANCE = 0.15
 MIN_MEASURED = MIB
+# every corpus the make targets build (`make bench-corpus`, `make quantized-bench`; the wheel corpus)
 CORPUS_DIRS = [Path(p) for p in os.environ.get("FUSE_CORPUS_DIRS", "").split(":") if p] or [
-    REPO / "benchmarks" / "corpus" / "models", REPO / "benchmarks" / "corpus" / "heldout-models"]
+    REPO / "benchmarks" / "corpus" / name
+    for name in ("models", "heldout-models", "decoder-models", "control-flow-models", "wheel-models")
+] + [REPO / "build" / "quantized-models"]
 SEQUENCE_WORDS = ("seq", "length", "len", "token", "time")
 
 
@@ -75,6 +84,7 @@ class Case:
     target: str
     setting: str
     dims: dict
+    input_shapes: dict = field(default_factory=dict)
     estimate_before: int | None = None
     estimate_after: int | None = None
     measured_before: int | None = None
@@ -107,22 +117,30 @@ class Model:
     symbols: list[str]
     settings: dict = field(default_factory=dict)  # name -> dims
     int_ranges: dict = field(default_factory=dict)
+    input_shapes: dict = field(default_factory=dict)  # whole input shapes, for dims with no name
 
 
 def light_models_dir() -> Path:
     return Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 
 
-def discover() -> list[Model]:
+def discover() -> Iterator[Model]:
+    """The models, each corpus folder listed when the run reaches it (a corpus still being built
+    gives what it has by then)."""
     models = [Model(p, "samples", []) for p in sorted((REPO / "sample_models").glob("*.onnx"))]
     models += [Model(p, "light-zoo", []) for p in sorted(light_models_dir().glob("light_*.onnx"))]
     models += [Model(p, "branchy", []) for p in built_branchy_models()]
+    models += built_recurrent_models()
+    yield from _with_symbols(models)
     for folder in CORPUS_DIRS:
         manifest = _read_manifest(folder / "manifest.json")
         for path in sorted(folder.glob("*.onnx")):
             model = Model(path, folder.name, [])
             _apply_manifest(model, manifest)
-            models.append(model)
+            yield from _with_symbols([model])
+
+
+def _with_symbols(models: list[Model]) -> list[Model]:
     for model in models:
         model.symbols = _input_symbols(model.path)
     return models
@@ -138,6 +156,16 @@ def built_branchy_models() -> list[Path]:
         onnx.save(model, folder / f"{name}.onnx")
         paths.append(folder / f"{name}.onnx")
     return paths
+
+
+def built_recurrent_models() -> list[Model]:
+    """The GRU and LSTM models built in code (recurrent_models.py), with their small setting."""
+    folder = Path(tempfile.mkdtemp(prefix="fuse-recurrent-"))
+    models = []
+    for name, (build, small, int_ranges) in RECURRENT.items():
+        onnx.save(build(), folder / f"{name}.onnx")
+        models.append(Model(folder / f"{name}.onnx", "recurrent", [], {"small": dict(small)}, dict(int_ranges)))
+    return models
 
 
 def _read_manifest(path: Path) -> dict:
@@ -167,7 +195,14 @@ def _apply_manifest(model: Model, manifest: dict) -> None:
         if isinstance(value, dict):
             dims = value.get("dims", value)
             model.settings[name] = {k: int(v) for k, v in dims.items() if isinstance(v, int)}
-    ranges = entry.get("int_ranges") or entry.get("ranges") or {}
+    # One setting only (the control-flow corpus's `bench`, the quantized corpus's `dims`): the
+    # small one; the large one is derived. Whole input shapes bind dims that have no name.
+    single = entry.get("bench") if isinstance(entry.get("bench"), dict) else entry
+    if "small" not in model.settings and isinstance(single.get("dims"), dict):
+        model.settings["small"] = {k: int(v) for k, v in single["dims"].items() if isinstance(v, int)}
+    if isinstance(single.get("input_shapes"), dict):
+        model.input_shapes = {k: [int(d) for d in v] for k, v in single["input_shapes"].items()}
+    ranges = entry.get("int_ranges") or entry.get("ranges") or single.get("int_ranges") or {}
     inputs = entry.get("inputs")
     if isinstance(inputs, list):  # [{"name", "range": [low, high)}]
         ranges = {i["name"]: i["range"] for i in inputs if isinstance(i, dict) and i.get("range") and "name" in i}
@@ -191,16 +226,17 @@ def settings_for(model: Model, m: onnx.ModelProto) -> dict[str, dict]:
     """The small and large free-symbol settings of `model` (`m`: its graph, weights not loaded)."""
     if model.settings.get("small") and model.settings.get("large"):
         return model.settings
-    if not model.symbols:
-        return {"small": {}}
-    small = model.settings.get("small") or {s: 128 if _is_sequence(s) else 1 for s in model.symbols}
+    if not model.symbols or model.input_shapes:  # whole input shapes: one setting, as given
+        return {"small": model.settings.get("small", {})}
+    small = {**{s: 128 if _is_sequence(s) else 1 for s in model.symbols}, **model.settings.get("small", {})}
     if model.settings.get("large"):
         return {"small": small, "large": model.settings["large"]}
     large = dict(small)
     batch_like = [s for s in model.symbols if not _is_sequence(s)] or model.symbols
     planner = infer_shapes(m)
     while True:
-        peak = profile_memory(m, infer_shapes(m, with_computed_dims(m, large)), symbolic_shapes=planner).peak_bytes
+        peak = profile_memory(m, infer_shapes(m, with_computed_dims(m, large), model.input_shapes),
+                              symbolic_shapes=planner).peak_bytes
         if peak >= LARGE_PEAK or max(large[s] for s in batch_like) * 2 > MAX_BATCH:
             break
         for s in batch_like:
@@ -209,37 +245,44 @@ def settings_for(model: Model, m: onnx.ModelProto) -> dict[str, dict]:
     return {"small": small} if large == small else {"small": small, "large": large}
 
 
-def measure(model, dims: dict, int_ranges: dict) -> tuple[int | None, int | None]:
+def measure(model, dims: dict, int_ranges: dict, input_shapes: dict) -> tuple[int | None, int | None]:
     """(resident peak, allocated peak); either None where it cannot be measured here."""
-    result = measure_peak(model, dims=dims, int_ranges=int_ranges)
+    result = measure_peak(model, dims=dims, int_ranges=int_ranges, input_shapes=input_shapes)
     return result.peak_bytes, result.allocated_bytes
 
 
 def run_model(model: Model, targets: list[str], wanted_settings: list[str]) -> list[Case]:
     cases = []
     proto = onnx.load(str(model.path), load_external_data=False)
-    for setting, free in settings_for(model, proto).items():
+    try:
+        settings = settings_for(model, proto)
+    except Exception as exc:  # noqa: BLE001 - one model's failure is a row, not the end of the run
+        return [Case(model.path.stem, model.group, t, "small", {}, model.input_shapes, error=f"settings: {exc}")
+                for t in targets]
+    for setting, free in settings.items():
         if setting not in wanted_settings:
             continue
         dims = with_computed_dims(proto, free)
+        shapes = model.input_shapes
         try:
-            measured_before, allocated_before = measure(model.path, dims, model.int_ranges)
+            measured_before, allocated_before = measure(model.path, dims, model.int_ranges, shapes)
         except Exception as exc:  # noqa: BLE001 - one model's failure is a row, not the end of the run
-            cases += [Case(model.path.stem, model.group, t, setting, dims, error=f"measure before: {exc}")
+            cases += [Case(model.path.stem, model.group, t, setting, dims, shapes, error=f"measure before: {exc}")
                       for t in targets]
             continue
         for target in targets:
-            case = Case(model.path.stem, model.group, target, setting, dims, measured_before=measured_before,
+            case = Case(model.path.stem, model.group, target, setting, dims, shapes, measured_before=measured_before,
                         allocated_before=allocated_before)
             t0 = time.perf_counter()
             try:
-                config = FuseConfig(target=target, dims=dims, verify=False, int_ranges=model.int_ranges)
+                config = FuseConfig(target=target, dims=dims, verify=False, int_ranges=model.int_ranges,
+                                    input_shapes={k: tuple(v) for k, v in shapes.items()})
                 result = api.optimize(model.path, config, dry_run=True)
                 memory = result.report.memory
                 case.estimate_before, case.estimate_after = memory.before.peak_bytes, memory.after.peak_bytes
                 case.peak_node_before, case.peak_node_after = memory.before.peak_node, memory.after.peak_node
                 case.nodes_before, case.nodes_after = result.report.nodes_before, result.report.nodes_after
-                case.measured_after, case.allocated_after = measure(result.model, dims, model.int_ranges)
+                case.measured_after, case.allocated_after = measure(result.model, dims, model.int_ranges, shapes)
             except Exception as exc:  # noqa: BLE001
                 case.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
             case.seconds = round(time.perf_counter() - t0, 1)
@@ -306,6 +349,49 @@ def agreement(cases: list[Case], kind: str) -> dict:
     }
 
 
+def families(cases: list[Case], kind: str = "allocated") -> list[dict]:
+    """Per group (corpus folder or built family): its models, and per side (before / after fusion)
+    the comparisons with a `kind` peak of 1 MiB or more, how many are within 15%, and the worst
+    ratio (the one furthest from 1)."""
+    rows = []
+    for group in dict.fromkeys(c.group for c in cases):
+        members = [c for c in cases if c.group == group]
+        row = {"family": group, "models": len({c.model for c in members})}
+        for side, part in agreement_by_side(members, kind).items():
+            row[side] = part
+        rows.append(row)
+    return rows
+
+
+def agreement_by_side(cases: list[Case], kind: str) -> dict[str, dict]:
+    """agreement()'s count and worst for the before and the after comparisons apart."""
+    both = {"before": [], "after": []}
+    for case in cases:
+        for side in both:
+            estimate, measured = getattr(case, f"estimate_{side}"), getattr(case, f"{kind}_{side}")
+            if estimate is None or not measured or measured < MIN_MEASURED:
+                continue
+            key = (case.model, case.setting, case.target if side == "after" else "")
+            both[side].append((key, estimate / measured))
+    result = {}
+    for side, rows in both.items():
+        ratios = list(dict(rows).values())  # "before" is one model for both targets: counted once
+        worst = max(ratios, key=lambda r: abs(r - 1), default=None)
+        result[side] = {"cases": len(ratios), "within": sum(abs(r - 1) <= TOLERANCE for r in ratios),
+                        "worst": None if worst is None else round(worst, 3)}
+    return result
+
+
+def _family_table(cases: list[Case]) -> list[str]:
+    lines = ["| family | models | before: cases >= 1 MiB | within 15% | worst | after: cases >= 1 MiB "
+             "| within 15% | worst |", "|---|---|---|---|---|---|---|---|"]
+    for row in families(cases):
+        b, a = row["before"], row["after"]
+        lines.append(f"| {row['family']} | {row['models']} | {b['cases']} | {b['within']} | {b['worst'] or '-'} "
+                     f"| {a['cases']} | {a['within']} | {a['worst'] or '-'} |")
+    return lines
+
+
 def markdown(cases: list[Case], result: dict, seconds: float, notes: str = "") -> str:
     allocated = result.get("allocated") or {}
     lines = [
@@ -326,6 +412,10 @@ def markdown(cases: list[Case], result: dict, seconds: float, notes: str = "") -
                      f"within 15%**; worst: {_worst(allocated)}; allocated after / before at most "
                      f"{allocated.get('after_over_before_max')}")
     lines += [
+        "",
+        "Per family, against the allocator (allocated bytes):",
+        "",
+        *_family_table(cases),
         "",
         *([notes.strip(), ""] if notes.strip() else []),
         "| model | group | target | setting | dims | est before | meas before | ratio | alloc before | ratio "
@@ -376,12 +466,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--targets", default="onnx,ort-cpu")
     parser.add_argument("--settings", default="small,large")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
-    parser.add_argument("--render", type=Path, metavar="JSON", help="rewrite the Markdown from a run's JSON")
+    parser.add_argument("--render", type=Path, nargs="+", metavar="JSON",
+                        help="rewrite the Markdown from a run's JSON (several: the runs of parts of the models "
+                             "joined into one, written beside the first)")
     args = parser.parse_args(argv)
     if args.render:
-        document = json.loads(args.render.read_text())
-        cases = [Case(**{k: v for k, v in c.items() if k != "ratios"}) for c in document["cases"]]
-        print(write(args.render.parent, cases, document["seconds"]))
+        documents = [json.loads(path.read_text()) for path in args.render]
+        cases = [Case(**{k: v for k, v in c.items() if k != "ratios"}) for d in documents for c in d["cases"]]
+        print(write(args.render[0].parent, cases, sum(d["seconds"] for d in documents)))
         return 0
     only = {n for n in args.only.split(",") if n}
     targets = [t for t in args.targets.split(",") if t]

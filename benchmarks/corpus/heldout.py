@@ -4,11 +4,12 @@ Same machinery as export.py (random weights made non-trivial by `perturb`, a che
 against PyTorch at another batch/sequence than the trace, atomic writes, a manifest), other models:
 
   timm          deit_tiny, vit_tiny, swin_tiny, convnext_atto, efficientvit_m0, levit_128s, mobilevit_xxs:
-                TorchScript exporter at opset 13
+                TorchScript exporter at opset 13 (levit_128s also at opset 17)
   torchvision   shufflenet_v2_x1_0, squeezenet1_1, googlenet, inception_v3 (299x299), densenet121,
                 regnet_y_400mf, mnasnet0_5: TorchScript opset 17 (BatchNormalization kept) and dynamo
                 (its default opset); three of them also with a static batch of 1
   a small U-Net written here (skip concatenations, BN + ReLU, bilinear upsampling), same three forms
+  ultralytics   YOLOv8n from its yaml (random init): TorchScript opset 17, batch, height and width symbolic
   transformers  small random configs of ViT, BERT, GPT-2, Llama (GQA), Qwen2, the T5 encoder and the
                 Whisper encoder: TorchScript opset 14 and dynamo opset 18
 
@@ -54,6 +55,7 @@ TEXT_FORMS = ("opset14", "dynamo18")
 SMALL_SEQ, LARGE_SEQ = 128, 256
 TARGET_PEAK = 32 * 2**20  # the `large` setting aims here, inside 16-64 MiB
 VOCAB = 1000
+YOLO_IMAGE = 320
 
 
 @dataclass
@@ -100,7 +102,7 @@ BATCH_SEQ = {0: "batch", 1: "sequence"}
 
 # ----------------------------------------------------------------------------- models
 
-def timm_model(name: str, image: int = base.IMAGE) -> Heldout:
+def timm_model(name: str, image: int = base.IMAGE, forms: tuple[str, ...] = TIMM_FORMS) -> Heldout:
     def build(_attn: str):
         import timm
         from timm.layers import set_fused_attn
@@ -111,7 +113,7 @@ def timm_model(name: str, image: int = base.IMAGE) -> Heldout:
     spec = base.Spec(name=name.replace("_", "-"), library="timm", build=build, inputs=image_inputs(image),
                      dynamic_axes={"pixel_values": BATCH, "logits": BATCH}, output="logits",
                      note=f"timm.create_model({name!r}, pretrained=False), fused attention off, 3x{image}x{image}")
-    return Heldout(spec, "timm", TIMM_FORMS, image=image)
+    return Heldout(spec, "timm", forms, image=image)
 
 
 def torchvision_model(name: str, forms: tuple[str, ...] = CNN_FORMS, image: int = base.IMAGE, **kwargs) -> Heldout:
@@ -154,6 +156,20 @@ def unet_build(_attn: str):
             return self.head(x)
 
     return UNet()
+
+
+def yolov8_build(_attn: str):
+    """ultralytics' YOLOv8n detector from its yaml (random init, no weight download), its Detect
+    head in export mode: one tensor of decoded boxes and class scores, as ultralytics' own ONNX
+    export writes it. With height and width symbolic the TorchScript exporter declares dims such as
+    floor(floor(height/2 - 1/2)/2) + 1 (issue 34)."""
+    os.environ.setdefault("YOLO_OFFLINE", "1")
+    from ultralytics import YOLO
+    model = YOLO("yolov8n.yaml").model
+    for module in model.modules():
+        if type(module).__name__ == "Detect":
+            module.export, module.format = True, "onnx"
+    return model
 
 
 def hf_wrapper(model, names: tuple[str, ...], **fixed):
@@ -247,7 +263,10 @@ def mel_inputs(batch: int, _seq: int, gen) -> dict:
 
 MODELS: list[Heldout] = [
     *(timm_model(n) for n in ("deit_tiny_patch16_224", "vit_tiny_patch16_224", "swin_tiny_patch4_window7_224",
-                              "convnext_atto", "efficientvit_m0", "levit_128s", "mobilevit_xxs")),
+                              "convnext_atto", "efficientvit_m0", "mobilevit_xxs")),
+    # LeViT also at opset 17: BatchNorm on Linear outputs and a Transpose of every Linear's weight,
+    # whose execution order the memory estimate must replay (issue 34).
+    timm_model("levit_128s", forms=("opset13", "opset17")),
     torchvision_model("shufflenet_v2_x1_0", CNN_STATIC_FORMS),
     torchvision_model("squeezenet1_1", CNN_STATIC_FORMS),
     torchvision_model("googlenet", aux_logits=False, init_weights=True),
@@ -260,6 +279,12 @@ MODELS: list[Heldout] = [
                       note="U-Net in heldout.py: widths 16-32-64-128, 3 levels, conv-BN-ReLU x2, max-pool down, "
                            "bilinear upsample + skip concatenation up, 2 classes, 3x224x224"),
             "torch", CNN_STATIC_FORMS),
+    Heldout(base.Spec(name="yolov8n", library="ultralytics", build=yolov8_build, inputs=image_inputs(YOLO_IMAGE),
+                      dynamic_axes={"pixel_values": {0: "batch", 2: "height", 3: "width"},
+                                    "boxes": {0: "batch", 2: "anchors"}}, output="boxes",
+                      note=f"ultralytics YOLO('yolov8n.yaml').model, Detect in export mode, "
+                           f"3x{YOLO_IMAGE}x{YOLO_IMAGE}, batch, height and width symbolic"),
+            "ultralytics", ("opset17",), image=YOLO_IMAGE),
     hf_model("hf-vit-tiny", _vit, ("pixel_values",), "ViTModel(hidden 192, 4 layers, 3 heads, MLP 768), no pooler",
              inputs=image_inputs(base.IMAGE), dynamic={"pixel_values": BATCH}),
     hf_model("bert-small", _bert, ("input_ids", "token_type_ids", "attention_mask"),
@@ -351,6 +376,9 @@ def shape_settings(path: Path, entry: Heldout, static: bool) -> dict:
     batch 1 and 2 and sequence 64 and 128: each tensor's size is fitted as c * batch^a * sequence^b."""
     torch = base._torch()
     text = any(1 in axes for axes in entry.spec.dynamic_axes.values())
+    # symbolic image sides (height, width) stay at the exported image's side in both settings
+    sides = {name: entry.image for axes in entry.spec.dynamic_axes.values() for axis, name in axes.items()
+             if axis >= 2 and name not in ("batch", "sequence", "anchors")}
 
     def measure(batch: int, seq: int) -> dict[str, int]:
         return activation_bytes(path, entry.spec.inputs(batch, seq, torch.Generator().manual_seed(3)))
@@ -371,7 +399,7 @@ def shape_settings(path: Path, entry: Heldout, static: bool) -> dict:
         return peak_bytes(path, sizes)
 
     def setting(batch: int, seq: int) -> dict:
-        dims = {"batch": batch, **({"sequence": seq} if text else {})}
+        dims = {"batch": batch, **sides, **({"sequence": seq} if text else {})}
         return {**dims, "activation_peak_mib": round(predict(batch, seq) / 2**20, 2)}
 
     small = setting(1, SMALL_SEQ)

@@ -125,7 +125,9 @@ def scope(graph: onnx.GraphProto, nodes: Sequence[onnx.NodeProto]) -> Scope:
     constants = {name: tensor for name, tensor in _small_constants(graph).items() if name in read_inside}
     wanted = []
     for node in nodes:
-        wanted += node.input[:1] if node.op_type == "If" else node.input[:2] if node.op_type == "Loop" else []
+        # a Loop's trip count, condition and carried values: a condition computed in the body from
+        # a counter it carries (tf2onnx's while loops) runs as many times as those say
+        wanted += node.input[:1] if node.op_type == "If" else node.input if node.op_type == "Loop" else []
     wanted = tuple(name for name in wanted if name)
     if not wanted:
         return Scope(constants=constants)
@@ -285,8 +287,7 @@ def _loop_body(node: onnx.NodeProto, body: onnx.GraphProto, shapes: ShapeTable, 
                 (declared[1], TensorInfo("", TensorProto.BOOL, ()))]
     walk = _body(body, counters + [(vi, shapes.get(name)) for vi, name in zip(declared[2:], node.input[2:])],
                  shapes, outside)
-    trip = constants.get(node.input[0]) if node.input and node.input[0] else None
-    iterations = int(trip.reshape(-1)[0]) if trip is not None and trip.size == 1 else None
+    iterations = _trip_count(node, body, outside, constants)
     if iterations is None:  # the trip count from a scan output's length, where the table knows it
         lengths = {info.shape[0] for name in node.output[carried:] if (info := shapes.get(name)) is not None
                    and info.shape and isinstance(info.shape[0], int)}
@@ -294,6 +295,41 @@ def _loop_body(node: onnx.NodeProto, body: onnx.GraphProto, shapes: ShapeTable, 
     infos = [walk.table.get(o.name) for o in body.output[1:]]
     filled = _filled(node, shapes, infos[:carried] + [_with_length(info, iterations) for info in infos[carried:]])
     return walk, iterations, filled
+
+
+# The most iterations a Loop's condition is followed for; past it, the trip count is unknown.
+_MAX_SIMULATED_ITERATIONS = 1 << 16
+
+
+def _trip_count(node: onnx.NodeProto, body: onnx.GraphProto, outside: _Outside,
+                constants: Mapping[str, np.ndarray]) -> int | None:
+    """The iterations a Loop runs: its trip count M, unless its condition stops it before. The
+    condition is followed where it is scalar arithmetic on the iteration number and the carried
+    values known before the Loop runs (tf2onnx's while loops carry a counter and the sequence
+    length, with no M: `i < T`), iteration by iteration as the body computes it. None where
+    neither M nor the condition is known."""
+    value = constants.get(node.input[0]) if node.input and node.input[0] else None
+    trips = int(value.reshape(-1)[0]) if value is not None and value.size == 1 else None
+    condition = constants.get(node.input[1]) if len(node.input) > 1 and node.input[1] else np.array(True)
+    if condition is None or condition.size != 1:
+        return trips
+    declared = [vi.name for vi in body.input]
+    carried = [constants.get(name) for name in node.input[2:]]
+    steps = list(body.node)
+    fixed = [*body.initializer, *(outside.constants[name] for name in sorted(outer_references(body))
+                                  if name in outside.constants)]
+    for iteration in range(trips if trips is not None else _MAX_SIMULATED_ITERATIONS):
+        if not bool(condition.reshape(-1)[0]):
+            return iteration
+        values = initial_values(fixed)
+        values[declared[0]], values[declared[1]] = np.array(iteration, np.int64), condition
+        values.update((name, value) for name, value in zip(declared[2:], carried) if value is not None)
+        evaluate_shape_values(steps, lambda _name: None, outside.opset, values)
+        condition = values.get(body.output[0].name)
+        if condition is None or condition.size != 1:  # not arithmetic on known values: M says
+            return trips
+        carried = [values.get(o.name) for o in body.output[1:1 + len(carried)]]
+    return trips
 
 
 def _loop_cost(node, label, body, shapes, planner, outside, constants) -> BodyCost:
@@ -487,7 +523,12 @@ def _as_model(graph: onnx.GraphProto, inputs: list[onnx.ValueInfoProto], opset: 
         body.output.extend(graph.output)
         body.value_info.extend(graph.value_info)
     else:
-        body.output.extend(helper.make_tensor_value_info(o.name, o.type.tensor_type.elem_type, None)
+        # An output that passes an input through keeps the input's declaration: onnx's inference
+        # takes an output's declared type over the input's, and a shapeless one would leave
+        # every reader of that input unknown (tf2onnx's Loop bodies pass their weights through).
+        given = {vi.name: vi for vi in inputs}
+        body.output.extend(given[o.name] if o.name in given
+                           else helper.make_tensor_value_info(o.name, o.type.tensor_type.elem_type, None)
                            if o.type.HasField("tensor_type") else o for o in graph.output)
     body.initializer.extend(graph.initializer)
     body.initializer.extend(constants)

@@ -21,8 +21,9 @@ from fuse_cli.analysis.bodies import CONTROL_FLOW_OPS, BodyCost, Scope, body_cos
 from fuse_cli.analysis.planner_shapes import planner_keys, planner_shapes_in_order
 from fuse_cli.analysis.shapes import ShapeTable, TensorInfo, infer_shapes
 from fuse_cli.core.order import (checked_order, consumed_names, execution_order, may_hold_subgraphs, model_fingerprint,
-                                 node_label, producers_of, runtime_order_by_producers)
-from fuse_cli.ops import IN_PLACE, SCRATCH_OPS, VIEW_OPSETS, domain_of, held_workspace_bytes, workspace_bytes
+                                 node_label, producers_of, runtime_indices, runtime_order_by_producers)
+from fuse_cli.ops import (FUNCTION_BODY_OPS, IN_PLACE, SCRATCH_OPS, VIEW_OPSETS, domain_of, held_workspace_bytes,
+                          workspace_bytes)
 
 INPUT_PRODUCER = "<input>"
 _DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -54,6 +55,7 @@ class WalkGraph:
     labels: list[str]
     op_types: list[str]
     producers: list[tuple[int, ...]]     # each node's producers (stored indices, ascending)
+    indices: list[int] | None            # each node's index in onnxruntime's graph, where not the stored one
     reads: list[tuple[str, ...]]
     inputs: list[tuple[str, ...]]
     outputs: list[tuple[str, ...]]
@@ -177,7 +179,7 @@ def walk_setup(model: onnx.ModelProto, symbolic_shapes: ShapeTable | None, extra
         del _GRAPHS[_GRAPHS_KEPT:]
     if explicit is None:
         if graph.runtime is None:
-            graph.runtime = _ordered(graph, runtime_order_by_producers(graph.producers))
+            graph.runtime = _ordered(graph, runtime_order_by_producers(graph.producers, graph.indices))
         return graph.runtime
     wanted = list(explicit)
     if graph.explicit is None or graph.explicit.order != wanted:
@@ -219,7 +221,8 @@ def _walk_graph(model: onnx.ModelProto, nodes: Sequence[_Node], symbolic_shapes:
         (_tensor_nbytes(t.values) or 0) + (_tensor_nbytes(t.indices) or 0) for t in graph.sparse_initializer)
     return WalkGraph(
         model_id=id(model), symbolic=symbolic_shapes, fingerprint=fingerprint, labels=labels,
-        op_types=[node.op_type for node in nodes], producers=producers, reads=reads,
+        op_types=[node.op_type for node in nodes], producers=producers,
+        indices=runtime_indices([kind in FUNCTION_BODY_OPS for kind in kinds]), reads=reads,
         inputs=[node.input for node in nodes], outputs=outputs,
         alias=[kind in VIEW_OPSETS and VIEW_OPSETS[kind][0] <= opset <= VIEW_OPSETS[kind][1] for kind in kinds],
         in_place=[IN_PLACE.get(kind) for kind in kinds], activations=activations, planner_shapes=planner,

@@ -9,7 +9,9 @@ depth-first walk from the nodes no node reads, emitting each node after its prod
 visiting a node's producers highest stored index first (GraphViewer's constructor and
 Graph::ReverseDFSFrom with NodeCompare, onnxruntime/core/graph/graph_viewer.cc and graph.cc).
 Of two independent branches the one stored later runs first: the transformer sample computes
-keys before queries, and values only after the softmax.
+keys before queries, and values only after the softmax. The indices compared are those of
+onnxruntime's graph, where a node it runs as its function body comes after every stored node
+(`runtime_indices`).
 """
 
 from __future__ import annotations
@@ -72,13 +74,20 @@ def producers_of(outputs: Sequence[Sequence[str]], consumed: Sequence[Iterable[s
     return [tuple(sorted({producer[n] for n in names if n in producer})) for names in consumed]
 
 
-def runtime_order_by_producers(producers: Sequence[Sequence[int]]) -> list[int]:
-    """onnxruntime's order of nodes given as each one's producers (`producers_of`)."""
+def runtime_order_by_producers(producers: Sequence[Sequence[int]], indices: Sequence[int] | None = None) -> list[int]:
+    """onnxruntime's order of nodes given as each one's producers (`producers_of`). `indices`:
+    each node's index in onnxruntime's graph where some differ from the stored ones
+    (`runtime_indices`): the walk compares those."""
     read = [False] * len(producers)
     for sources in producers:
         for i in sources:
             read[i] = True
-    stack = [(i, False) for i in range(len(producers)) if not read[i]]
+    if indices is not None:
+        by_index = sorted(range(len(producers)), key=indices.__getitem__)
+        producers = [sorted(sources, key=indices.__getitem__) for sources in producers]
+    else:
+        by_index = range(len(producers))
+    stack = [(i, False) for i in by_index if not read[i]]
     visited = [False] * len(producers)
     order: list[int] = []
     while stack:
@@ -91,6 +100,25 @@ def runtime_order_by_producers(producers: Sequence[Sequence[int]]) -> list[int]:
             # Pushed in ascending index order, so the highest-index producer is visited first.
             stack.extend((j, False) for j in producers[i] if not visited[j])
     return order
+
+
+def runtime_indices(expanded: Sequence[bool]) -> list[int] | None:
+    """Each node's index in onnxruntime's graph, from which nodes it replaces by their function
+    body (`expanded`: an operator its provider has no kernel for, such as HardSwish on the CPU);
+    None when it replaces none, so the indices are the stored ones.
+
+    onnxruntime's graph numbers nodes as stored (Constant nodes become initializers, which keeps
+    the others' relative order), then, partitioning, inlines each expanded node in stored order:
+    its body's nodes are appended after every node there is. An expanded node therefore compares
+    above every stored one, and of a node's producers it is visited first: measured on
+    onnxruntime 1.31.1's profile of timm's LeViT, whose MatMul reading a HardSwish runs its
+    Transpose(weight) right before it, while one reading an Add runs that Transpose before the
+    whole network below it."""
+    if not any(expanded):
+        return None
+    count = len(expanded)
+    appended = iter(range(count, 2 * count))
+    return [next(appended) if is_expanded else i for i, is_expanded in enumerate(expanded)]
 
 
 def checked_order(order: Sequence[int], producers: Sequence[Sequence[int]], labels: Sequence[str]) -> list[int]:

@@ -60,6 +60,7 @@ VIEW_OPSETS: Mapping[tuple[str, str], tuple[int, int]] = MappingProxyType(
 IN_PLACE: Mapping[tuple[str, str], tuple[int, frozenset[int] | None]] = MappingProxyType(
     {r.key: r.in_place for r in OPERATORS if r.in_place})
 SCRATCH_OPS = frozenset(r.key for r in OPERATORS if r.workspace)
+FUNCTION_BODY_OPS = frozenset(r.key for r in OPERATORS if r.function_body)
 # The default-domain operators with a stand-in: the rest of the default domain onnx infers itself.
 DEFAULT_DOMAIN_STAND_INS = frozenset(r.op for r in OPERATORS if r.stand_in and not r.domain)
 

@@ -5,22 +5,27 @@ from __future__ import annotations
 import onnx
 
 from fuse_cli.ops.record import Operator, Shapes
-from fuse_cli.ops.rules import recurrent_sizes
+from fuse_cli.ops.rules import attributes, recurrent_sizes
 
 
 def _gates_and_input(node: onnx.NodeProto, shapes: Shapes, opset: int) -> int:
     """The float GRU's buffers, in bytes; 0 when unknown: per direction the three gates of every
-    step [S, B, 3H] and a copy of the input sequence [S, B, I]; bidirectional also reverses the
-    input and output sequences. Measured on onnxruntime 1.31.1 (memray's count of the run, one
-    node, forward, Y and Y_h, S 4-32, B 16-128, I 32-256, H 64-256): within 8% of the measured
-    peak above the outputs from 1 MiB up (smaller runs: 10-80%, the allocator's own sizes), and 3%
-    bidirectional; before, the estimate held the outputs alone (a BiGRU tagger: 0.30 of the peak)."""
+    step [S, B, 3H] (UniDirectionalGru's outputZRH_), and for the reverse direction (alone or the
+    second of bidirectional, which runs while the forward one's buffers are still held) a reversed
+    copy of the input [S, B, I] and of its output [S, B, H] (inputs_reverse_, outputs_reverse_).
+    Measured on onnxruntime 1.31.1 (memray's count of the run, one node, S 64, B 64, I 128-256,
+    H 128-256): forward, reverse and bidirectional within 3% of the allocator's peak above the
+    input and outputs (tests/test_recurrent_memory.py); before, the estimate held a copy of the
+    input per direction and none of the reverse sequences (a BiGRU tagger at 1.16, a reverse GRU
+    at 0.85, a forward one at 1.18 of the allocator)."""
     sizes = recurrent_sizes(node, shapes)
     if sizes is None:
         return 0
     steps, batch, features, hidden, directions = sizes
-    reversed_sequences = steps * batch * (features + hidden) if directions == 2 else 0
-    return 4 * (directions * steps * batch * (3 * hidden + features) + reversed_sequences)
+    direction = attributes(node).get("direction", b"forward")
+    reversed_sequences = steps * batch * (features + hidden) if direction in (b"reverse", "reverse") \
+        or directions == 2 else 0
+    return 4 * (directions * steps * batch * 3 * hidden + reversed_sequences)
 
 
 RECORDS = (Operator("GRU", workspace=_gates_and_input),)

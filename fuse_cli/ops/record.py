@@ -166,6 +166,10 @@ class Operator:
     # input whose buffer a MayInplace kernel may write output 0 into, and the element types it is
     # registered for (None: every type the op has a kernel for)
     in_place: tuple[int, frozenset[int] | None] | None = None
+    # the CPU provider has no kernel for it and inlines its ONNX function body, whose nodes
+    # onnxruntime's graph numbers after every stored node: that steers its execution order
+    # (core/order.runtime_indices)
+    function_body: bool = False
 
     @property
     def key(self) -> tuple[str, str]:
