@@ -120,7 +120,7 @@ CORPUS_VENV ?= .venv-corpus
 CORPUS_MODELS ?= benchmarks/corpus/models
 DECODER_MODELS ?= benchmarks/corpus/decoder-models
 CORPUS_STAMP := $(CORPUS_VENV)/.installed
-CORPUS_PACKAGES := torch==2.14.1 torchvision==0.29.1 transformers==5.24.0 timm==1.0.31 onnx==1.23.2 onnxscript==0.7.2 onnxruntime==1.32.0
+CORPUS_PACKAGES := torch==2.14.1 torchvision==0.29.1 transformers==5.24.0 timm==1.0.31 onnx==1.23.2 onnxscript==0.7.2 onnxruntime==1.32.0 ultralytics==8.4.190
 
 $(CORPUS_STAMP):
 	$(PYTHON) -m venv $(CORPUS_VENV)

@@ -56,3 +56,29 @@ def test_a_name_sized_nowhere_is_still_taken_as_one(tmp_path):
     the report says so."""
     report = optimize_model(folded_twice(declare_plain=False), tmp_path, passes=(), dims=DIMS).report
     assert "Reshape_o0__d1" in report.unbound_dims
+
+
+def test_an_outputs_declared_guess_does_not_hide_its_size(tmp_path):
+    """ddddocr's CRNN declares its output [1, seqlen] where it computes [T, 1, classes]: a name no
+    input carries on a declaration of the wrong rank. Its size comes from the inputs."""
+    b = GraphBuilder(opset=17, seed=3)
+    x = b.input("x", ["batch", "width", 16])
+    steps = b.op("Transpose", b.op("Reshape", x, b.const(np.array([0, 0, 4, 4], np.int64))), perm=[0, 2, 1, 3])
+    shape = b.op("Shape", steps)
+    first, second = (b.op("Unsqueeze", b.op("Gather", shape, b.const(np.array(i, np.int64)), axis=0),
+                          b.const(np.array([0], np.int64))) for i in (0, 1))
+    rows = b.op("Gemm", b.op("Reshape", steps, b.const(np.array([-1, 16], np.int64))), b.const(b.rand(4096, 16)),
+                transB=1)
+    y = b.op("Reshape", rows, b.op("Concat", first, second, b.const(np.array([-1], np.int64)), axis=0))
+    model = b.build(y, output_names=["y"])
+    model.graph.output[0].type.tensor_type.shape.Clear()
+    for dim in (1, "seqlen"):
+        model.graph.output[0].type.tensor_type.shape.dim.add().CopyFrom(onnx.TensorShapeProto.Dimension(
+            **({"dim_value": dim} if isinstance(dim, int) else {"dim_param": dim})))
+    report = optimize_model(model, tmp_path, passes=(), dims={"batch": 16, "width": 32}).report
+    assert not report.memory.before.unknown_tensors
+    assert report.memory.before.peak_bytes >= 2 * 16 * 32 * 4096 * 4  # rows and the output, 8 MiB each
+    measured = measure_peak(model, dims={"batch": 16, "width": 32}, repeats=1)
+    if measured.allocated_bytes is None:
+        pytest.skip(f"cannot count allocations here: {measured.allocated_reason}")
+    assert abs(report.memory.before.peak_bytes / measured.allocated_bytes - 1) < 0.02, (report.memory.before, measured)

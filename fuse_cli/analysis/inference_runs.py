@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import tempfile
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
@@ -164,8 +165,28 @@ def _light_copy(model: onnx.ModelProto) -> onnx.ModelProto:
     copy.functions.extend(model.functions)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     copy.graph.CopyFrom(_light_graph(model.graph, opset))
+    _outputs_inferred(copy.graph)
     add_missing_opset_imports(copy)
     return copy
+
+
+def _outputs_inferred(graph: onnx.GraphProto) -> None:
+    """Graph outputs declared with a dim name no input carries lose their declared shape (not
+    their type): inference sizes them from the inputs. An exporter's guess is no size to take:
+    ddddocr's CRNN declares its output [1, seqlen], rank 2, where it computes [T, 1, 8210], and the
+    declaration hid the tail's size from the estimate (0.78-0.85 of the allocator after fusion)."""
+    carried = {d.dim_param for value in graph.input for d in value.type.tensor_type.shape.dim if d.dim_param}
+    names = {n for param in carried for n in _NAME.findall(param)}
+    for output in graph.output:
+        shape = output.type.tensor_type.shape if output.type.HasField("tensor_type") else None
+        if shape is not None and any(d.dim_param and d.dim_param not in carried
+                                     and not set(_NAME.findall(d.dim_param)) <= names | _FUNCTIONS
+                                     for d in shape.dim):
+            output.type.tensor_type.ClearField("shape")
+
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
+_FUNCTIONS = {"floor", "ceil", "ceiling", "min", "max", "Min", "Max"}  # torch's and sympy's arithmetic
 
 
 def _light_graph(graph: onnx.GraphProto, opset: int) -> onnx.GraphProto:
