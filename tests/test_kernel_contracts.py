@@ -45,7 +45,8 @@ def probe_model(contract: Contract, dtype: str, neutral: bool) -> tuple[bytes, d
     while names[-1] == "":
         names.pop()
     node = helper.make_node(contract.op, names, ["y"], domain=contract.domain, **spec.attrs)
-    graph = helper.make_graph([node], "probe", values, [helper.make_tensor_value_info("y", elem, None)])
+    out = helper.np_dtype_to_tensor_dtype(np.dtype(spec.output_dtype)) if spec.output_dtype else elem
+    graph = helper.make_graph([node], "probe", values, [helper.make_tensor_value_info("y", out, None)])
     opsets = [helper.make_opsetid("", spec.opset), helper.make_opsetid(MS, 1)]
     return helper.make_model(graph, opset_imports=opsets, ir_version=10).SerializeToString(), feeds
 

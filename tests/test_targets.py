@@ -61,6 +61,9 @@ PROBES: dict[str, tuple[list, dict]] = {
                              ("a_zero_point", U8, [1]), ("b_zero_point", I8, [4])], {}),
     "QGemm": ([("A", U8, [2, 3]), ("a_scale", T, []), ("a_zero_point", U8, []), ("B", I8, [3, 4]), ("b_scale", T, []),
                ("b_zero_point", I8, [])], {}),
+    **{op: ([("A", U8, [2, 4]), ("A_scale", T, []), ("A_zero_point", U8, []), ("B", U8, [4]), ("B_scale", T, []),
+             ("B_zero_point", U8, []), ("C_scale", T, []), ("C_zero_point", U8, [])], {})
+       for op in ("QLinearAdd", "QLinearMul")},
     "SkipLayerNormalization": ([("x", T, [1, 2, 8]), ("skip", T, [1, 2, 8]), ("gamma", T, [8]), ("beta", T, [8])], {}),
     "SkipSimplifiedLayerNormalization": ([("x", T, [1, 2, 8]), ("skip", T, [1, 2, 8]), ("gamma", T, [8])], {}),
     "SimplifiedLayerNormalization": ([("x", T, [2, 8]), ("scale", T, [8])], {"axis": -1}),
@@ -91,7 +94,10 @@ PROBES: dict[str, tuple[list, dict]] = {
 
 # The type parameter that names the float dtype the table lists, where it is not "T" (the
 # quantized matmuls' integer operands have type parameters of their own)
-FLOAT_PARAM = {"DynamicQuantizeMatMul": "T1", "MatMulIntegerToFloat": "T3"}
+# Operators whose output is the quantized type, whatever the float type of their scales
+QUANTIZED_OUTPUT = {"QLinearAdd": U8, "QLinearMul": U8}
+# ("": the scales' float32 is fixed by the schema, no type parameter names it)
+FLOAT_PARAM = {"DynamicQuantizeMatMul": "T1", "MatMulIntegerToFloat": "T3", "QLinearAdd": "", "QLinearMul": ""}
 
 REGISTRY_CHILD = """
 import json, sys
@@ -103,12 +109,13 @@ for s in C.get_all_operator_schema():
     key = (s.name, s.domain)
     if key in wanted and s.since_version >= allowed.get(key, (0, None))[0]:
         types = {c.type_param_str: set(c.allowed_type_strs) for c in s.type_constraints}
-        allowed[key] = (s.since_version, types.get(param[key], set()))
+        allowed[key] = (s.since_version, types.get(param[key], set()) if param[key] else {"tensor(float)"})
 kernels = {}
 for k in C.get_all_opkernel_def():
     key = (k.op_name, k.domain)
     if key in wanted:
-        found = set(dict(k.type_constraints).get(param[key], [])) & allowed.get(key, (0, set()))[1]
+        kinds = set(dict(k.type_constraints).get(param[key], [])) if param[key] else {"tensor(float)"}
+        found = kinds & allowed.get(key, (0, set()))[1]
         kernels.setdefault("|".join((*key, k.provider)), set()).update(found)
 print(json.dumps({key: sorted(types) for key, types in kernels.items()}))
 """
@@ -173,7 +180,8 @@ def probe_model(op: str, domain: str, dtype: str) -> onnx.ModelProto:
     value_infos = [helper.make_tensor_value_info(name, ELEM[dtype] if kind == T else kind, shape)
                    for name, kind, shape in filter(None, inputs)]
     node = helper.make_node(op, [i[0] if i else "" for i in inputs], ["y"], domain=domain, **attrs)
-    graph = helper.make_graph([node], "probe", value_infos, [helper.make_tensor_value_info("y", ELEM[dtype], None)])
+    output = QUANTIZED_OUTPUT.get(op, ELEM[dtype])
+    graph = helper.make_graph([node], "probe", value_infos, [helper.make_tensor_value_info("y", output, None)])
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
     return helper.make_model(graph, opset_imports=opsets, ir_version=IR_VERSION)
 

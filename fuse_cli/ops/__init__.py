@@ -15,7 +15,7 @@ import onnx
 
 from fuse_cli.ops import (conv, dropout, dynamic_quantize_matmul, embed_layer_norm, function_bodies, fused_conv,
                           fused_gemm, fused_matmul, gelu, group_query_attention, gru, in_place, layer_norm, lrn, lstm,
-                          multi_head_attention, packed_attention, qgemm, qlinear, rotary_embedding,
+                          multi_head_attention, packed_attention, qgemm, qlinear, qlinear_binary, rotary_embedding,
                           simplified_layer_norm, skip_layer_norm, standard_attention, unemitted, variadic, views, where)
 from fuse_cli.ops.record import Operator, Shapes
 
@@ -26,6 +26,7 @@ OPERATORS: tuple[Operator, ...] = (
     *fused_matmul.RECORDS,
     *dynamic_quantize_matmul.RECORDS,
     *qgemm.RECORDS,
+    *qlinear_binary.RECORDS,
     *skip_layer_norm.RECORDS,
     *simplified_layer_norm.RECORDS,
     *gelu.RECORDS,

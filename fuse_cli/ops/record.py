@@ -97,6 +97,7 @@ class Spec:
     inputs: tuple[Input, ...]
     attrs: dict = field(default_factory=dict)
     opset: int = 17  # the default domain's
+    output_dtype: str | None = None  # the output's element type where it is not the form's (a quantized one)
 
 
 @dataclass(frozen=True)

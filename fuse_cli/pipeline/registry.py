@@ -112,6 +112,7 @@ RUNTIME_PIPELINE: tuple[str, ...] = (
     "matmul-add-into-view",
     "fused-conv",
     "qgemm",  # before fused-gemm, which leaves a QDQ unit alone anyway
+    "qlinear-binary",
     "fused-gemm",
     "bn-affine",
     "pin-gelu-bias",  # after every GELU and bias pass; not on ort-cuda, where BiasGelu is faster
