@@ -1,10 +1,13 @@
-"""LSTM (standard): its buffers on the CPU provider (cpu/rnn/deep_cpu_lstm.cc)."""
+"""LSTM (standard) and com.microsoft DynamicQuantizeLSTM (its int8-weight form, the same CPU
+kernel with quantized gate products): their buffers on the CPU provider (cpu/rnn/deep_cpu_lstm.cc)."""
 
 from __future__ import annotations
 
 import onnx
 
-from fuse_cli.ops.record import Operator, Shapes
+from onnx import helper
+
+from fuse_cli.ops.record import MS, Operator, Shapes
 from fuse_cli.ops.rules import recurrent_sizes
 
 
@@ -25,4 +28,19 @@ def _gates_and_states(node: onnx.NodeProto, shapes: Shapes, opset: int) -> int:
     return 4 * (directions * batch * hidden * (4 * steps + states) + reversed_sequences)
 
 
-RECORDS = (Operator("LSTM", workspace=_gates_and_states),)
+def _as_lstm(node: onnx.NodeProto, opset: int) -> list[onnx.NodeProto]:
+    """DynamicQuantizeLSTM's Y: what a float LSTM of the same X and attributes writes (onnx sizes Y
+    from X, hidden_size and direction; the int8 W and R, cast, only stand in their places)."""
+    if len(node.input) < 3 or not node.input[0]:
+        return []
+    out = node.output[0]
+    weights = [f"{out}::fuse-{name}-float" for name in ("w", "r")]
+    casts = [helper.make_node("Cast", [name], [cast], to=onnx.TensorProto.FLOAT)
+             for name, cast in zip(node.input[1:3], weights)]
+    lstm = helper.make_node("LSTM", [node.input[0], *weights], [out])
+    lstm.attribute.extend(a for a in node.attribute if a.name in ("hidden_size", "direction", "layout"))
+    return [*casts, lstm]
+
+
+RECORDS = (Operator("LSTM", workspace=_gates_and_states),
+           Operator("DynamicQuantizeLSTM", MS, workspace=_gates_and_states, stand_in=_as_lstm))
