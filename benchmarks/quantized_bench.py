@@ -302,8 +302,9 @@ def decision(rows: list[Row]) -> list[str]:
     return lines
 
 
-# the kernels fuse forms itself: standard ones at every target, QGemm at ort-cpu
-FORMED_BY_FUSE = {"onnx": ("QLinearConv", "QLinearMatMul"), "ort-cpu": ("QLinearConv", "QLinearMatMul", "QGemm")}
+# the kernels fuse forms itself: standard ones at every target, QGemm, QLinearAdd and QLinearMul at ort-cpu
+FORMED_BY_FUSE = {"onnx": ("QLinearConv", "QLinearMatMul"),
+                  "ort-cpu": ("QLinearConv", "QLinearMatMul", "QGemm", "QLinearAdd", "QLinearMul")}
 
 
 def remaining_gap(rows: list[Row]) -> list[str]:
