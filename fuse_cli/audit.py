@@ -293,7 +293,7 @@ def _kept_from(candidate: ShapeTable, original: ShapeTable, original_at: ShapeTa
 
 def _infer(model: onnx.ModelProto, dims, input_shapes) -> ShapeTable:
     try:
-        return infer_shapes(model, dims, input_shapes, symbolic=True)
+        return infer_shapes(model, dims, input_shapes, symbolic=True, outputs_declared=False)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
 

@@ -69,7 +69,7 @@ def _bound_shapes(model: onnx.ModelProto, config: FuseConfig, assumed: tuple[str
             table = unbound_table
         else:
             table = infer_shapes(model, with_declared_arithmetic(model, config.dims), config.input_shapes,
-                                 symbolic=True)
+                                 symbolic=True, outputs_declared=False)
         # a name only intermediates or outputs declare (paddle2onnx's `Reshape_470_o0__d2`) is no
         # size to choose: where inference sized a tensor declared with it, from the inputs, that is
         # its size; taken as 1, it pinned every tensor it declares at 1 (PP-OCRv6's recognizer:
@@ -87,7 +87,7 @@ def _bound_shapes(model: onnx.ModelProto, config: FuseConfig, assumed: tuple[str
         if assumed or learned or arithmetic - set(table.bound_dims):
             values = with_declared_arithmetic(model, {**dict.fromkeys(assumed, UNBOUND_DIM), **learned,
                                                       **table.bound_dims})
-            table = infer_shapes(model, values, config.input_shapes, symbolic=True)
+            table = infer_shapes(model, values, config.input_shapes, symbolic=True, outputs_declared=False)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     return table, assumed

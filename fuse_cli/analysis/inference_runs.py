@@ -133,7 +133,7 @@ def static_shapes_as_constants(copy: onnx.ModelProto, inferred: onnx.ModelProto)
     return changed
 
 
-def inference_copy(model: onnx.ModelProto) -> onnx.ModelProto:
+def inference_copy(model: onnx.ModelProto, *, outputs_declared: bool = True) -> onnx.ModelProto:
     """A fresh light copy of `model` (see _light_copy), built once per model, its declared shapes
     (value_info) as the model has them now: unhold-buffers tries declarations on one model, and
     each would otherwise cost a copy of every node."""
@@ -149,6 +149,8 @@ def inference_copy(model: onnx.ModelProto) -> onnx.ModelProto:
     copy.CopyFrom(light)  # bindings are written into it: the cached one stays unbound
     del copy.graph.value_info[:]
     copy.graph.value_info.extend(model.graph.value_info)
+    if not outputs_declared:
+        outputs_inferred(copy.graph)
     return copy
 
 
@@ -165,14 +167,15 @@ def _light_copy(model: onnx.ModelProto) -> onnx.ModelProto:
     copy.functions.extend(model.functions)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     copy.graph.CopyFrom(_light_graph(model.graph, opset))
-    _outputs_inferred(copy.graph)
     add_missing_opset_imports(copy)
     return copy
 
 
-def _outputs_inferred(graph: onnx.GraphProto) -> None:
+def outputs_inferred(graph: onnx.GraphProto) -> None:
     """Graph outputs declared with a dim name no input carries lose their declared shape (not
-    their type): inference sizes them from the inputs. An exporter's guess is no size to take:
+    their type): inference sizes them from the inputs. For the sizes of the memory estimate only
+    (the proofs and the planner keep a declared name: a decode step's present output names
+    `past_sequence + sequence`, which the mask's proofs need). An exporter's guess is no size:
     ddddocr's CRNN declares its output [1, seqlen], rank 2, where it computes [T, 1, 8210], and the
     declaration hid the tail's size from the estimate (0.78-0.85 of the allocator after fusion)."""
     carried = {d.dim_param for value in graph.input for d in value.type.tensor_type.shape.dim if d.dim_param}

@@ -133,6 +133,7 @@ def infer_shapes(
     *,
     symbolic: bool = False,
     data_propagation: bool = True,
+    outputs_declared: bool = True,
 ) -> ShapeTable:
     """Infer every top-level tensor's shape after binding the user's dims; `model` is not modified.
 
@@ -153,19 +154,22 @@ def infer_shapes(
 
     `data_propagation=False` infers as onnxruntime's own graph inference does (what its memory
     planner compares): shapes read from the values of tensors computed at run time stay unknown.
+
+    `outputs_declared=False` sets aside the graph outputs' declared shapes where they name a dim no
+    input carries (inference_runs.outputs_inferred): sizes, not names, for the memory estimate.
     """
     with paused_gc():
-        return _infer_shapes(model, dims, input_shapes, symbolic, data_propagation)
+        return _infer_shapes(model, dims, input_shapes, symbolic, data_propagation, outputs_declared)
 
 
 def _infer_shapes(model: onnx.ModelProto, dims: Mapping[str, int], input_shapes: Mapping[str, Sequence[int]],
-                  symbolic: bool, data_propagation: bool) -> ShapeTable:
+                  symbolic: bool, data_propagation: bool, outputs_declared: bool = True) -> ShapeTable:
     declared = _declared_symbols(model.graph)
     keys = input_dim_keys(model)
     bindings = _resolve_bindings(model.graph, dims, input_shapes, keys)
     unused = tuple(name for name in dims if name not in declared and name not in keys.values())
 
-    copy = inference_copy(model)
+    copy = inference_copy(model, outputs_declared=outputs_declared)
     bind(copy.graph, bindings, input_shapes, keys)
     inferred, warnings = run_inference(copy, data_propagation)
     if not data_propagation:
