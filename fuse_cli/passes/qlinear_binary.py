@@ -6,13 +6,14 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from fuse_cli.graph.edit import GraphEditor, Replacement
-from fuse_cli.match import Match, Op, constant_value
+from fuse_cli.match import Match, Op
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
-from fuse_cli.toolkit.quantized import dequantized, quantized, shared_dequantizers, zero_point
+from fuse_cli.toolkit.quantized import dequantized, qlinear_unit_reason, quantized, shared_dequantizers, zero_point
 
 MS = "com.microsoft"
-ELEMENT_TYPES = ("uint8", "int8")
+# a, b and the output of one element type, u8 or s8
+ONE_TYPE = frozenset({("uint8", "uint8", "uint8"), ("int8", "int8", "int8")})
 
 
 @register
@@ -46,22 +47,7 @@ class FormQLinearBinary(PatternPass):
         if "relu" in m.nodes:
             return Decline(f"{m.node('relu').name} is between {binary.name} and its QuantizeLinear: "
                            f"Q{binary.op} has no activation")
-        types = [str(g.dtype(m.tensor("a_q"))), str(g.dtype(m.tensor("b_q"))),
-                 str(g.dtype(m.tensor("y_zero"))) if m.tensor("y_zero") is not None else "uint8"]
-        if len(set(types)) != 1 or types[0] not in ELEMENT_TYPES:
-            return Decline(f"{binary.name}: a, b and the output are {', '.join(types)}; QLinear{binary.op} takes one "
-                           "element type, uint8 or int8")
-        for name in ("a", "b", "y"):
-            if m.node("q" if name == "y" else f"{name}_dq").attrs.get("block_size", 0):
-                return Decline(f"{binary.name}: the {name} quantization is blockwise")
-            for part in ("scale", "zero"):
-                value = constant_value(m.tensor(f"{name}_{part}"))
-                if value is not None and value.size != 1:
-                    return Decline(f"{binary.name}: the {name} {part} has {value.size} values (per axis); "
-                                   f"QLinear{binary.op} quantizes per tensor")
-            if constant_value(m.tensor(f"{name}_scale")).dtype != np.float32:
-                return Decline(f"{binary.name}: the {name} scale is not float32")
-        return None
+        return qlinear_unit_reason(m, g, binary, "a", "b", kernel_types=ONE_TYPE, per_tensor=("b",))
 
     def rewrite(self, m: Match, g: GraphEditor) -> Replacement:
         binary = m.node("binary")

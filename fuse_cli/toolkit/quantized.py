@@ -89,12 +89,15 @@ def _dtype_name(m: Match, g: GraphEditor, name: str) -> str:
     return str(g.dtype(m.tensor(f"{name}_q")))
 
 
-def qlinear_unit_reason(m: Match, g: GraphEditor, node: gs.Node, activation: str, weight: str) -> Decline | None:
+def qlinear_unit_reason(m: Match, g: GraphEditor, node: gs.Node, activation: str, weight: str, *,
+                        kernel_types: frozenset = KERNEL_TYPES, per_tensor: tuple[str, ...] = ()) -> Decline | None:
     """Why the unit DQ(activation), DQ(weight) -> node [-> Relu] -> Q cannot be one QLinear node on
     onnxruntime's CPU kernels, or None. Scales and zero points are constants (the pattern's).
-    The weight's own per-axis form is the pass's to check."""
+    `kernel_types`: the (activation, weight, output) element types the kernel takes; the
+    activation, the output and `per_tensor` are quantized per tensor. The weight's own per-axis
+    form is otherwise the pass's to check."""
     types = tuple(_dtype_name(m, g, n) for n in (activation, weight, "y"))
-    if types not in KERNEL_TYPES:
+    if types not in kernel_types:
         return Decline(f"{node.name}: onnxruntime's CPU provider has no quantized kernel for {activation} "
                        f"{types[0]}, {weight} {types[1]}, output {types[2]}")
     for name in (activation, weight):
@@ -105,7 +108,7 @@ def qlinear_unit_reason(m: Match, g: GraphEditor, node: gs.Node, activation: str
     for name in (activation, weight, "y"):
         if constant_value(m.tensor(f"{name}_scale")).dtype != np.float32:
             return Decline(f"{node.name}: the {name} scale is not float32, which the QLinear operators need")
-    for name in (activation, "y"):
+    for name in dict.fromkeys((activation, "y", *per_tensor)):
         for part in ("scale", "zero"):
             value = constant_value(m.tensor(f"{name}_{part}"))
             if value is not None and value.size != 1:
