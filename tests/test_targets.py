@@ -37,6 +37,7 @@ from onnxruntime.capi.onnxruntime_pybind11_state import InvalidGraph
 from onnxruntime.capi.onnxruntime_pybind11_state import NotImplemented as OrtNotImplemented
 
 from fuse_cli import targets
+from fuse_cli.ops import OPERATORS
 from fuse_cli.targets import CAPABILITIES, DTYPES, PROVIDERS_OF, TARGETS, capability, capability_rows, target_reason
 from tests.graphs import IR_VERSION
 
@@ -94,8 +95,10 @@ PROBES: dict[str, tuple[list, dict]] = {
 
 # The type parameter that names the float dtype the table lists, where it is not "T" (the
 # quantized matmuls' integer operands have type parameters of their own)
-# Operators whose output is the quantized type, whatever the float type of their scales
-QUANTIZED_OUTPUT = {"QLinearAdd": U8, "QLinearMul": U8}
+# Operators whose output is a quantized type, whatever the float type of their scales: as their
+# records' probes declare it
+QUANTIZED_OUTPUT = {r.op: helper.np_dtype_to_tensor_dtype(np.dtype(r.probe.output_dtype))
+                    for r in OPERATORS if r.probe and r.probe.output_dtype}
 # ("": the scales' float32 is fixed by the schema, no type parameter names it)
 FLOAT_PARAM = {"DynamicQuantizeMatMul": "T1", "MatMulIntegerToFloat": "T3", "QLinearAdd": "", "QLinearMul": ""}
 
