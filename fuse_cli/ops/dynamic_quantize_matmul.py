@@ -6,6 +6,7 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
+from fuse_cli.ops.rules import float_operands
 from fuse_cli.ops.record import MS, Contract, Input, Operator, Spec, kernels
 
 _M, _K, _N = 3, 8, 5
@@ -16,11 +17,8 @@ def _float_product(node: onnx.NodeProto, opset: int) -> list[onnx.NodeProto]:
     integer for MatMulIntegerToFloat, B always)."""
     if len(node.input) < 2:
         return []
-    out = node.output[0]
-    operands = [f"{out}::fuse-{side}-float" for side in ("a", "b")]
-    casts = [helper.make_node("Cast", [name], [operand], to=onnx.TensorProto.FLOAT)
-             for name, operand in zip(node.input[:2], operands)]
-    return [*casts, helper.make_node("MatMul", operands, [out])]
+    casts, operands = float_operands(node, node.input[0], node.input[1])
+    return [*casts, helper.make_node("MatMul", operands, [node.output[0]])]
 
 
 RECORDS = (

@@ -5,8 +5,8 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
-from fuse_cli.ops.record import MS, Contract, Input, Operator, Spec, kernels
-from fuse_cli.ops.rules import attributes
+from fuse_cli.ops.record import MS, Contract, Input, Operator, Spec, kernels, scalar
+from fuse_cli.ops.rules import attributes, float_operands
 
 
 def _quantized_gemm(node: onnx.NodeProto, opset: int) -> list[onnx.NodeProto]:
@@ -16,20 +16,13 @@ def _quantized_gemm(node: onnx.NodeProto, opset: int) -> list[onnx.NodeProto]:
     if not inputs[0] or not inputs[3]:
         return []
     out, attrs = node.output[0], attributes(node)
-    operands = [f"{out}::fuse-{side}-float" for side in ("a", "b")]
-    nodes = [helper.make_node("Cast", [name], [operand], to=onnx.TensorProto.FLOAT)
-             for name, operand in zip((inputs[0], inputs[3]), operands)]
+    nodes, operands = float_operands(node, inputs[0], inputs[3])
     product = f"{out}::fuse-product" if inputs[8] else out
     nodes.append(helper.make_node("Gemm", operands, [product], transA=attrs.get("transA", 0),
                                   transB=attrs.get("transB", 0)))
     if inputs[8]:
         nodes.append(helper.make_node("QuantizeLinear", [product, inputs[7], inputs[8]], [out]))
     return nodes
-
-
-def _unit_scale(name: str) -> Input:
-    """A float32 scale of 1, a 0-d array (a random scalar would reach onnxruntime as a numpy scalar)."""
-    return Input(name, (), integers=(1, 2), integer_dtype="float32")
 
 
 RECORDS = (Operator(
@@ -41,9 +34,9 @@ RECORDS = (Operator(
     # The probe is the float-output form (the probe's output is declared at the contract's dtype);
     # the quantized-output form qgemm writes is checked by tests/test_qlinear.py against the unit.
     probe=Spec("QGemm", MS, (
-        Input("A", (3, 8), integers=(0, 256), integer_dtype="uint8"), _unit_scale("a_scale"),
+        Input("A", (3, 8), integers=(0, 256), integer_dtype="uint8"), scalar("a_scale", 1),
         Input("a_zero_point", (), integers=(100, 101), integer_dtype="uint8"),
-        Input("B", (8, 5), integers=(-127, 128), integer_dtype="int8"), _unit_scale("b_scale"),
+        Input("B", (8, 5), integers=(-127, 128), integer_dtype="int8"), scalar("b_scale", 1),
         Input("b_zero_point", (), integers=(0, 1), integer_dtype="int8"),
         Input("C", (5,), True, integers=(-4096, 4096), integer_dtype="int32"))),
     contracts=(Contract("QGemm", MS, "float32", (), ("qgemm",)), Contract("QGemm", MS, "float32", ("C",), ("qgemm",))),

@@ -3,18 +3,13 @@ qlinear-matmul."""
 
 from __future__ import annotations
 
-from fuse_cli.ops.record import Contract, Input, Operator, Spec, kernels
+from fuse_cli.ops.record import Contract, Input, Operator, Spec, kernels, scalar
 
 # The dtype a row speaks of is the activation's (x, a), which is also the output's. Probed with
 # one-node sessions at graph optimization disabled, onnxruntime-gpu 1.31.1's CPU provider: u8 x
 # with u8 or s8 w into u8, s8 x with s8 w into s8; every other combination is NOT_IMPLEMENTED.
 _TYPES = ("u8 x with u8 or s8 weights (output u8), s8 x with s8 weights (output s8); a per-tensor x, y; "
           "onnxruntime forms it itself at ORT_ENABLE_EXTENDED from the unit")
-
-
-def _scale(name: str, value: int) -> Input:
-    """A float32 scale holding `value` (a whole number, so the probe's outputs do not all saturate)."""
-    return Input(name, (), integers=(value, value + 1), integer_dtype="float32")
 
 
 def _quantized(name: str, shape: tuple[int, ...], dtype: str) -> Input:
@@ -29,9 +24,9 @@ RECORDS = (
         support=kernels("QLinearConv", "uint8 int8", "", _TYPES, domain=""),
         standard=True,
         probe=Spec("QLinearConv", "", (
-            _quantized("x", (1, 2, 5, 5), "uint8"), _scale("x_scale", 1), _quantized("x_zero_point", (), "uint8"),
-            _quantized("w", (3, 2, 3, 3), "int8"), _scale("w_scale", 1), _quantized("w_zero_point", (), "int8"),
-            _scale("y_scale", 2048), _quantized("y_zero_point", (), "uint8"),
+            _quantized("x", (1, 2, 5, 5), "uint8"), scalar("x_scale", 1), _quantized("x_zero_point", (), "uint8"),
+            _quantized("w", (3, 2, 3, 3), "int8"), scalar("w_scale", 1), _quantized("w_zero_point", (), "int8"),
+            scalar("y_scale", 2048), _quantized("y_zero_point", (), "uint8"),
             Input("B", (3,), True, integers=(-4096, 4096), integer_dtype="int32")), {"pads": [1, 1, 1, 1]}, opset=13),
         contracts=(Contract("QLinearConv", "", "uint8", (), ("qlinear-conv",)),
                    Contract("QLinearConv", "", "uint8", ("B",), ("qlinear-conv",))),
@@ -42,9 +37,9 @@ RECORDS = (
                         domain=""),
         standard=True,
         probe=Spec("QLinearMatMul", "", (
-            _quantized("a", (2, 3, 8), "uint8"), _scale("a_scale", 1), _quantized("a_zero_point", (), "uint8"),
-            _quantized("b", (8, 4), "int8"), _scale("b_scale", 1), _quantized("b_zero_point", (), "int8"),
-            _scale("y_scale", 2048), _quantized("y_zero_point", (), "uint8")), opset=13),
+            _quantized("a", (2, 3, 8), "uint8"), scalar("a_scale", 1), _quantized("a_zero_point", (), "uint8"),
+            _quantized("b", (8, 4), "int8"), scalar("b_scale", 1), _quantized("b_zero_point", (), "int8"),
+            scalar("y_scale", 2048), _quantized("y_zero_point", (), "uint8")), opset=13),
         contracts=(Contract("QLinearMatMul", "", "uint8", (), ("qlinear-matmul",)),),
     ),
 )

@@ -6,7 +6,8 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
-from fuse_cli.ops.record import MS, Contract, Input, Operator, Spec, kernels
+from fuse_cli.ops.rules import float_operands
+from fuse_cli.ops.record import MS, Contract, Input, Operator, Spec, kernels, scalar
 
 
 def _requantized(op: str):
@@ -17,19 +18,11 @@ def _requantized(op: str):
         if len(inputs) < 8 or not inputs[0] or not inputs[3] or not inputs[7]:
             return []
         out = node.output[0]
-        operands = [f"{out}::fuse-{side}-float" for side in ("a", "b")]
-        casts = [helper.make_node("Cast", [name], [operand], to=onnx.TensorProto.FLOAT)
-                 for name, operand in zip((inputs[0], inputs[3]), operands)]
+        casts, operands = float_operands(node, inputs[0], inputs[3])
         product = f"{out}::fuse-float"
         return [*casts, helper.make_node(op, operands, [product]),
                 helper.make_node("QuantizeLinear", [product, inputs[6], inputs[7]], [out])]
     return stand_in
-
-
-def _scalar(name: str, dtype: str, low: int) -> Input:
-    """A one-value scale or zero point, a 0-d array (a random scalar would reach onnxruntime as a
-    numpy scalar)."""
-    return Input(name, (), integers=(low, low + 1), integer_dtype=dtype)
 
 
 def _record(op: str) -> Operator:
@@ -39,11 +32,11 @@ def _record(op: str) -> Operator:
         # The dtype is the scales' (float32, fixed by the schema), as for QGemm and DynamicQuantizeMatMul.
         support=kernels(qualified, "float32", "", notes="A, B and the output of one type, u8 or s8, per tensor"),
         probe=Spec(qualified, MS, (
-            Input("A", (2, 3, 4), integers=(0, 256), integer_dtype="uint8"), _scalar("A_scale", "float32", 1),
-            _scalar("A_zero_point", "uint8", 128),
-            Input("B", (4,), integers=(0, 256), integer_dtype="uint8"), _scalar("B_scale", "float32", 1),
-            _scalar("B_zero_point", "uint8", 128),
-            _scalar("C_scale", "float32", 2), _scalar("C_zero_point", "uint8", 128)), output_dtype="uint8"),
+            Input("A", (2, 3, 4), integers=(0, 256), integer_dtype="uint8"), scalar("A_scale", 1, "float32"),
+            scalar("A_zero_point", 128, "uint8"),
+            Input("B", (4,), integers=(0, 256), integer_dtype="uint8"), scalar("B_scale", 1, "float32"),
+            scalar("B_zero_point", 128, "uint8"),
+            scalar("C_scale", 2, "float32"), scalar("C_zero_point", 128, "uint8")), output_dtype="uint8"),
         contracts=(Contract(qualified, MS, "float32", (), ("qlinear-binary",)),),
         stand_in=_requantized(op),
     )

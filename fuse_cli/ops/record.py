@@ -88,6 +88,12 @@ class Input:
     integer_dtype: str = "int64"
 
 
+def scalar(name: str, value: int, dtype: str = "float32") -> Input:
+    """A one-value input holding the whole number `value` (a scale, a zero point), as a 0-d array:
+    a random scalar would reach onnxruntime as a numpy scalar, which it refuses."""
+    return Input(name, (), integers=(value, value + 1), integer_dtype=dtype)
+
+
 @dataclass(frozen=True)
 class Spec:
     """A one-node probe of `op`: its inputs in order (an optional one may be left empty) and attributes."""

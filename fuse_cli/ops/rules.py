@@ -51,3 +51,12 @@ def same_as_input_0(node: onnx.NodeProto, opset: int) -> list[onnx.NodeProto]:
 def output_sized(node: onnx.NodeProto, shapes: Shapes, opset: int) -> int:
     """Scratch of one output's worth."""
     return shapes.nbytes(node.output[0]) or 0
+
+
+def float_operands(node: onnx.NodeProto, a: str, b: str) -> tuple[list[onnx.NodeProto], list[str]]:
+    """Casts of the quantized operands `a` and `b` of `node` to float32, and the names they write:
+    a stand-in of a quantized product computes it in float (only its shape and type matter)."""
+    out = node.output[0]
+    operands = [f"{out}::fuse-{side}-float" for side in ("a", "b")]
+    return [helper.make_node("Cast", [name], [operand], to=onnx.TensorProto.FLOAT)
+            for name, operand in zip((a, b), operands)], operands
