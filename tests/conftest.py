@@ -49,6 +49,16 @@ def assert_equivalent(original: onnx.ModelProto, optimized: onnx.ModelProto, *, 
         assert result.passed, [o for o in result.outputs if not o.passed]
 
 
+def assert_one_norm_with_float32_stash(model: onnx.ModelProto, fused: onnx.ModelProto) -> None:
+    """The float16 norm became one node on `x` computing in float32 (stash_type 1, as torch's
+    widened float16 exports do), within float16's rounding of the original at two settings."""
+    (node,) = fused.graph.node
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    assert node.input[0] == "x" and attrs["stash_type"] == 1
+    for dims in ({"batch": 1, "sequence": 3}, {"batch": 3, "sequence": 5}):
+        assert_equivalent(model, fused, dims=dims, rtol=1e-2, atol=1e-3)
+
+
 def fused_and_settled(model: onnx.ModelProto, tmp_path: Path, passes: tuple[str, ...], settings,
                       rerun: tuple[str, ...] | None = None) -> api.OptimizeResult:
     """fuse with `passes`; the output must match the original at each of `settings` (dims) and a
