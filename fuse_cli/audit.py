@@ -35,6 +35,12 @@ from fuse_cli.scheduling import PEAK_TOLERANCE_FRACTION, PEAK_TOLERANCE_MIN_BYTE
 LARGER, LARGER_AT_LEAST = 4, 64
 
 
+def provider_of(target: str) -> str:
+    """The provider whose executor the estimate replays for `target`: CUDA for ort-cuda, else
+    the CPU one (which runs --target onnx, ort-cpu, and verifies every target)."""
+    return "cuda" if target == "ort-cuda" else "cpu"
+
+
 @dataclasses.dataclass(frozen=True)
 class _Setting:
     dims: Mapping[str, int]
@@ -49,6 +55,9 @@ class PeakEstimate:
     def __init__(self, loaded: LoadedModel, bound: ShapeTable, symbolic: ShapeTable, config: FuseConfig):
         self.original, self.symbolic = loaded.model, symbolic
         self.defaults = tuple(loaded.input_defaults)
+        # The provider whose executor the walk replays: the CPU one casts float16 nodes it has no
+        # float16 kernel for (analysis/inserted_casts.py); an ort-cuda output runs on CUDA.
+        self.provider = provider_of(config.target)
         self._settings = [self._setting(bound.bound_dims, bound, config.input_shapes)]
         # whole input shapes fix the sizes: nothing to grow. The larger setting is built on first
         # use: the audit alone (--allow-peak-growth) never needs it.
@@ -65,7 +74,8 @@ class PeakEstimate:
         self._symbolic: list[tuple[onnx.ModelProto, tuple[frozenset[bytes], bytes], ShapeTable]] = []
 
     def _setting(self, dims, shapes: ShapeTable, input_shapes) -> _Setting:
-        before = profile_memory(self.original, shapes, extra_weights=self.defaults, symbolic_shapes=self.symbolic)
+        before = profile_memory(self.original, shapes, extra_weights=self.defaults, symbolic_shapes=self.symbolic,
+                                provider=self.provider)
         return _Setting(dict(dims), shapes, dict(input_shapes), before)
 
     @property
@@ -102,6 +112,7 @@ class PeakEstimate:
             tables = [self._tables(model, i, (stored, nodes, declared)) for i in missing]
             # one planner table per candidate, whatever the setting (see _planner_shapes)
             computed = profile_memory_at(model, [bound for bound, _ in tables], extra_weights=self.defaults,
+                                         provider=self.provider,
                                          symbolic_shapes=tables[0][1], order=order)
             for i, profile in zip(missing, computed):
                 found[i] = profile
@@ -216,7 +227,7 @@ def memory_audit(estimate: PeakEstimate, optimized: onnx.ModelProto, fusions: li
             continue
         gone |= names
         peak = profile_memory(estimate.original, bound, extra_weights=estimate.defaults, absent=gone,
-                              symbolic_shapes=estimate.symbolic).peak_bytes
+                              symbolic_shapes=estimate.symbolic, provider=estimate.provider).peak_bytes
         deltas.append((pass_name, pattern, peak - previous))
         previous = peak
     deltas += [(pass_name, pattern, delta) for (pass_name, pattern), delta in estimated.items()]

@@ -123,7 +123,7 @@ class MemoryProfile:
 
 def profile_memory(model: onnx.ModelProto, shapes: ShapeTable, *, extra_weights: Iterable[str] = (),
                    absent: Iterable[str] = (), symbolic_shapes: ShapeTable | None = None,
-                   order: Sequence[int] | None = None) -> MemoryProfile:
+                   order: Sequence[int] | None = None, provider: str = "cpu") -> MemoryProfile:
     """Walk the top-level graph once and account every activation's lifetime.
 
     shapes: sizes at the user's bindings. symbolic_shapes: the model's shapes with no dim bound,
@@ -132,19 +132,21 @@ def profile_memory(model: onnx.ModelProto, shapes: ShapeTable, *, extra_weights:
     absent: tensors that take no memory, for "what if these intermediates did not exist".
     order: the nodes run in this order (indices into graph.node, a topological order) instead of
     onnxruntime's: what another stored order, or a runtime that follows the stored order, would do.
+    provider: "cpu" walks the float32 Casts onnxruntime's CPU provider inserts around float16 nodes
+    it has no float16 kernel for (analysis/inserted_casts.py); "cuda" the nodes as stored.
     Raises ValueError when the graph has a cycle or `order` is not a topological order.
     """
     return profile_memory_at(model, (shapes,), extra_weights=extra_weights, absent=absent,
-                             symbolic_shapes=symbolic_shapes, order=order)[0]
+                             symbolic_shapes=symbolic_shapes, order=order, provider=provider)[0]
 
 
 def profile_memory_at(model: onnx.ModelProto, tables: Sequence[ShapeTable], *, extra_weights: Iterable[str] = (),
                       absent: Iterable[str] = (), symbolic_shapes: ShapeTable | None = None,
-                      order: Sequence[int] | None = None) -> tuple[MemoryProfile, ...]:
+                      order: Sequence[int] | None = None, provider: str = "cpu") -> tuple[MemoryProfile, ...]:
     """profile_memory at each of several shape settings (`tables`): the buffer plan reads no
     sizes, so one walk serves them all."""
     with paused_gc():
-        setup = walk_setup(model, symbolic_shapes, extra_weights, order)
+        setup = walk_setup(model, symbolic_shapes, extra_weights, order, provider)
         absent = frozenset(absent)
         buffers = buffer_plan(setup, absent)
         return tuple(_profile(setup, buffers, setup.sized(shapes), absent) for shapes in tables)
@@ -154,8 +156,11 @@ def _profile(setup: WalkSetup, plan: BufferPlan, sized: WalkSizes, absent: froze
     graph = setup.graph
     labels, producer = setup.labels, setup.producer
     if absent:
-        known = {name: 0 if name in absent else size for name, size in sized.known.items()}
-        unknown = tuple(name for name in sized.unknown if name not in absent)
+        # a float32 copy onnxruntime's CPU provider makes of an absent tensor is absent too
+        copies = graph.float_copies
+        known = {name: 0 if name in absent or copies.get(name) in absent else size
+                 for name, size in sized.known.items()}
+        unknown = tuple(name for name in sized.unknown if name not in absent and copies.get(name) not in absent)
     else:
         known, unknown = sized.known, sized.unknown
     workspace = sized.workspace

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import onnx
 
 from fuse_cli.analysis.bodies import CONTROL_FLOW_OPS, BodyCost, Scope, body_cost, scope
+from fuse_cli.analysis.inserted_casts import FLOAT, FLOAT16, Step, inserted_casts
 from fuse_cli.analysis.planner_shapes import planner_keys, planner_shapes_in_order
 from fuse_cli.analysis.shapes import ShapeTable, TensorInfo, infer_shapes
 from fuse_cli.core.order import (checked_order, consumed_names, execution_order, may_hold_subgraphs, model_fingerprint,
@@ -74,9 +75,16 @@ class WalkGraph:
     initializer_bytes: int
     constants: list[tuple[str, int | None]]
     body_scope: Scope = field(default_factory=Scope)  # what control-flow nodes take from the graph
+    # The nodes walked are those onnxruntime runs: on the CPU provider, with the Casts it inserts
+    # around float16 nodes (analysis/inserted_casts.py). `stored`: each one's index in graph.node
+    # (None: an inserted Cast); `float_copies`: each float32 tensor those Casts add, with the
+    # float16 tensor whose shape it has. Empty when it inserts none: node i is stored node i.
+    stored: list[int | None] = field(default_factory=list)
+    float_copies: dict[str, str] = field(default_factory=dict)
     runtime: WalkSetup | None = None        # onnxruntime's order
     explicit: WalkSetup | None = None       # the last order given (a scheduler's candidate)
     by_table: dict[int, tuple[ShapeTable, tuple]] = field(default_factory=dict)
+    provider: str = "cpu"
 
     def sized(self, shapes: ShapeTable) -> tuple[dict[str, int], dict[int, int], int, dict[int, int], tuple]:
         """The bytes of each activation whose size is known, the scratch of the nodes that have
@@ -100,6 +108,10 @@ class WalkGraph:
                 size = by_shape[key] = info.nbytes()
             if size is not None:
                 known[name] = size
+        for copy, source in self.float_copies.items():
+            info = tensors.get(source)
+            if info is not None and (size := TensorInfo(copy, FLOAT, info.shape).nbytes()) is not None:
+                known[copy] = size
         scratch = {stored: size for stored, node in self.scratch_nodes
                    if (size := workspace_bytes(node, shapes, self.opset))}
         held_scratch = {stored: size for stored, node in self.scratch_nodes
@@ -161,9 +173,11 @@ _GRAPHS_KEPT = 4
 
 
 def walk_setup(model: onnx.ModelProto, symbolic_shapes: ShapeTable | None, extra_weights: Iterable[str],
-               explicit: Sequence[int] | None = None) -> WalkSetup:
+               explicit: Sequence[int] | None = None, provider: str = "cpu") -> WalkSetup:
     """`model` prepared for walks in onnxruntime's order, or in `explicit` (stored indices by step;
-    ValueError when not a topological order): from the cache when the same model was walked lately."""
+    ValueError when not a topological order): from the cache when the same model was walked lately.
+    `provider` "cpu": the nodes its CPU provider runs, with the Casts it inserts around float16
+    nodes it has no float16 kernel for; "cuda": the nodes as stored."""
     # A list: indexing a protobuf repeated field builds a wrapper per access (35 us at 12k nodes).
     stored = list(model.graph.node)
     serialized = [node.SerializeToString() for node in stored]
@@ -172,16 +186,16 @@ def walk_setup(model: onnx.ModelProto, symbolic_shapes: ShapeTable | None, extra
     # An id is reused once its model is gone; the fingerprint then says whether the new model has
     # the same structure, for which the setup holds as well.
     graph = next((g for g in _GRAPHS if g.model_id == id(model) and g.symbolic is symbolic_shapes
-                  and g.fingerprint == fingerprint), None)
+                  and g.fingerprint == fingerprint and g.provider == provider), None)
     if graph is None:
-        graph = _walk_graph(model, _nodes(stored, serialized), symbolic_shapes, extra, fingerprint)
+        graph = _walk_graph(model, _nodes(stored, serialized), symbolic_shapes, extra, fingerprint, provider)
         _GRAPHS.insert(0, graph)
         del _GRAPHS[_GRAPHS_KEPT:]
     if explicit is None:
         if graph.runtime is None:
             graph.runtime = _ordered(graph, runtime_order_by_producers(graph.producers, graph.indices))
         return graph.runtime
-    wanted = list(explicit)
+    wanted = _with_inserted(graph, list(explicit)) if graph.stored else list(explicit)
     if graph.explicit is None or graph.explicit.order != wanted:
         # a scheduler's candidate, judged at each shape setting in turn: the last one kept
         graph.explicit = _ordered(graph, checked_order(wanted, graph.producers, graph.labels))
@@ -189,7 +203,7 @@ def walk_setup(model: onnx.ModelProto, symbolic_shapes: ShapeTable | None, extra
 
 
 def _walk_graph(model: onnx.ModelProto, nodes: Sequence[_Node], symbolic_shapes: ShapeTable | None,
-                extra: frozenset[str], fingerprint: bytes) -> WalkGraph:
+                extra: frozenset[str], fingerprint: bytes, provider: str) -> WalkGraph:
     graph = model.graph
     consumed = [node.consumed for node in nodes]
     outputs = [node.output for node in nodes]
@@ -201,6 +215,19 @@ def _walk_graph(model: onnx.ModelProto, nodes: Sequence[_Node], symbolic_shapes:
         order = execution_order(graph, consumed, outputs)  # the one place that reports a cycle
     symbolic = symbolic_shapes if symbolic_shapes is not None else infer_shapes(model)
     weights = _weight_names(graph, nodes) | extra
+    opset = _default_opset(model)
+    indices = runtime_indices([node.kind in FUNCTION_BODY_OPS for node in nodes])
+    stored_of: list[int | None] = []
+    float_copies: dict[str, str] = {}
+    plan = (_cpu_casts(nodes, indices, producers, symbolic, {vi.name for vi in graph.output}, opset)
+            if provider == "cpu" else None)
+    if plan is not None:
+        # the graph onnxruntime runs: rewired stored nodes and the inserted Casts, by its indices
+        nodes, labels, indices, stored_of, float_copies = _cast_nodes(plan, nodes, labels)
+        consumed = [node.consumed for node in nodes]
+        outputs = [node.output for node in nodes]
+        producers = producers_of(outputs, consumed)
+        order = runtime_order_by_producers(producers, indices)
     graph_inputs = [vi.name for vi in graph.input if vi.name and vi.name not in weights]
     activations = set(itertools.chain.from_iterable(outputs))
     activations -= weights
@@ -211,8 +238,10 @@ def _walk_graph(model: onnx.ModelProto, nodes: Sequence[_Node], symbolic_shapes:
     # propagates the same dims).
     ordered = [nodes[i] for i in order]
     planner = planner_shapes_in_order(model, ordered, symbolic)
+    for copy, source in float_copies.items():
+        if (info := planner.get(source)) is not None:
+            planner[copy] = TensorInfo(copy, FLOAT, info.shape)
     keys = planner_keys(activations, planner)
-    opset = _default_opset(model)
     kinds = [node.kind for node in nodes]
     graph_outputs = {vi.name for vi in graph.output}
     count = Counter(itertools.chain(graph_inputs, itertools.chain.from_iterable(reads),
@@ -222,7 +251,7 @@ def _walk_graph(model: onnx.ModelProto, nodes: Sequence[_Node], symbolic_shapes:
     return WalkGraph(
         model_id=id(model), symbolic=symbolic_shapes, fingerprint=fingerprint, labels=labels,
         op_types=[node.op_type for node in nodes], producers=producers,
-        indices=runtime_indices([kind in FUNCTION_BODY_OPS for kind in kinds]), reads=reads,
+        indices=indices, reads=reads,
         inputs=[node.input for node in nodes], outputs=outputs,
         alias=[kind in VIEW_OPSETS and VIEW_OPSETS[kind][0] <= opset <= VIEW_OPSETS[kind][1] for kind in kinds],
         in_place=[IN_PLACE.get(kind) for kind in kinds], activations=activations, planner_shapes=planner,
@@ -232,7 +261,93 @@ def _walk_graph(model: onnx.ModelProto, nodes: Sequence[_Node], symbolic_shapes:
         body_scope=scope(graph, [node.proto for node in nodes if node.kind in CONTROL_FLOW_OPS]),
         initializer_bytes=initializer_bytes,
         constants=[(node.output[0], _constant_value_bytes(node.proto)) for node in nodes
-                   if node.op_type == "Constant" and node.domain in _DEFAULT_DOMAINS and node.output])
+                   if node.op_type == "Constant" and node.domain in _DEFAULT_DOMAINS and node.output],
+        stored=stored_of, float_copies=float_copies, provider=provider)
+
+
+def _cpu_casts(nodes: Sequence[_Node], indices: list[int] | None, producers: Sequence[Sequence[int]],
+               symbolic: ShapeTable, graph_outputs: set[str], opset: int):
+    """The CPU provider's inserted Casts (analysis/inserted_casts.py), None where it inserts none:
+    only a graph with a float16 tensor is replayed."""
+    tensors = symbolic.tensors
+    if not any(info.elem_type == FLOAT16 for info in tensors.values()):
+        return None
+    steps = [Step(node.op_type, node.domain, list(node.input), list(node.output),
+                  i if indices is None else indices[i], i, node.name) for i, node in enumerate(nodes)]
+
+    def elem_type(name: str) -> int | None:
+        info = tensors.get(name)
+        return None if info is None else info.elem_type
+
+    def order(steps: list[Step]) -> list[int]:
+        return runtime_order_by_producers(producers, [step.index for step in steps])
+
+    return inserted_casts(steps, elem_type, graph_outputs, opset,
+                          lambda step: nodes[step.stored].kind in CONTROL_FLOW_OPS, order)
+
+
+def _cast_nodes(plan, nodes: Sequence[_Node], labels: Sequence[str]):
+    """The walk's nodes, labels, onnxruntime indices and stored indices from a CastPlan. A stored
+    node keeps its proto (what scratch and bodies read) under its rewired inputs and outputs."""
+    walked, walked_labels, indices, stored_of = [], [], [], []
+    for step in plan.steps:
+        if step.stored is None:
+            proto = onnx.helper.make_node("Cast", step.inputs, step.outputs, name=step.name,
+                                          to=FLOAT16 if plan.float_copies.get(step.inputs[0]) else FLOAT)
+            node, label = _Node(proto, _fields(proto)), step.name
+        else:
+            original = nodes[step.stored]
+            node, label = original, labels[step.stored]
+            if list(original.input) != step.inputs or list(original.output) != step.outputs:
+                inputs, outputs = tuple(step.inputs), tuple(step.outputs)
+                reads = tuple(name for name in inputs if name)
+                node = _Node(original.proto, (original.name, original.op_type, original.domain, inputs, outputs,
+                                              tuple(set(reads)), reads, original.kind))
+        walked.append(node)
+        walked_labels.append(label)
+        indices.append(step.index)
+        stored_of.append(step.stored)
+    return walked, walked_labels, indices, stored_of, dict(plan.float_copies)
+
+
+def _with_inserted(graph: WalkGraph, explicit: list[int]) -> list[int]:
+    """An order of stored nodes as an order of the walked ones: each inserted Cast right after the
+    node writing its input, or, reading a weight or a graph input, right before its first reader."""
+    position = {stored: i for i, stored in enumerate(graph.stored) if stored is not None}
+    order = [position[stored] for stored in explicit if stored in position]
+    producer = {name: i for i, names in enumerate(graph.outputs) for name in names}
+    after: dict[int | None, list[int]] = {}
+    before: dict[int | None, list[int]] = {}
+    for i, stored in enumerate(graph.stored):
+        if stored is None:
+            writer = producer.get(graph.inputs[i][0])
+            if writer is not None:
+                after.setdefault(writer, []).append(i)
+            else:
+                copy = graph.outputs[i][0]
+                before.setdefault(next((k for k in order if copy in graph.reads[k]), None), []).append(i)
+
+    result: list[int] = []
+
+    def emit(i: int) -> None:
+        result.append(i)
+        for k in after.get(i, ()):
+            emit(k)
+
+    for k in before.pop(None, []):
+        emit(k)
+    for k in order:
+        for cast in before.get(k, ()):
+            emit(cast)
+        emit(k)
+    return result
+
+
+def _fields(proto: onnx.NodeProto) -> tuple:
+    inputs = tuple(proto.input)
+    reads = tuple(name for name in inputs if name)
+    return (proto.name, proto.op_type, proto.domain, inputs, tuple(proto.output), tuple(set(reads)), reads,
+            ("", proto.op_type))
 
 
 class _Node:

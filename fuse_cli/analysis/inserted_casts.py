@@ -1,0 +1,261 @@
+"""The Casts onnxruntime's CPU provider inserts around float16 nodes it has no float16 kernel for,
+replayed on a graph's nodes: what the memory walk must count on the CPU provider.
+
+onnxruntime's InsertCastTransformer (onnxruntime/core/optimizer/insert_cast_transformer.cc) runs
+at every optimization level, after partitioning:
+1. A node with a float16 kernel whose float16 inputs all come from nodes without one, and whose
+   float16 outputs feed nodes, is run in float32 too (ForceSingleNodeCPUFloat16ToFloat32), so a
+   chain is not cast back and forth around it. Not for a node with a subgraph, one writing a graph
+   output, or one reading only graph inputs and weights; not when the graph has one node.
+2. In onnxruntime's execution order, each node without a float16 kernel reads each float16 input
+   through a Cast to float32 (one Cast per tensor, shared by every such reader; a weight's Cast
+   reads only the weight) and writes each float16 output in float32, cast back by a new Cast. The
+   Casts are added in that order, after every node there is: they take the highest indices, which
+   steers the execution order (core/order.py) and runs every weight's Cast early.
+3. Duplicate Casts are removed (RemoveDuplicateCastTransformer), nodes in index order: a Cast
+   whose reader Cast casts back to its input's type (float32 -> float16 -> float32) is skipped by
+   that reader's readers, and a Cast every reader of which is a Cast goes, those Casts reading
+   its input instead; never one writing a graph output.
+The float32 tensors are named as onnxruntime names them (InsertedPrecisionFreeCast_<tensor>).
+Subgraphs are not rewritten here: a control-flow body is walked as stored.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import onnx
+from onnx import TensorProto
+
+from fuse_cli.ops.cpu_float16 import has_cpu_float16_kernel
+
+FLOAT16, FLOAT = TensorProto.FLOAT16, TensorProto.FLOAT
+CAST_PREFIX = "InsertedPrecisionFreeCast_"
+
+_BOOL, _SIGNED, _UNSIGNED, _FLOATING = "bool", "signed", "unsigned", "floating"
+_KINDS = {TensorProto.BOOL: (_BOOL, 1),
+          TensorProto.INT8: (_SIGNED, 8), TensorProto.INT16: (_SIGNED, 16), TensorProto.INT32: (_SIGNED, 32),
+          TensorProto.INT64: (_SIGNED, 64), TensorProto.UINT8: (_UNSIGNED, 8), TensorProto.UINT16: (_UNSIGNED, 16),
+          TensorProto.UINT32: (_UNSIGNED, 32), TensorProto.UINT64: (_UNSIGNED, 64),
+          TensorProto.BFLOAT16: (_FLOATING, 16), FLOAT16: (_FLOATING, 16), FLOAT: (_FLOATING, 32),
+          TensorProto.DOUBLE: (_FLOATING, 64)}
+
+
+def _unsafe_cast(source: int | None, target: int | None, name: str) -> bool:
+    """RemoveDuplicateCastTransformer's UnsafeCast: whether a Cast from `source` to `target` may
+    lose what a Cast back would not restore. A narrowing float Cast onnxruntime inserted itself
+    (named CAST_PREFIX...) is not one: it only undoes its own widening."""
+    if source not in _KINDS or target not in _KINDS:
+        return True
+    (src_kind, src_bits), (dst_kind, dst_bits) = _KINDS[source], _KINDS[target]
+    if src_kind in (_SIGNED, _FLOATING) and dst_kind == _UNSIGNED:
+        return True
+    if src_kind == _FLOATING and dst_kind != _FLOATING:
+        return True
+    if src_kind == _UNSIGNED and dst_kind == _SIGNED:
+        return dst_bits <= src_bits
+    if src_kind in (_SIGNED, _UNSIGNED) and dst_kind == _FLOATING:
+        return dst_bits <= src_bits
+    if {source, target} == {FLOAT16, TensorProto.BFLOAT16}:
+        return True
+    return src_bits > dst_bits and not name.startswith(CAST_PREFIX)
+
+
+@dataclass
+class Step:
+    """A node of the graph onnxruntime runs: a stored node (`stored`: its index) with its inputs and
+    outputs as rewired, or an inserted Cast (`stored` None). `index`: its index in onnxruntime's
+    graph."""
+
+    op_type: str
+    domain: str
+    inputs: list[str]
+    outputs: list[str]
+    index: int
+    stored: int | None = None
+    name: str = ""
+
+
+@dataclass
+class CastPlan:
+    """The nodes onnxruntime runs (stored ones and inserted Casts, by onnxruntime index) and each
+    float32 tensor the Casts add, with the tensor whose shape it has."""
+
+    steps: list[Step]
+    float_copies: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def changes_graph(self) -> bool:
+        return any(step.stored is None for step in self.steps) or any(
+            step.stored != i for i, step in enumerate(self.steps))
+
+
+def inserted_casts(steps: Sequence[Step], elem_type: Callable[[str], int | None], graph_outputs: set[str],
+                   opset: int, has_subgraph: Callable[[Step], bool], order: Callable[[list[Step]], list[int]]
+                   ) -> CastPlan | None:
+    """The graph of `steps` (stored nodes, each with its onnxruntime index) as onnxruntime's CPU
+    provider runs it, or None when it inserts no Cast. `elem_type`: each tensor's element type;
+    `order(steps)`: onnxruntime's execution order of `steps` (positions)."""
+    steps = [Step(s.op_type, s.domain, list(s.inputs), list(s.outputs), s.index, s.stored, s.name) for s in steps]
+    types: dict[str, int | None] = {}
+
+    def type_of(name: str) -> int | None:
+        if name not in types:
+            types[name] = elem_type(name) if name else None
+        return types[name]
+
+    def float16_inputs(step: Step) -> list[str]:
+        return [name for name in step.inputs if name and type_of(name) == FLOAT16]
+
+    unassigned = [bool(float16_inputs(s)) and not has_cpu_float16_kernel(s.domain, s.op_type, opset) for s in steps]
+    if not any(unassigned):
+        return None
+    producer = {name: i for i, s in enumerate(steps) for name in s.outputs if name}
+    readers: dict[str, list[int]] = {}
+    for i, s in enumerate(steps):
+        for name in s.inputs:
+            if name:
+                readers.setdefault(name, []).append(i)
+
+    def needs_input_cast(i: int) -> bool:
+        return unassigned[i] and bool(float16_inputs(steps[i]))
+
+    for i in sorted(range(len(steps)), key=lambda i: steps[i].index):
+        if not unassigned[i] and not has_subgraph(steps[i]) and _isolated(
+                steps[i], producer, readers, graph_outputs, opset, needs_input_cast, type_of):
+            unassigned[i] = True
+
+    float_copies: dict[str, str] = {}
+    cast_of: dict[str, str] = {}  # float16 tensor -> its float32 copy
+    added: list[Step] = []
+    next_index = max((s.index for s in steps), default=-1) + 1
+    for i in order(steps):
+        step = steps[i]
+        if not unassigned[i] or has_subgraph(step) or not float16_inputs(step):
+            continue
+        for position, name in enumerate(step.inputs):
+            if name and type_of(name) == FLOAT16:
+                if name not in cast_of:
+                    copy = cast_of[name] = CAST_PREFIX + name
+                    float_copies[copy], types[copy] = name, FLOAT
+                    added.append(Step("Cast", "", [name], [copy], next_index, name=copy))
+                    next_index += 1
+                step.inputs[position] = cast_of[name]
+        for position, name in enumerate(step.outputs):
+            if name and type_of(name) == FLOAT16:
+                copy = CAST_PREFIX + name
+                float_copies[copy], types[copy] = name, FLOAT
+                step.outputs[position] = copy
+                added.append(Step("Cast", "", [copy], [name], next_index, name=copy))
+                next_index += 1
+    steps.extend(added)
+    steps = _without_duplicate_casts(steps, type_of, graph_outputs)
+    live = {name for s in steps for name in (*s.inputs, *s.outputs)}
+    return CastPlan(steps, {copy: source for copy, source in float_copies.items() if copy in live})
+
+
+def _isolated(step: Step, producer: Mapping[str, int], readers: Mapping[str, list[int]], graph_outputs: set[str],
+              opset: int, needs_input_cast, type_of) -> bool:
+    """IsIsolatedFp16NodeOnCpu: a node with a float16 kernel, reading some node's output, whose
+    float16 inputs written by nodes are all written by nodes that are cast, and whose float16
+    outputs are read only by such nodes. As onnxruntime reads its schema, only the first tensor
+    given to each formal input or output counts (a variadic one: its first)."""
+    if any(name in graph_outputs for name in step.outputs) or not any(
+            name in producer for name in step.inputs if name):
+        return False
+    if step.op_type == "Cast" and step.domain in ("", "ai.onnx"):
+        return False  # measured: a float16 Cast between cast nodes stays (its `to` fixes its output)
+    inputs = _first_of_each_formal(step, step.inputs, opset, inputs=True)
+    outputs = _first_of_each_formal(step, step.outputs, opset, inputs=False)
+    if not any(type_of(name) == FLOAT16 for name in inputs):
+        return False
+    if any(type_of(name) == FLOAT16 and name in producer and not needs_input_cast(producer[name]) for name in inputs):
+        return False
+    float16_outputs = [name for name in outputs if type_of(name) == FLOAT16]
+    return bool(float16_outputs) and all(needs_input_cast(k) for name in float16_outputs for k in readers.get(name, ()))
+
+
+def _first_of_each_formal(step: Step, names: Sequence[str], opset: int, inputs: bool) -> list[str]:
+    """The first present tensor given to each of the operator's formal inputs (or outputs) whose
+    type is a type constraint: a variadic one's first. Without a schema (another domain than
+    onnx's), each tensor is its own."""
+    formals = _formals(step.domain, step.op_type, opset, inputs)
+    if formals is None:
+        return [name for name in names if name]
+    chosen, position = [], 0
+    for variadic, constrained in formals:
+        count = max(len(names) - position, 0) if variadic else 1
+        given = [name for name in names[position:position + count] if name]
+        if constrained and given and inputs:
+            chosen.append(given[0])
+        elif constrained and not inputs and position < len(names) and names[position]:
+            chosen.append(names[position])  # outputs: by the formal's index, as onnxruntime reads them
+        position += count
+    return chosen
+
+
+@functools.lru_cache(maxsize=512)
+def _formals(domain: str, op_type: str, opset: int, inputs: bool) -> tuple[tuple[bool, bool], ...] | None:
+    """(variadic, type-constrained) per formal input or output of the operator's schema at `opset`."""
+    if domain not in ("", "ai.onnx"):
+        return None
+    try:
+        schema = onnx.defs.get_schema(op_type, opset, "")
+    except onnx.defs.SchemaError:
+        return None
+    constraints = {c.type_param_str for c in schema.type_constraints}
+    formals = schema.inputs if inputs else schema.outputs
+    return tuple((f.option == onnx.defs.OpSchema.FormalParameterOption.Variadic, f.type_str in constraints)
+                 for f in formals)
+
+
+def _without_duplicate_casts(steps: list[Step], type_of, graph_outputs: set[str]) -> list[Step]:
+    """RemoveDuplicateCastTransformer over `steps`, Casts in index order, each seeing the graph as
+    the ones before left it."""
+    alive = [True] * len(steps)
+    readers: dict[str, list[int]] = {}
+    for i, s in enumerate(steps):
+        for name in s.inputs:
+            if name:
+                readers.setdefault(name, []).append(i)
+
+    def reroute(old: str, new: str) -> None:
+        for k in readers.pop(old, []):
+            if alive[k]:
+                steps[k].inputs = [new if name == old else name for name in steps[k].inputs]
+                readers.setdefault(new, []).append(k)
+
+    for i in sorted(range(len(steps)), key=lambda i: steps[i].index):
+        cast = steps[i]
+        if not alive[i] or cast.op_type != "Cast" or cast.domain not in ("", "ai.onnx"):
+            continue
+        source, written = cast.inputs[0], cast.outputs[0]
+        narrowing = _unsafe_cast(type_of(source), type_of(written), cast.name)
+        children = [k for k in dict.fromkeys(readers.get(written, [])) if alive[k]
+                    for _ in range(steps[k].inputs.count(written))]
+        removed, kept, inconsistent = [], [], False
+        for k in dict.fromkeys(children):
+            child = steps[k]
+            if child.op_type != "Cast":
+                continue
+            child_source, child_written = type_of(child.inputs[0]), type_of(child.outputs[0])
+            if narrowing and _unsafe_cast(child_written, child_source, child.name):
+                inconsistent = True
+                break
+            if child.outputs[0] not in graph_outputs and type_of(source) == child_written \
+                    and child_source == type_of(written):
+                removed.append(k)
+            else:
+                kept.append(k)
+        if inconsistent:
+            continue
+        for k in removed:
+            alive[k] = False
+            reroute(steps[k].outputs[0], source)
+        cast_children = sum(children.count(k) for k in (*removed, *kept))
+        if children and cast_children == len(children) and written not in graph_outputs:
+            alive[i] = False
+            reroute(written, source)
+    return [s for s, keep in zip(steps, alive) if keep]

@@ -1,0 +1,59 @@
+"""Which nodes onnxruntime's CPU provider runs in float16 itself, and which it runs in float32
+between Casts it inserts (its InsertCastTransformer, analysis/inserted_casts.py).
+
+The CPU provider has float16 kernels for the operators that move or select data and for a few
+normalizations; a float16 node of any other operator (MatMul, Add, Softmax, Relu, ...) gets no
+kernel, and onnxruntime then casts its float16 inputs to float32, runs the float32 kernel and
+casts the outputs back, even with graph optimizations disabled. Those Casts are tensors the
+memory estimate must count: a Cast of a float16 weight holds a float32 copy of it.
+
+Measured on onnxruntime-gpu 1.31.1 (its CPU provider) with one-node float16 models at graph
+optimization disabled: a node has a float16 kernel when the session's saved graph has no Cast
+inserted around it (tests/test_inserted_casts.py probes every row, and a sample of operators
+without one, against the installed runtime). com.microsoft operators: their records' support
+(fuse_cli/ops/, targets.py's table), which the target tests check the same way.
+"""
+
+from __future__ import annotations
+
+from fuse_cli.ops import OPERATORS
+
+# Default-domain operators with a CPU float16 kernel, each with the opsets (of the model's default
+# domain) where it has one: (first, last), last None for every later one.
+_ALWAYS = (1, None)
+STANDARD_FLOAT16_KERNELS: dict[str, tuple[int, int | None]] = {
+    # data movement and selection: registered for every tensor type
+    **dict.fromkeys((
+        "Cast", "CastLike", "Compress", "Concat", "Constant", "ConstantOfShape", "Expand", "Flatten", "Gather",
+        "GatherElements", "GatherND", "Identity", "OptionalGetElement", "Reshape", "ReverseSequence", "Scatter",
+        "ScatterElements", "ScatterND", "Shape", "Slice", "Split", "Squeeze", "Transpose", "Unsqueeze",
+        # control flow runs its body, whatever the types it carries
+        "If", "Loop", "Scan"), _ALWAYS),
+    # element-wise operators with a float16 kernel
+    **dict.fromkeys(("IsNaN", "Mod", "Round", "Shrink", "Sign"), _ALWAYS),
+    "Clip": (12, None), "Max": (12, None), "Min": (12, None),  # float16 from their opset-12 versions
+    "Dropout": (1, 11),            # the opset-12 version has none
+    "IsInf": (20, None),
+    "ReduceLogSumExp": (18, None),
+    # onnxruntime registers its own LayerNormalization in the default domain before opset 17
+    "LayerNormalization": _ALWAYS,
+    "DequantizeLinear": (19, None), "QuantizeLinear": (19, None),  # float16 scales
+}
+
+# onnxruntime's own operators (com.microsoft, and those it registers in the default domain such as
+# SimplifiedLayerNormalization) and the standard ones newer than them: their records' support.
+_RECORDED_CPU_DTYPES = {(r.support.domain, r.op): r.support.cpu for r in OPERATORS if r.support}
+
+
+def has_cpu_float16_kernel(domain: str, op_type: str, opset: int) -> bool:
+    """Whether onnxruntime's CPU provider runs a float16 `op_type` node itself (at the model's
+    default-domain `opset`). An operator of another domain fuse has no record of counts as having
+    one: no Cast is assumed where nothing is known."""
+    domain = "" if domain == "ai.onnx" else domain
+    dtypes = _RECORDED_CPU_DTYPES.get((domain, op_type))
+    if dtypes is not None:
+        return "float16" in dtypes
+    if domain == "":
+        first, last = STANDARD_FLOAT16_KERNELS.get(op_type, (0, -1))
+        return first <= opset and (last is None or opset <= last)
+    return True
