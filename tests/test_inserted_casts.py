@@ -13,6 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from fuse_cli.analysis import walk_setup as setups
+from fuse_cli.analysis.inserted_casts import CAST_PREFIX
 from fuse_cli.analysis.measure import measure_peak
 from fuse_cli.analysis.memory import profile_memory
 from fuse_cli.analysis.shapes import infer_shapes
@@ -151,7 +152,8 @@ def _block(opset=17):
 def _walked(model):
     setup = setups.walk_setup(model, infer_shapes(model), (), None, "cpu")
     graph = setup.graph
-    return sorted((graph.op_types[i], tuple(graph.inputs[i]), tuple(graph.outputs[i])) for i in range(len(graph.labels)))
+    return sorted((graph.op_types[i], tuple(graph.inputs[i]), tuple(graph.outputs[i]))
+                  for i in range(len(graph.labels)))
 
 
 @pytest.mark.parametrize("opset", [14, 17])
@@ -162,7 +164,7 @@ def test_the_walk_runs_the_graph_onnxruntime_runs(opset, tmp_path):
     walked = _walked(model)
     assert walked == expected
     # the rules the block is built to exercise did fire: the isolated nodes run in float32
-    in_float32 = {step[0] for step in walked if step[0] != "Cast" and step[2][0].startswith("InsertedPrecisionFreeCast_")}
+    in_float32 = {op for op, _, outputs in walked if op != "Cast" and outputs[0].startswith(CAST_PREFIX)}
     assert {"Gather", "Transpose", "LayerNormalization", "MatMul", "Relu"} <= in_float32
 
 

@@ -43,6 +43,26 @@ def reference_run(source: sessions.Source, dims: Mapping[str, int], *, seed: int
         heap.trim()
 
 
+def runtime_envelope(source: sessions.Source, dims: Mapping[str, int], feeds: Mapping[str, np.ndarray],
+                     expected: Mapping[str, np.ndarray], names: Sequence[str]) -> dict[str, float]:
+    """How far onnxruntime's own optimizations (its default level, all) move each output in `names`
+    from `expected` (the original as written) on the same `feeds`: the largest difference over
+    the elements finite in both."""
+    try:
+        session = session_for_verification(source, optimize=True, dims=dims)
+        wanted = {i.name for i in session.get_inputs()}
+        optimized = sessions.run(session, {k: v for k, v in feeds.items() if k in wanted})
+    finally:
+        session = None
+        heap.trim()
+    envelope = {}
+    for name in names:
+        want, got = np.asarray(expected[name], np.float64), np.asarray(optimized[name], np.float64)
+        finite = np.isfinite(want) & np.isfinite(got)
+        envelope[name] = float(np.abs(want[finite] - got[finite]).max()) if finite.any() else 0.0
+    return envelope
+
+
 def candidate_runs(source: sessions.Source, settings: Sequence[tuple[Mapping[str, int], Mapping[str, np.ndarray]]],
                    concurrent: bool) -> list[tuple[dict[str, np.ndarray] | None, FuseError | None]]:
     """The candidate at each (dims, feeds): its outputs, or why it failed to load or run.

@@ -27,6 +27,9 @@ class OutputComparison:
     nonfinite_mismatches: int = 0
     all_nonfinite: bool = False  # nothing finite to compare in the original or the optimized output
     problem: str | None = None  # a difference no statistic measures: another shape or dtype
+    # for an output downstream of a quantizer: how far onnxruntime's own optimizations move it from
+    # the original as written on the same inputs (verify.compare_outputs); atol is at least this
+    runtime_envelope: float | None = None
 
 
 @dataclass(frozen=True)
