@@ -7,6 +7,7 @@ import onnx
 import pytest
 from onnx import TensorProto
 
+from fuse_cli.targets import emit_reason
 from tests.conftest import assert_equivalent, optimize_model
 from tests.graphs import GraphBuilder, op_counts
 
@@ -82,6 +83,24 @@ def test_a_qdq_unit_stays_its_consumers_own(tmp_path):
                and readers.get(n.output[0]) == ["Add"]]
     assert len(dq_of_x) == 4 and all(len(readers[n.output[0]]) == 1 for n in dq_of_x)
     assert_equivalent(model, result.model, dims={"batch": 2})
+
+
+def test_a_softmax_unit_stays_in_float_at_ort_cpu(tmp_path):
+    """onnxruntime's CPU QLinearSoftmax ran 2.0-2.6x the DequantizeLinear -> Softmax ->
+    QuantizeLinear it would replace (ops/qlinear_unary.py): no pass forms it; the unit stays whole
+    for onnxruntime, and the target table says why."""
+    b = GraphBuilder(opset=17)
+    x = b.input("x", ["batch", 4, 16, 16])
+    scale, zero = b.const(np.float32(0.03)), b.const(np.uint8(120), dtype=np.uint8)
+    scores = b.op("DequantizeLinear", b.op("QuantizeLinear", x, scale, zero), scale, zero)
+    out_scale, out_zero = b.const(np.float32(1 / 255)), b.const(np.uint8(0), dtype=np.uint8)
+    q = b.op("QuantizeLinear", b.op("Softmax", scores, axis=-1), out_scale, out_zero)
+    model = b.build(b.op("DequantizeLinear", q, out_scale, out_zero), output_names=["y"])
+    result = optimize_model(model, tmp_path, target="ort-cpu")
+    assert op_counts(result.model) == op_counts(model)
+    assert "measured 2.0-2.6x slower" in emit_reason("ort-cpu", "QLinearSoftmax", "float32")
+    assert_equivalent(model, result.model, dims={"batch": 2})
+    assert_equivalent(model, result.model, dims={"batch": 3}, seeds=(2,))
 
 
 # ---- models onnxruntime.quantization makes: fuse's output must give onnxruntime the same kernels

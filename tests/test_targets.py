@@ -65,6 +65,10 @@ PROBES: dict[str, tuple[list, dict]] = {
     **{op: ([("A", U8, [2, 4]), ("A_scale", T, []), ("A_zero_point", U8, []), ("B", U8, [4]), ("B_scale", T, []),
              ("B_zero_point", U8, []), ("C_scale", T, []), ("C_zero_point", U8, [])], {})
        for op in ("QLinearAdd", "QLinearMul")},
+    "QLinearSoftmax": ([("X", U8, [2, 4]), ("x_scale", T, []), ("x_zero_point", U8, []), ("y_scale", T, []),
+                        ("y_zero_point", U8, [])], {"axis": -1, "opset": 13}),
+    "QLinearGlobalAveragePool": ([("X", U8, [1, 2, 3, 3]), ("x_scale", T, []), ("x_zero_point", U8, []),
+                                  ("y_scale", T, []), ("y_zero_point", U8, [])], {}),
     "SkipLayerNormalization": ([("x", T, [1, 2, 8]), ("skip", T, [1, 2, 8]), ("gamma", T, [8]), ("beta", T, [8])], {}),
     "SkipSimplifiedLayerNormalization": ([("x", T, [1, 2, 8]), ("skip", T, [1, 2, 8]), ("gamma", T, [8])], {}),
     "SimplifiedLayerNormalization": ([("x", T, [2, 8]), ("scale", T, [8])], {"axis": -1}),
@@ -100,7 +104,8 @@ PROBES: dict[str, tuple[list, dict]] = {
 QUANTIZED_OUTPUT = {r.op: helper.np_dtype_to_tensor_dtype(np.dtype(r.probe.output_dtype))
                     for r in OPERATORS if r.probe and r.probe.output_dtype}
 # ("": the scales' float32 is fixed by the schema, no type parameter names it)
-FLOAT_PARAM = {"DynamicQuantizeMatMul": "T1", "MatMulIntegerToFloat": "T3", "QLinearAdd": "", "QLinearMul": ""}
+FLOAT_PARAM = {"DynamicQuantizeMatMul": "T1", "MatMulIntegerToFloat": "T3", "QLinearAdd": "", "QLinearMul": "",
+               "QLinearSoftmax": "", "QLinearGlobalAveragePool": ""}
 
 REGISTRY_CHILD = """
 import json, sys

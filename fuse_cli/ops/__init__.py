@@ -15,8 +15,9 @@ import onnx
 
 from fuse_cli.ops import (conv, dropout, dynamic_quantize_matmul, embed_layer_norm, function_bodies, fused_conv,
                           fused_gemm, fused_matmul, gelu, group_query_attention, gru, in_place, layer_norm, lrn, lstm,
-                          multi_head_attention, packed_attention, qgemm, qlinear, qlinear_binary, rotary_embedding,
-                          simplified_layer_norm, skip_layer_norm, standard_attention, unemitted, variadic, views, where)
+                          multi_head_attention, packed_attention, qgemm, qlinear, qlinear_binary, qlinear_unary,
+                          rotary_embedding, simplified_layer_norm, skip_layer_norm, standard_attention, unemitted,
+                          variadic, views, where)
 from fuse_cli.ops.record import Operator, Shapes
 
 OPERATORS: tuple[Operator, ...] = (
@@ -27,6 +28,7 @@ OPERATORS: tuple[Operator, ...] = (
     *dynamic_quantize_matmul.RECORDS,
     *qgemm.RECORDS,
     *qlinear_binary.RECORDS,
+    *qlinear_unary.RECORDS,
     *skip_layer_norm.RECORDS,
     *simplified_layer_norm.RECORDS,
     *gelu.RECORDS,

@@ -113,6 +113,7 @@ RUNTIME_PIPELINE: tuple[str, ...] = (
     "fused-conv",
     "qgemm",  # before fused-gemm, which leaves a QDQ unit alone anyway
     "qlinear-binary",
+    "qlinear-global-average-pool",
     "fused-gemm",
     "bn-affine",
     "pin-gelu-bias",  # after every GELU and bias pass; not on ort-cuda, where BiasGelu is faster

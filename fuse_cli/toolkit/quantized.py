@@ -89,23 +89,26 @@ def _dtype_name(m: Match, g: GraphEditor, name: str) -> str:
     return str(g.dtype(m.tensor(f"{name}_q")))
 
 
-def qlinear_unit_reason(m: Match, g: GraphEditor, node: gs.Node, activation: str, weight: str, *,
+def qlinear_unit_reason(m: Match, g: GraphEditor, node: gs.Node, activation: str, weight: str | None, *,
                         kernel_types: frozenset = KERNEL_TYPES, per_tensor: tuple[str, ...] = ()) -> Decline | None:
     """Why the unit DQ(activation), DQ(weight) -> node [-> Relu] -> Q cannot be one QLinear node on
     onnxruntime's CPU kernels, or None. Scales and zero points are constants (the pattern's).
-    `kernel_types`: the (activation, weight, output) element types the kernel takes; the
-    activation, the output and `per_tensor` are quantized per tensor. The weight's own per-axis
-    form is otherwise the pass's to check."""
-    types = tuple(_dtype_name(m, g, n) for n in (activation, weight, "y"))
+    `kernel_types`: the (activation, weight, output) element types the kernel takes, or
+    (activation, output) for a unit of one input (`weight` None); the activation, the output and
+    `per_tensor` are quantized per tensor. The weight's own per-axis form is otherwise the pass's
+    to check."""
+    operands = tuple(n for n in (activation, weight) if n)
+    types = tuple(_dtype_name(m, g, n) for n in (*operands, "y"))
     if types not in kernel_types:
-        return Decline(f"{node.name}: onnxruntime's CPU provider has no quantized kernel for {activation} "
-                       f"{types[0]}, {weight} {types[1]}, output {types[2]}")
-    for name in (activation, weight):
+        read = ", ".join(f"{n} {t}" for n, t in zip(operands, types))
+        return Decline(f"{node.name}: onnxruntime's CPU provider has no quantized kernel for {read}, "
+                       f"output {types[-1]}")
+    for name in operands:
         dq = m.node(f"{name}_dq")
         if dq.attrs.get("block_size", 0):
             return Decline(f"{dq.name} is blockwise (block_size {dq.attrs['block_size']}): "
                            "no QLinear operator takes it")
-    for name in (activation, weight, "y"):
+    for name in (*operands, "y"):
         if constant_value(m.tensor(f"{name}_scale")).dtype != np.float32:
             return Decline(f"{node.name}: the {name} scale is not float32, which the QLinear operators need")
     for name in dict.fromkeys((activation, "y", *per_tensor)):
@@ -116,7 +119,7 @@ def qlinear_unit_reason(m: Match, g: GraphEditor, node: gs.Node, activation: str
                                "the QLinear operators quantize an activation per tensor")
     if "relu" in m.nodes:
         zero = constant_value(m.tensor("y_zero"))
-        floor = np.iinfo(np.dtype(types[2])).min
+        floor = np.iinfo(np.dtype(types[-1])).min
         if (0 if zero is None else int(zero.reshape(-1)[0])) != floor:
             return Decline(f"{m.node('relu').name} clamps at 0 but {m.node('q').name}'s zero point is not "
                            f"{floor}: the quantization does not make the Relu redundant")
