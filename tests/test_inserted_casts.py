@@ -219,3 +219,31 @@ def test_absent_tensors_take_their_float32_copies_with_them():
     assert without.peak_bytes < whole.peak_bytes
     assert all(t.name not in ("InsertedPrecisionFreeCast_h0", "InsertedPrecisionFreeCast_r0")
                for t in without.live_at_peak)
+
+
+def test_a_float32_copy_takes_the_shape_onnxruntime_gives_its_source():
+    """onnxruntime's planner reuses a dead buffer for a tensor of the same shape as its own
+    inference gives it. A Reshape to a computed shape leaves that inference without the dims onnx's
+    data propagation finds, and the float32 copy of what follows has the dims its float16 source has
+    there: not the data-propagated ones (with those, a float16 Gemma's copies took held buffers
+    onnxruntime does not hold: estimate 27.3 MiB against 14.2 allocated, now 14.1)."""
+    d = 16
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Slice", ["shape", "zero", "two"], ["leading"]),
+        helper.make_node("Concat", ["leading", "width"], ["target"], axis=0),
+        helper.make_node("Transpose", ["x"], ["xt"], perm=[1, 0, 2]),
+        helper.make_node("Reshape", ["xt", "target"], ["r"]),
+        helper.make_node("MatMul", ["r", "w"], ["y"]),
+        helper.make_node("Relu", ["y"], ["out"]),
+    ]
+    model = _model(nodes, [_io("x", F16, ["batch", "sequence", d])], [_io("out", F16)],
+                   [_weight("w", [d, d]), _ints("zero", [0]), _ints("two", [2]), _ints("width", [d])])
+    symbolic = infer_shapes(model)
+    assert symbolic.get("y").shape == ("batch", "sequence", d)  # onnx's data propagation sees through the Reshape
+    graph = setups.walk_setup(model, symbolic, (), None, "cpu").graph
+    stored = setups.walk_setup(model, symbolic, (), None, "cuda").graph  # the nodes as stored
+    copy = CAST_PREFIX + "y"
+    assert graph.float_copies[copy] == "y"
+    assert graph.planner_shapes[copy].shape == stored.planner_shapes["y"].shape
+    assert graph.planner_shapes[copy].shape != symbolic.get("y").shape

@@ -221,6 +221,10 @@ def _walk_graph(model: onnx.ModelProto, nodes: Sequence[_Node], symbolic_shapes:
     float_copies: dict[str, str] = {}
     plan = (_cpu_casts(nodes, indices, producers, symbolic, {vi.name for vi in graph.output}, opset)
             if provider == "cpu" else None)
+    # Planner shapes depend on the nodes, not on the order they run in (any topological order
+    # propagates the same dims); a float32 copy has its float16 tensor's, as onnxruntime's
+    # inference left that tensor in the graph as stored (the copy's own inference reads it).
+    ordered = [nodes[i] for i in order]
     if plan is not None:
         # the graph onnxruntime runs: rewired stored nodes and the inserted Casts, by its indices
         nodes, labels, indices, stored_of, float_copies = _cast_nodes(plan, nodes, labels)
@@ -234,9 +238,6 @@ def _walk_graph(model: onnx.ModelProto, nodes: Sequence[_Node], symbolic_shapes:
     activations.discard("")
     activations.update(graph_inputs)
     reads = [node.reads for node in nodes]
-    # Planner shapes depend on the nodes, not on the order they run in (any topological order
-    # propagates the same dims).
-    ordered = [nodes[i] for i in order]
     planner = planner_shapes_in_order(model, ordered, symbolic)
     for copy, source in float_copies.items():
         if (info := planner.get(source)) is not None:
