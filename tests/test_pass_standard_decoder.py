@@ -15,7 +15,7 @@ from fuse_cli.verify import verify_models
 from tests.conftest import optimize_model
 from tests.graphs import assert_declined, op_counts
 from tests.llama_graphs import llama_attention_model
-from tests.test_pass_cached_attention import assert_same_outputs
+from tests.test_pass_cached_attention import MASK_VALUES, SIZES, assert_same_outputs
 
 PASSES = ("standard-rotary-embedding", "standard-attention")
 
@@ -150,6 +150,13 @@ DECLINES = {
     "wrong-half": ("standard-rotary-embedding", dict(half_bounds="wrong"), "not [0:4] of the last axis"),
     "neg-lower-not-rotate-half": ("standard-rotary-embedding", dict(rotate_order="neg-lower"),
                                   "not [0:4] of the last axis"),
+    # the float16 copies decline what their float32 copies decline, for the same reason
+    "float16-tiled-not-repeated": ("standard-attention", dict(repeat="tile", dtype="float16"),
+                                   "is not provably repeat_kv"),
+    "float16-rank-2-mask": ("standard-attention", dict(mask="causal-2d", dtype="float16"),
+                            "is not provably [batch or 1, 1 or 4, sequence, key length]"),
+    "float16-uneven-tables": ("standard-rotary-embedding", dict(tables="uneven", dtype="float16"),
+                              "are not provably equal"),
 }
 
 
@@ -157,13 +164,15 @@ DECLINES = {
 def test_near_forms_decline_with_the_reason(case, tmp_path):
     name, kwargs, reason = DECLINES[case]
     model = llama_attention_model(**kwargs)
-    if name == "standard-attention":  # as the pipeline finds it: rotary embeddings already fused
-        model = upgraded(model, tmp_path, passes=("standard-rotary-embedding",), name="rotated").model
+    half_float = kwargs.get("dtype") == "float16"
+    if name == "standard-attention":  # as the pipeline finds it: rotary embeddings (and float16's casts) fused
+        before = ("fuse-casts", "standard-rotary-embedding") if half_float else ("standard-rotary-embedding",)
+        model = upgraded(model, tmp_path, passes=before, name="rotated").model
     result = upgraded(model, tmp_path, passes=(name,))
     assert not result.report.fusions
     (miss,) = [m.reason for m in result.report.near_misses if m.pass_name == name][:1]
     assert reason in miss
-    assert_same_outputs(model, result.model)
+    (assert_float16_outputs_match if half_float else assert_same_outputs)(model, result.model)
 
 
 def test_what_onnxruntime_does_not_run_is_declined():
@@ -194,3 +203,70 @@ def test_soft_capped_scores_stay_where_the_kernel_is_slower(tmp_path):
                      name="rotated").model
     result = upgraded(model, tmp_path, passes=("standard-attention",))
     assert_declined(model, result, "standard-attention", "Attention with a soft cap measured 1.5-2.0x")
+
+
+FLOAT16_FORMS = {  # llama_attention_model(dtype="float16", ...): what torch writes for model.half()
+    "prefill-torchscript": dict(),
+    "prefill-dynamo-sdpa": dict(dynamo=True),
+    "decode-torchscript": dict(cache="past"),
+    "decode-dynamo-sdpa": dict(cache="past", dynamo=True),
+    "decode-position-ids-given": dict(cache="past", positions="input"),
+}
+# all-zero attention_mask: every query row masked throughout, where fp16 graphs and kernels part ways
+MASKED_THROUGHOUT = {"attention_mask": (0, 1), "position_ids": (0, 64)}
+
+
+def assert_float16_outputs_match(original: onnx.ModelProto, fused: onnx.ModelProto) -> None:
+    """Within verification's own float16 tolerances (the dtype's defaults), at two settings with
+    distinct sizes, with random 0/1 masks and with every row masked throughout."""
+    for dims in SIZES:
+        for ranges in (MASK_VALUES, MASKED_THROUGHOUT):
+            result = verify_models(original, fused, dims=dims, seed=0, int_ranges=ranges)
+            assert result.passed, (dims, ranges, result.outputs)
+
+
+def float16_fused(form: str, tmp_path):
+    model = llama_attention_model(dtype="float16", **FLOAT16_FORMS[form])
+    # fuse-casts first, as the pipeline runs it: the TorchScript softmax's Cast to float32 and back is exact
+    return model, upgraded(model, tmp_path, passes=("fuse-casts", *PASSES))
+
+
+@pytest.mark.parametrize("form", FLOAT16_FORMS)
+def test_float16_decoder_attention_fuses_with_its_mask_widened(form, tmp_path):
+    """fp16 copies fuse what their fp32 copies fuse: the float16 mask goes in as Max(Cast(mask,
+    float32), -1e30), the masked softmax the CPU provider runs for the original in float32."""
+    model, result = float16_fused(form, tmp_path)
+    counts = op_counts(result.model)
+    assert counts["Attention"] == 1 and counts["RotaryEmbedding"] == 2 and "Softmax" not in counts, counts
+    producers = {out: n for n in result.model.graph.node for out in n.output}
+    (node,) = [n for n in result.model.graph.node if n.op_type == "Attention"]
+    clamp = producers[node.input[3]]
+    widen = producers[clamp.input[0]]
+    assert (clamp.op_type, widen.op_type) == ("Max", "Cast")
+    assert onnx.helper.get_attribute_value(widen.attribute[0]) == onnx.TensorProto.FLOAT
+    onnx.checker.check_model(result.model, full_check=True)
+    assert_float16_outputs_match(model, result.model)
+
+
+def test_a_float16_mask_left_in_float16_changes_rows_masked_throughout(tmp_path):
+    """Why the widening: the same Attention fed the float16 mask clamped in float16 (one ulp above
+    its lowest, which the kernel would zero a row for) adds it in float16, where s + -65472 rounds
+    to -65472 and a row masked throughout averages V uniformly; onnxruntime's run of the original
+    keeps softmax(s) there. Verification sees it."""
+    model, result = float16_fused("decode-torchscript", tmp_path)
+    wrong = onnx.ModelProto()
+    wrong.CopyFrom(result.model)
+    producers = {out: n for n in wrong.graph.node for out in n.output}
+    (node,) = [n for n in wrong.graph.node if n.op_type == "Attention"]
+    clamp = producers[node.input[3]]
+    widen = producers[clamp.input[0]]
+    floor = [t for t in wrong.graph.initializer if t.name == clamp.input[1]][0]
+    floor.CopyFrom(onnx.numpy_helper.from_array(np.nextafter(np.finfo(np.float16).min, np.float16(0)), floor.name))
+    clamp.input[0] = widen.input[0]
+    wrong.graph.node.remove(widen)
+    del wrong.graph.value_info[:]  # the clamp's output, declared float32, is float16 here
+    dims = SIZES[0]
+    assert verify_models(model, wrong, dims=dims, seed=0, int_ranges=MASK_VALUES).passed  # rows partly masked
+    assert not verify_models(model, wrong, dims=dims, seed=0, int_ranges=MASKED_THROUGHOUT).passed
+    assert verify_models(model, result.model, dims=dims, seed=0, int_ranges=MASKED_THROUGHOUT).passed
+
