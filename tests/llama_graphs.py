@@ -18,7 +18,7 @@ def llama_attention_model(*, heads: int = 4, kv_heads: int = 2, head_size: int =
                           rotate_order: str = "neg-upper", dynamo: bool = False,
                           flat_shape: str = "key", cache: str = "none", partial: bool = False,
                           softcap: tuple[float, float] | None = None, head_norm: bool = False,
-                          positions: str = "range", dtype: str = "float32") -> onnx.ModelProto:
+                          positions: str = "range", dtype: str = "float32", merge: str = "heads") -> onnx.ModelProto:
     """freqs: positions times inv_freq by "mul" ([1, S, 1] * [d/2]) or "matmul" ([1, d/2, 1] @ [1, 1, S],
     transposed). tables: "computed" (Cos/Sin of Concat(f, f)), "uneven" (Concat(f, 2f): halves differ),
     "inputs" (cos/sin graph inputs [1, sequence, d]) or "constant" (a static-length table; seq must be
@@ -46,7 +46,9 @@ def llama_attention_model(*, heads: int = 4, kv_heads: int = 2, head_size: int =
     dtype "float16": as torch writes a model.half() export: hidden states, weights, past K/V, scale and mask
     in float16 (the mask's fill float16's lowest), the rotary angles still computed in float32 and cos/sin
     Cast to float16 after Cos/Sin, and (TorchScript) the softmax followed by Cast to float32 and back, as
-    `softmax(..., dtype=torch.float32).to(query.dtype)` exports; dynamo's SDPA softmaxes in float16."""
+    `softmax(..., dtype=torch.float32).to(query.dtype)` exports; dynamo's SDPA softmaxes in float16.
+    merge: the heads merged back to "heads" [B, S, H*d], or straight into "rows" [-1, H*d], as dynamo's
+    GPT-2 writes it for the Gemm after it (y is then [B*S, H*d])."""
     half_float = dtype == "float16"
     assert not (half_float and head_norm), "rms_norm's builder is float32"
     elem, np_dtype = (TensorProto.FLOAT16, np.float16) if half_float else (TensorProto.FLOAT, np.float32)
@@ -187,8 +189,12 @@ def llama_attention_model(*, heads: int = 4, kv_heads: int = 2, head_size: int =
     if dynamo:
         probs = b.op("Where", b.op("IsNaN", probs), scalar(0), probs)
     context = b.op("Transpose", b.op("MatMul", probs, v), perm=[0, 2, 1, 3])
-    merged = (b.op("Reshape", context, b.op("Concat", batch_seq, ints(-1), axis=0), allowzero=1) if dynamo
-              else b.op("Reshape", context, ints(0, 0, hidden)))
+    if merge == "rows":
+        merged = b.op("Reshape", context, ints(-1, hidden))
+    elif dynamo:
+        merged = b.op("Reshape", context, b.op("Concat", batch_seq, ints(-1), axis=0), allowzero=1)
+    else:
+        merged = b.op("Reshape", context, ints(0, 0, hidden))
     y = b.op("MatMul", merged, b.const((b.rand(hidden, hidden) * hidden**-0.5).astype(np_dtype)))
     model = b.build(y, *presents, output_names=["y", "present_key", "present_value"][:1 + len(presents)])
     for present in model.graph.output[1:]:  # the length exporters declare, not onnx's unk__N for a Concat's sum

@@ -12,7 +12,7 @@ from fuse_cli import targets
 from fuse_cli.pipeline.registry import pipeline_for
 from fuse_cli.report.upgrade_hint import upgrade_hint_lines
 from fuse_cli.verify import verify_models
-from tests.conftest import optimize_model
+from tests.conftest import MASKED_THROUGHOUT, assert_float16_outputs_match, optimize_model
 from tests.graphs import assert_declined, op_counts
 from tests.llama_graphs import llama_attention_model
 from tests.test_pass_cached_attention import MASK_VALUES, SIZES, assert_same_outputs
@@ -37,6 +37,7 @@ FORMS = {  # llama_attention_model's switches, the heads and K/V heads, whether 
     "prefill-no-repeat": (dict(kv_heads=4, repeat="none"), 4, 4),
     "prefill-present-outputs": (dict(cache="present"), 4, 2),
     "prefill-dynamo-sdpa": (dict(dynamo=True), 4, 2),
+    "prefill-merged-into-rows": (dict(dynamo=True, merge="rows"), 4, 2),
     "decode-grouped": (dict(cache="past"), 4, 2),
     "decode-no-repeat": (dict(cache="past", kv_heads=4, repeat="none"), 4, 4),
     "decode-dynamo-sdpa": (dict(cache="past", dynamo=True), 4, 2),
@@ -172,7 +173,10 @@ def test_near_forms_decline_with_the_reason(case, tmp_path):
     assert not result.report.fusions
     (miss,) = [m.reason for m in result.report.near_misses if m.pass_name == name][:1]
     assert reason in miss
-    (assert_float16_outputs_match if half_float else assert_same_outputs)(model, result.model)
+    if half_float:
+        assert_float16_outputs_match(model, result.model, SIZES)
+    else:
+        assert_same_outputs(model, result.model)
 
 
 def test_what_onnxruntime_does_not_run_is_declined():
@@ -212,19 +216,6 @@ FLOAT16_FORMS = {  # llama_attention_model(dtype="float16", ...): what torch wri
     "decode-dynamo-sdpa": dict(cache="past", dynamo=True),
     "decode-position-ids-given": dict(cache="past", positions="input"),
 }
-# all-zero attention_mask: every query row masked throughout, where fp16 graphs and kernels part ways
-MASKED_THROUGHOUT = {"attention_mask": (0, 1), "position_ids": (0, 64)}
-
-
-def assert_float16_outputs_match(original: onnx.ModelProto, fused: onnx.ModelProto) -> None:
-    """Within verification's own float16 tolerances (the dtype's defaults), at two settings with
-    distinct sizes, with random 0/1 masks and with every row masked throughout."""
-    for dims in SIZES:
-        for ranges in (MASK_VALUES, MASKED_THROUGHOUT):
-            result = verify_models(original, fused, dims=dims, seed=0, int_ranges=ranges)
-            assert result.passed, (dims, ranges, result.outputs)
-
-
 def float16_fused(form: str, tmp_path):
     model = llama_attention_model(dtype="float16", **FLOAT16_FORMS[form])
     # fuse-casts first, as the pipeline runs it: the TorchScript softmax's Cast to float32 and back is exact
@@ -245,7 +236,7 @@ def test_float16_decoder_attention_fuses_with_its_mask_widened(form, tmp_path):
     assert (clamp.op_type, widen.op_type) == ("Max", "Cast")
     assert onnx.helper.get_attribute_value(widen.attribute[0]) == onnx.TensorProto.FLOAT
     onnx.checker.check_model(result.model, full_check=True)
-    assert_float16_outputs_match(model, result.model)
+    assert_float16_outputs_match(model, result.model, SIZES)
 
 
 def test_a_float16_mask_left_in_float16_changes_rows_masked_throughout(tmp_path):
