@@ -46,11 +46,11 @@ def llama_attention_model(*, heads: int = 4, kv_heads: int = 2, head_size: int =
     dtype "float16": as torch writes a model.half() export: hidden states, weights, past K/V, scale and mask
     in float16 (the mask's fill float16's lowest), the rotary angles still computed in float32 and cos/sin
     Cast to float16 after Cos/Sin, and (TorchScript) the softmax followed by Cast to float32 and back, as
-    `softmax(..., dtype=torch.float32).to(query.dtype)` exports; dynamo's SDPA softmaxes in float16.
+    `softmax(..., dtype=torch.float32).to(query.dtype)` exports; dynamo's SDPA softmaxes in float16; a
+    head_norm is torch's half RMSNorm: Cast(float32), the norm, Cast(float16), Mul(gamma16).
     merge: the heads merged back to "heads" [B, S, H*d], or straight into "rows" [-1, H*d], as dynamo's
     GPT-2 writes it for the Gemm after it (y is then [B*S, H*d])."""
     half_float = dtype == "float16"
-    assert not (half_float and head_norm), "rms_norm's builder is float32"
     elem, np_dtype = (TensorProto.FLOAT16, np.float16) if half_float else (TensorProto.FLOAT, np.float32)
     b = GraphBuilder(opset=17, seed=5)
     hidden, kv_hidden, half = heads * head_size, kv_heads * head_size, head_size // 2
@@ -103,7 +103,11 @@ def llama_attention_model(*, heads: int = 4, kv_heads: int = 2, head_size: int =
             heads = b.op("Reshape", t, b.op("Concat", batch_seq, ints(n, head_size), axis=0), allowzero=1)
         else:
             heads = b.op("Reshape", t, ints(0, 0, n, head_size))
-        if normed:
+        if normed and half_float:
+            (heads,) = rms_norm(b, b.op("Cast", heads, to=TensorProto.FLOAT), gamma_shape=None)
+            gamma = b.const(b.rand(head_size, low=0.5, high=1.5).astype(np.float16))
+            heads = b.op("Mul", gamma, b.op("Cast", heads, to=elem))
+        elif normed:
             (heads,) = rms_norm(b, heads, gamma_shape=(head_size,))
         return b.op("Transpose", heads, perm=[0, 2, 1, 3])
 

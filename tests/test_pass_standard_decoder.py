@@ -102,6 +102,20 @@ def test_a_rotary_behind_a_per_head_norm_moves_onto_the_projection_and_attention
     assert_same_outputs(model, result.model)
 
 
+@pytest.mark.parametrize("cache", ["none", "past"])
+def test_a_float16_per_head_norm_is_one_node_so_the_rotary_moves_and_attention_fuses(cache, tmp_path):
+    """Qwen3 in half: each head's norm is Cast, RMSNorm in float32, Cast back, Mul(gamma16); rms-norm
+    makes it one RMSNormalization (stash_type 1), the one node the rotary's move steps over."""
+    model = llama_attention_model(head_norm=True, cache=cache, dtype="float16")
+    passes = ("fuse-casts", "rms-norm", "standard-rotary-embedding", "standard-rotary-before-head-split",
+              "standard-attention")
+    result = upgraded(model, tmp_path, passes=passes)
+    counts = op_counts(result.model)
+    assert counts["Attention"] == 1 and counts["RotaryEmbedding"] == 2 and counts["RMSNormalization"] == 2, counts
+    assert "Softmax" not in counts
+    assert_float16_outputs_match(model, result.model, SIZES)
+
+
 def test_without_the_move_a_rotary_behind_a_per_head_norm_keeps_the_attention_unfused(tmp_path):
     model = llama_attention_model(head_norm=True)
     result = upgraded(model, tmp_path, passes=("rms-norm", "standard-rotary-embedding", "standard-attention"))
