@@ -130,3 +130,19 @@ def test_a_float16_rms_norm_cast_back_to_another_type_fuses_only_its_float32_par
     assert node.input[0] != "x"
     assert_equivalent(model, result.model, dims={"batch": 2, "sequence": 3})
 
+
+
+def test_a_float16_rms_norm_scaled_in_float32_fuses_its_float32_part_with_gamma(tmp_path):
+    """Gemma: (x.float() normalized) * (1 + w) in float32, then .type_as(x). Scaling before the Cast
+    back is not RMSNormalization's stash_type order (it casts, then scales), so the float32 norm
+    with its gamma fuses between the Casts, as in the float32 model."""
+    b = GraphBuilder(opset=17)
+    x = b.op("Cast", b.input("x", ["batch", "sequence", HIDDEN], onnx.TensorProto.FLOAT16), to=onnx.TensorProto.FLOAT)
+    (y,) = rms_norm(b, x, gamma_shape=(HIDDEN,), divide="reciprocal")
+    model = b.build(b.op("Cast", y, to=onnx.TensorProto.FLOAT16), output_names=["y"])
+    result = optimize_model(model, tmp_path, upgrade_opset=23, passes=("rms-norm",))
+    assert op_counts(result.model) == {"Cast": 2, "RMSNormalization": 1}
+    (node,) = [n for n in result.model.graph.node if n.op_type == "RMSNormalization"]
+    gamma = next(t for t in result.model.graph.initializer if t.name == node.input[1])
+    assert gamma.data_type == onnx.TensorProto.FLOAT and not (numpy_helper.to_array(gamma) == 1).all()
+    assert_equivalent(model, result.model, dims={"batch": 2, "sequence": 3})

@@ -16,14 +16,15 @@ from fuse_cli.pipeline.registry import register
 
 def _is_this_pattern(m: Match, g: GraphEditor) -> bool:
     """Without gamma, silent where a constant Mul reads the result: the gamma form reports there.
-    Without the Cast back, silent where the only reader casts the result back to the float16 x
-    came from: the stash_type form, rooted there, fuses it or says why. Silent where x is
-    x - mean(x): that is a LayerNorm (layer-norm's pattern), not an RMSNorm."""
+    Without gamma nor the Cast back, silent where the only reader casts the result back to the
+    float16 x came from: the stash_type form, rooted there, fuses it or says why (a gamma applied
+    in float32 before that Cast, Gemma's, is no stash_type form: its float32 part fuses). Silent
+    where x is x - mean(x): that is a LayerNorm (layer-norm's pattern), not an RMSNorm."""
     out = m.root.outputs[0]
     if not ("scale" in m.nodes or not read_only_by_constant_op(out, ("Mul",), g)):
         return False
     reader = out.outputs[0] if len(out.outputs) == 1 and not g.is_graph_output(out) else None
-    if ("cast_out" not in m.nodes and reader is not None and reader.op == "Cast"
+    if (not {"cast_out", "scale"} & set(m.nodes) and reader is not None and reader.op == "Cast"
             and half_source(m.tensor("x"), reader, g) is not None):
         return False
     centered = producer_of(m.tensor("x"))
@@ -63,9 +64,9 @@ class FuseRMSNormalization(PatternPass):
 
     requires = (Requirement(
         "Without gamma, silent where a constant Mul reads the result: the gamma form reports there. Without "
-        "the Cast back, silent where the only reader casts the result back to the float16 x came from: the "
-        "stash_type form reports there. Silent where x is x - mean(x): that is a LayerNorm (layer-norm's "
-        "pattern), not an RMSNorm.",
+        "gamma nor the Cast back, silent where the only reader casts the result back to the float16 x came "
+        "from: the stash_type form reports there. Silent where x is x - mean(x): that is a LayerNorm "
+        "(layer-norm's pattern), not an RMSNorm.",
         _is_this_pattern),)
 
     def check(self, m: Match, g: GraphEditor) -> Decline | None:
