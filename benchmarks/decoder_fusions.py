@@ -37,7 +37,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import numpy as np  # noqa: E402
+
 import fuse_cli  # noqa: E402
+from fuse_cli import targets  # noqa: E402
 
 TARGETS = {"ort-cpu": dict(target="ort-cpu"), "opset23": dict(target="onnx", upgrade_opset=23)}
 FUSED_KINDS = ("RotaryEmbedding", "GroupQueryAttention", "MultiHeadAttention", "Attention")
@@ -121,6 +124,7 @@ def _reasons(rows: list[dict]) -> list[str]:
 def render_side_by_side(pairs: list[tuple[dict, dict]], models: Path, baseline: Path, skipped: dict) -> str:
     """fp32 beside fp16 per (graph, target); `skipped`: file -> why its float16 export failed."""
     same = [fp16 for fp32, fp16 in pairs if _fuses_as_much(fp32, fp16)]
+    gaps = [fp16 for fp32, fp16 in pairs if not _fuses_as_much(fp32, fp16) and _kernel_gaps(fp32, fp16)]
     lines = [
         "# Decoder corpus in float16: fp16 copies fuse what their fp32 copies fuse? (issue 32)", "",
         f"`benchmarks/decoder_fusions.py --models {models} --baseline {baseline}`, {time.strftime('%Y-%m-%d')}; "
@@ -129,9 +133,15 @@ def render_side_by_side(pairs: list[tuple[dict, dict]], models: Path, baseline: 
         "written graph (attention, rotary, norms, GELU); left: Softmax (an attention) and Neg (a rotate_half) "
         "still there; as fp32: fp16 has at least fp32's count of every fused kind and no more left.", "",
         f"**{len(same)} of {len(pairs)} (graph, target) pairs: the fp16 copy fuses what its fp32 copy fuses; "
-        f"{len(skipped)} float16 exports failed (skipped).**", "",
+        f"{len(skipped)} float16 exports failed (skipped). {len(gaps)} more at ort-cpu, where what the fp16 copy "
+        "lacks is an operator with no float16 kernel on onnxruntime's CPU provider (fuse's operator table; "
+        "the `as fp32` column names them).**", "",
+        "Nothing left (no Softmax, no Neg) and verified `match`: " + ", ".join(
+            f"{dtype} {sum(_complete(pair[i]) for pair in pairs)} of {len(pairs)}"
+            for i, dtype in enumerate(("fp32", "fp16")))
+        + ". Why something is left in the fp16 copies (fuse's own first reason, once per model and reason):", "",
         *[f"- skipped {file}: {why}" for file, why in sorted(skipped.items())], *([""] if skipped else []),
-        *_reasons([fp16 for fp32, fp16 in pairs if not _fuses_as_much(fp32, fp16)]),
+        *_reasons([fp16 for fp32, fp16 in pairs]),
         "| graph | target | fused fp32 | fused fp16 | left fp32 | left fp16 | verification fp32 / fp16 | "
         "fp16 left out (peak guard; rolled back) | as fp32 |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -140,10 +150,15 @@ def render_side_by_side(pairs: list[tuple[dict, dict]], models: Path, baseline: 
         cells = [_cells(fp32), _cells(fp16)]
         dropped = ", ".join(fp16.get("peak_guard", [])) or "-"
         rolled = ", ".join(fp16.get("rolled_back", [])) or "-"
+        verdict = ("yes" if _fuses_as_much(fp32, fp16) else
+                   f"no float16 CPU kernel: {', '.join(gaps)}" if (gaps := _kernel_gaps(fp32, fp16)) else "**no**")
         lines.append(f"| {fp16['graph']} | {fp16['target']} | {cells[0][0]} | {cells[1][0]} | {cells[0][1]} | "
-                     f"{cells[1][1]} | {cells[0][2]} / {cells[1][2]} | {dropped}; {rolled} | "
-                     f"{'yes' if _fuses_as_much(fp32, fp16) else '**no**'} |")
+                     f"{cells[1][1]} | {cells[0][2]} / {cells[1][2]} | {dropped}; {rolled} | {verdict} |")
     return "\n".join(lines) + "\n"
+
+
+def _complete(row: dict) -> bool:
+    return "error" not in row and not row["left"] and row["verification"] == "match"
 
 
 def _cells(row: dict) -> tuple[str, str, str]:
@@ -159,6 +174,16 @@ def _fuses_as_much(fp32: dict, fp16: dict) -> bool:
     return (all(fp16["fused"].get(kind, 0) >= count for kind, count in fp32["fused"].items())
             and all(fp16["left"].get(what, 0) <= fp32["left"].get(what, 0) for what in fp16["left"])
             and (fp16["verification"] == "match" or fp32["verification"] != "match"))
+
+
+def _kernel_gaps(fp32: dict, fp16: dict) -> list[str]:
+    """At ort-cpu, the fused kinds the fp16 copy has fewer of, where each is an onnxruntime operator
+    with no float16 CPU kernel in fuse's table (an empty list where any other kind is short)."""
+    if fp16["target"] != "ort-cpu" or "error" in fp16 or "error" in fp32:
+        return []
+    short = [kind for kind, count in fp32["fused"].items() if fp16["fused"].get(kind, 0) < count]
+    gaps = [kind for kind in short if "no float16 kernel" in (targets.emit_reason("ort-cpu", kind, np.float16) or "")]
+    return gaps if gaps == short else []
 
 
 def compare_dtypes(names: list[str], models: Path, baseline: Path, manifest: dict) -> tuple[list, dict]:
