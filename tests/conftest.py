@@ -94,3 +94,17 @@ def pytest_terminal_summary(terminalreporter):
         total = len(caught) + len(failed)
         terminalreporter.write_line(f"mutation suite: verification caught {len(caught)} of {total} wrong rewrites "
                                     f"({100 * len(caught) / total:.0f}%; {len(failed)} mutations not caught)")
+
+
+# all-zero attention_mask: every query row masked throughout, where float16 graphs and kernels part ways
+MASKED_THROUGHOUT = {"attention_mask": (0, 1), "position_ids": (0, 64)}
+
+
+def assert_float16_outputs_match(original: onnx.ModelProto, fused: onnx.ModelProto, sizes) -> None:
+    """A float16 decoder block within verification's own float16 tolerances (the dtype's defaults),
+    at each setting of `sizes` (distinct sizes for distinct dims), with random 0/1 masks and with
+    every row masked throughout."""
+    for dims in sizes:
+        for ranges in ({"attention_mask": (0, 2), "position_ids": (0, 64)}, MASKED_THROUGHOUT):
+            result = verify_models(original, fused, dims=dims, seed=0, int_ranges=ranges)
+            assert result.passed, (dims, ranges, result.outputs)

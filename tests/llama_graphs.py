@@ -11,8 +11,6 @@ from onnx import TensorProto
 from tests.graphs import GraphBuilder
 from tests.norm_graphs import rms_norm
 
-F32_MIN = float(np.finfo(np.float32).min)
-
 
 def llama_attention_model(*, heads: int = 4, kv_heads: int = 2, head_size: int = 8, freqs: str = "mul",
                           tables: str = "computed", half_bounds: str = "shape", mask: str = "causal-padding",
@@ -20,7 +18,7 @@ def llama_attention_model(*, heads: int = 4, kv_heads: int = 2, head_size: int =
                           rotate_order: str = "neg-upper", dynamo: bool = False,
                           flat_shape: str = "key", cache: str = "none", partial: bool = False,
                           softcap: tuple[float, float] | None = None, head_norm: bool = False,
-                          positions: str = "range") -> onnx.ModelProto:
+                          positions: str = "range", dtype: str = "float32", merge: str = "heads") -> onnx.ModelProto:
     """freqs: positions times inv_freq by "mul" ([1, S, 1] * [d/2]) or "matmul" ([1, d/2, 1] @ [1, 1, S],
     transposed). tables: "computed" (Cos/Sin of Concat(f, f)), "uneven" (Concat(f, 2f): halves differ),
     "inputs" (cos/sin graph inputs [1, sequence, d]) or "constant" (a static-length table; seq must be
@@ -44,16 +42,28 @@ def llama_attention_model(*, heads: int = 4, kv_heads: int = 2, head_size: int =
     each Q and K head over its head_size, between the split's Reshape and its Transpose. positions: the
     rotary angles' positions, "range" (0..S-1 made in the graph, [1, S]), "input" (a position_ids input
     [batch, sequence], as transformers 5.x takes it in a decode step: cos/sin [batch, 1, S, d]), "other-batch"
-    (position_ids [rows, sequence], rows a dim of its own) or "mixed" (cos from position_ids, sin from the range)."""
+    (position_ids [rows, sequence], rows a dim of its own) or "mixed" (cos from position_ids, sin from the range).
+    dtype "float16": as torch writes a model.half() export: hidden states, weights, past K/V, scale and mask
+    in float16 (the mask's fill float16's lowest), the rotary angles still computed in float32 and cos/sin
+    Cast to float16 after Cos/Sin, and (TorchScript) the softmax followed by Cast to float32 and back, as
+    `softmax(..., dtype=torch.float32).to(query.dtype)` exports; dynamo's SDPA softmaxes in float16; a
+    head_norm is torch's half RMSNorm: Cast(float32), the norm, Cast(float16), Mul(gamma16).
+    merge: the heads merged back to "heads" [B, S, H*d], or straight into "rows" [-1, H*d], as dynamo's
+    GPT-2 writes it for the Gemm after it (y is then [B*S, H*d])."""
+    half_float = dtype == "float16"
+    elem, np_dtype = (TensorProto.FLOAT16, np.float16) if half_float else (TensorProto.FLOAT, np.float32)
     b = GraphBuilder(opset=17, seed=5)
     hidden, kv_hidden, half = heads * head_size, kv_heads * head_size, head_size // 2
-    x = b.input("hidden", ["batch", seq, hidden])
+    x = b.input("hidden", ["batch", seq, hidden], elem)
+
+    def scalar(value: float) -> str:
+        return b.const(np.array(value, np_dtype))
 
     def ints(*values: int) -> str:
         return b.const(np.array(values, np.int64))
 
     def linear(width: int) -> str:
-        return b.op("MatMul", x, b.const(b.rand(hidden, width) * hidden**-0.5))
+        return b.op("MatMul", x, b.const((b.rand(hidden, width) * hidden**-0.5).astype(np_dtype)))
 
     length = b.op("Gather", b.op("Shape", x), b.const(np.array(1, np.int64)), axis=0)
     made = b.op("Unsqueeze", b.op("Range", b.const(np.array(0, np.int64)), length, b.const(np.array(1, np.int64))),
@@ -77,11 +87,13 @@ def llama_attention_model(*, heads: int = 4, kv_heads: int = 2, head_size: int =
             f_made = angles(made)
             sin = b.op("Sin", b.op("Concat", f_made, f_made, axis=-1))
     elif tables == "inputs":
-        cos, sin = b.input("cos", [1, seq, head_size]), b.input("sin", [1, seq, head_size])
+        cos, sin = b.input("cos", [1, seq, head_size], elem), b.input("sin", [1, seq, head_size], elem)
     else:
         angles = np.arange(seq)[:, None] * inv_freq[None]
         angles = np.concatenate([angles, angles], -1)[None].astype(np.float32)
-        cos, sin = b.const(np.cos(angles)), b.const(np.sin(angles))
+        cos, sin = b.const(np.cos(angles).astype(np_dtype)), b.const(np.sin(angles).astype(np_dtype))
+    if half_float and tables in ("computed", "uneven"):  # the float32 tables rounded once, as torch's .to(x.dtype)
+        cos, sin = b.op("Cast", cos, to=elem), b.op("Cast", sin, to=elem)
     cos, sin = b.op("Unsqueeze", cos, ints(1)), b.op("Unsqueeze", sin, ints(1))
 
     batch_seq = b.op("Slice", b.op("Shape", x), ints(0), ints(2))
@@ -91,7 +103,11 @@ def llama_attention_model(*, heads: int = 4, kv_heads: int = 2, head_size: int =
             heads = b.op("Reshape", t, b.op("Concat", batch_seq, ints(n, head_size), axis=0), allowzero=1)
         else:
             heads = b.op("Reshape", t, ints(0, 0, n, head_size))
-        if normed:
+        if normed and half_float:
+            (heads,) = rms_norm(b, b.op("Cast", heads, to=TensorProto.FLOAT), gamma_shape=None)
+            gamma = b.const(b.rand(head_size, low=0.5, high=1.5).astype(np.float16))
+            heads = b.op("Mul", gamma, b.op("Cast", heads, to=elem))
+        elif normed:
             (heads,) = rms_norm(b, heads, gamma_shape=(head_size,))
         return b.op("Transpose", heads, perm=[0, 2, 1, 3])
 
@@ -132,12 +148,13 @@ def llama_attention_model(*, heads: int = 4, kv_heads: int = 2, head_size: int =
     q = rotated(split(linear(hidden), heads, head_norm))
     k, v = rotated(split(linear(kv_hidden), kv_heads, head_norm)), split(linear(kv_hidden), kv_heads)
     if cache == "past":
-        k, v = (b.op("Concat", b.input(f"past_{role}", ["batch", kv_heads, "past_sequence", head_size]), t, axis=-2)
+        past_dims = ["batch", kv_heads, "past_sequence", head_size]
+        k, v = (b.op("Concat", b.input(f"past_{role}", past_dims, elem), t, axis=-2)
                 for role, t in (("key", k), ("value", v)))
     presents = [k, v] if cache != "none" else []
     k, v = repeat_kv(k), repeat_kv(v)
     if dynamo:
-        quarter = b.const(np.float32(head_size**-0.25))
+        quarter = scalar(head_size**-0.25)
         k_dims = b.op("Shape", k)
         k_len = b.op("Slice", k_dims, ints(-2), ints(-1))
         flat_to = (b.op("Concat", ints(-1), k_len, ints(head_size), axis=0) if flat_shape == "key"
@@ -147,11 +164,11 @@ def llama_attention_model(*, heads: int = 4, kv_heads: int = 2, head_size: int =
         scores = b.op("MatMul", b.op("Mul", q, quarter), b.op("Mul", k_t, quarter))
     else:
         scores = b.op("MatMul", q, b.op("Transpose", k, perm=[0, 1, 3, 2]))
-        scores = (b.op("Mul", scores, b.const(np.float32(head_size**-0.5))) if scale == "mul"
-                  else b.op("Div", scores, b.const(np.float32(3.0))))
+        scores = (b.op("Mul", scores, scalar(head_size**-0.5)) if scale == "mul"
+                  else b.op("Div", scores, scalar(3.0)))
     if softcap is not None:
         divisor, cap = softcap
-        scores = b.op("Mul", b.op("Tanh", b.op("Div", scores, b.const(np.float32(divisor)))), b.const(np.float32(cap)))
+        scores = b.op("Mul", b.op("Tanh", b.op("Div", scores, scalar(divisor))), scalar(cap))
     if mask != "none":
         m = b.input("attention_mask", ["batch", "past_sequence + sequence" if cache == "past" else seq],
                     TensorProto.INT64)
@@ -169,14 +186,20 @@ def llama_attention_model(*, heads: int = 4, kv_heads: int = 2, head_size: int =
             keep = b.op("Unsqueeze", b.op("Cast", m, to=TensorProto.BOOL), ints(1, 2))
         if mask == "per-head":  # the causal-padding mask expanded to [B, H, S, T]
             keep = b.op("Expand", keep, ints(1, heads, 1, 1))
-        scores = b.op("Add", scores, b.op("Where", keep, b.const(np.float32(0)), b.const(np.float32(F32_MIN))))
+        scores = b.op("Add", scores, b.op("Where", keep, scalar(0), scalar(np.finfo(np_dtype).min)))
     probs = b.op("Softmax", scores, axis=-1)
+    if half_float and not dynamo:  # softmax(dtype=float32).to(float16), as the TorchScript exporter writes it
+        probs = b.op("Cast", b.op("Cast", probs, to=TensorProto.FLOAT), to=elem)
     if dynamo:
-        probs = b.op("Where", b.op("IsNaN", probs), b.const(np.float32(0)), probs)
+        probs = b.op("Where", b.op("IsNaN", probs), scalar(0), probs)
     context = b.op("Transpose", b.op("MatMul", probs, v), perm=[0, 2, 1, 3])
-    merged = (b.op("Reshape", context, b.op("Concat", batch_seq, ints(-1), axis=0), allowzero=1) if dynamo
-              else b.op("Reshape", context, ints(0, 0, hidden)))
-    y = b.op("MatMul", merged, b.const(b.rand(hidden, hidden) * hidden**-0.5))
+    if merge == "rows":
+        merged = b.op("Reshape", context, ints(-1, hidden))
+    elif dynamo:
+        merged = b.op("Reshape", context, b.op("Concat", batch_seq, ints(-1), axis=0), allowzero=1)
+    else:
+        merged = b.op("Reshape", context, ints(0, 0, hidden))
+    y = b.op("MatMul", merged, b.const((b.rand(hidden, hidden) * hidden**-0.5).astype(np_dtype)))
     model = b.build(y, *presents, output_names=["y", "present_key", "present_value"][:1 + len(presents)])
     for present in model.graph.output[1:]:  # the length exporters declare, not onnx's unk__N for a Concat's sum
         present.type.tensor_type.shape.dim[2].dim_param = "past_sequence + sequence" if cache == "past" else str(seq)

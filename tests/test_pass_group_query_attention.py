@@ -7,7 +7,7 @@ import pytest
 
 from fuse_cli.analysis.memory import planner_shapes
 from fuse_cli import targets
-from tests.conftest import optimize_model
+from tests.conftest import assert_float16_outputs_match, optimize_model
 from tests.graphs import assert_declined, op_counts
 from tests.llama_graphs import llama_attention_model
 from tests.test_pass_rotary_embedding import assert_same_outputs
@@ -30,6 +30,9 @@ FORMS = {
     "dynamo-sdpa": (dict(dynamo=True), 4, 2),
     # position_ids given (transformers 5.x): rotary-embedding's rows per (batch, position) first
     "position-ids-given": (dict(positions="input"), 4, 2),
+    # dynamo's GPT-2: the heads merged straight into rows [-1, H*d] for the Gemm after them
+    "merged-into-rows": (dict(merge="rows"), 4, 2),
+    "dynamo-sdpa-merged-into-rows": (dict(dynamo=True, merge="rows"), 4, 2),
 }
 
 
@@ -45,6 +48,21 @@ def test_llama_attention_fuses_into_group_query_attention(form, tmp_path):
     assert (attrs["num_heads"], attrs["kv_num_heads"], attrs["causal"]) == (heads, kv_heads, 0)
     assert attrs.get("scale") == (pytest.approx(1 / 3) if kwargs.get("scale") == "div" else None)
     assert_same_outputs(model, result.model)
+
+
+FLOAT16_FORMS = {"torchscript": dict(), "dynamo-sdpa": dict(dynamo=True),
+                 "dynamo-sdpa-merged-into-rows": dict(dynamo=True, merge="rows")}
+
+
+@pytest.mark.parametrize("form", FLOAT16_FORMS)
+def test_float16_prefill_fuses_into_group_query_attention(form, tmp_path):
+    """The kernel runs float16 on the CPU: a model.half() prefill fuses as its float32 copy does
+    (fuse-casts first, as the pipeline runs it, takes the TorchScript softmax's exact Cast pair)."""
+    model = llama_attention_model(dtype="float16", **FLOAT16_FORMS[form])
+    result = optimize_model(model, tmp_path, target="ort-cpu", passes=("fuse-casts", *PASSES))
+    counts = op_counts(result.model)
+    assert counts[GQA] == 1 and counts["com.microsoft::RotaryEmbedding"] == 2 and "Softmax" not in counts, counts
+    assert_float16_outputs_match(model, result.model, sizes=({"batch": 3, "sequence": 5}, {"batch": 5, "sequence": 7}))
 
 
 def test_the_full_runtime_pipeline_fuses_it(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from fuse_cli.verify import make_session
-from tests.conftest import assert_equivalent, optimize_model
+from tests.conftest import assert_equivalent, assert_one_norm_with_float32_stash, optimize_model
 from tests.graphs import GraphBuilder, assert_declined, op_counts
 from tests.norm_graphs import rms_norm
 
@@ -105,3 +105,44 @@ def test_without_gamma_fuses_before_a_runtime_mul(tmp_path):
     assert not result.report.near_misses
     for batch in (1, 3):
         assert_equivalent(model, result.model, dims={"batch": batch})
+
+
+@pytest.mark.parametrize("gamma", [True, False], ids=["gamma", "no-gamma"])
+def test_torch_float16_rms_norm_fuses_on_the_float16_input_with_stash_type(tmp_path, gamma):
+    """x16 -> Cast(float) -> RMSNorm -> Cast(float16) -> Mul(gamma16): RMSNormalization's own
+    stash_type=1 definition, one node on x16 (not four: the Casts, the float32 norm, the Mul)."""
+    from tests.test_pass_simplified_norm import torch_half_rms_norm
+    model = torch_half_rms_norm(gamma)
+    result = optimize_model(model, tmp_path, upgrade_opset=23, passes=("rms-norm",))
+    assert op_counts(result.model) == {"RMSNormalization": 1}
+    assert_one_norm_with_float32_stash(model, result.model)
+
+
+def test_a_float16_rms_norm_cast_back_to_another_type_fuses_only_its_float32_part(tmp_path):
+    """Cast to float64 after the float32 RMSNorm is no round trip: not the stash_type form (silent,
+    not a near-miss); the float32 norm between the Casts still fuses, on the Cast's output."""
+    from tests.test_pass_simplified_norm import torch_half_rms_norm
+    model = torch_half_rms_norm(gamma=False, back_to=onnx.TensorProto.DOUBLE)
+    model.graph.output[0].type.tensor_type.elem_type = onnx.TensorProto.DOUBLE
+    result = optimize_model(model, tmp_path, upgrade_opset=23, passes=("rms-norm",))
+    assert op_counts(result.model) == {"Cast": 2, "RMSNormalization": 1}
+    (node,) = [n for n in result.model.graph.node if n.op_type == "RMSNormalization"]
+    assert node.input[0] != "x"
+    assert_equivalent(model, result.model, dims={"batch": 2, "sequence": 3})
+
+
+
+def test_a_float16_rms_norm_scaled_in_float32_fuses_its_float32_part_with_gamma(tmp_path):
+    """Gemma: (x.float() normalized) * (1 + w) in float32, then .type_as(x). Scaling before the Cast
+    back is not RMSNormalization's stash_type order (it casts, then scales), so the float32 norm
+    with its gamma fuses between the Casts, as in the float32 model."""
+    b = GraphBuilder(opset=17)
+    x = b.op("Cast", b.input("x", ["batch", "sequence", HIDDEN], onnx.TensorProto.FLOAT16), to=onnx.TensorProto.FLOAT)
+    (y,) = rms_norm(b, x, gamma_shape=(HIDDEN,), divide="reciprocal")
+    model = b.build(b.op("Cast", y, to=onnx.TensorProto.FLOAT16), output_names=["y"])
+    result = optimize_model(model, tmp_path, upgrade_opset=23, passes=("rms-norm",))
+    assert op_counts(result.model) == {"Cast": 2, "RMSNormalization": 1}
+    (node,) = [n for n in result.model.graph.node if n.op_type == "RMSNormalization"]
+    gamma = next(t for t in result.model.graph.initializer if t.name == node.input[1])
+    assert gamma.data_type == onnx.TensorProto.FLOAT and not (numpy_helper.to_array(gamma) == 1).all()
+    assert_equivalent(model, result.model, dims={"batch": 2, "sequence": 3})

@@ -12,10 +12,10 @@ from fuse_cli import targets
 from fuse_cli.pipeline.registry import pipeline_for
 from fuse_cli.report.upgrade_hint import upgrade_hint_lines
 from fuse_cli.verify import verify_models
-from tests.conftest import optimize_model
+from tests.conftest import MASKED_THROUGHOUT, assert_float16_outputs_match, optimize_model
 from tests.graphs import assert_declined, op_counts
 from tests.llama_graphs import llama_attention_model
-from tests.test_pass_cached_attention import assert_same_outputs
+from tests.test_pass_cached_attention import MASK_VALUES, SIZES, assert_same_outputs
 
 PASSES = ("standard-rotary-embedding", "standard-attention")
 
@@ -37,6 +37,7 @@ FORMS = {  # llama_attention_model's switches, the heads and K/V heads, whether 
     "prefill-no-repeat": (dict(kv_heads=4, repeat="none"), 4, 4),
     "prefill-present-outputs": (dict(cache="present"), 4, 2),
     "prefill-dynamo-sdpa": (dict(dynamo=True), 4, 2),
+    "prefill-merged-into-rows": (dict(dynamo=True, merge="rows"), 4, 2),
     "decode-grouped": (dict(cache="past"), 4, 2),
     "decode-no-repeat": (dict(cache="past", kv_heads=4, repeat="none"), 4, 4),
     "decode-dynamo-sdpa": (dict(cache="past", dynamo=True), 4, 2),
@@ -101,6 +102,20 @@ def test_a_rotary_behind_a_per_head_norm_moves_onto_the_projection_and_attention
     assert_same_outputs(model, result.model)
 
 
+@pytest.mark.parametrize("cache", ["none", "past"])
+def test_a_float16_per_head_norm_is_one_node_so_the_rotary_moves_and_attention_fuses(cache, tmp_path):
+    """Qwen3 in half: each head's norm is Cast, RMSNorm in float32, Cast back, Mul(gamma16); rms-norm
+    makes it one RMSNormalization (stash_type 1), the one node the rotary's move steps over."""
+    model = llama_attention_model(head_norm=True, cache=cache, dtype="float16")
+    passes = ("fuse-casts", "rms-norm", "standard-rotary-embedding", "standard-rotary-before-head-split",
+              "standard-attention")
+    result = upgraded(model, tmp_path, passes=passes)
+    counts = op_counts(result.model)
+    assert counts["Attention"] == 1 and counts["RotaryEmbedding"] == 2 and counts["RMSNormalization"] == 2, counts
+    assert "Softmax" not in counts
+    assert_float16_outputs_match(model, result.model, SIZES)
+
+
 def test_without_the_move_a_rotary_behind_a_per_head_norm_keeps_the_attention_unfused(tmp_path):
     model = llama_attention_model(head_norm=True)
     result = upgraded(model, tmp_path, passes=("rms-norm", "standard-rotary-embedding", "standard-attention"))
@@ -150,6 +165,13 @@ DECLINES = {
     "wrong-half": ("standard-rotary-embedding", dict(half_bounds="wrong"), "not [0:4] of the last axis"),
     "neg-lower-not-rotate-half": ("standard-rotary-embedding", dict(rotate_order="neg-lower"),
                                   "not [0:4] of the last axis"),
+    # the float16 copies decline what their float32 copies decline, for the same reason
+    "float16-tiled-not-repeated": ("standard-attention", dict(repeat="tile", dtype="float16"),
+                                   "is not provably repeat_kv"),
+    "float16-rank-2-mask": ("standard-attention", dict(mask="causal-2d", dtype="float16"),
+                            "is not provably [batch or 1, 1 or 4, sequence, key length]"),
+    "float16-uneven-tables": ("standard-rotary-embedding", dict(tables="uneven", dtype="float16"),
+                              "are not provably equal"),
 }
 
 
@@ -157,13 +179,18 @@ DECLINES = {
 def test_near_forms_decline_with_the_reason(case, tmp_path):
     name, kwargs, reason = DECLINES[case]
     model = llama_attention_model(**kwargs)
-    if name == "standard-attention":  # as the pipeline finds it: rotary embeddings already fused
-        model = upgraded(model, tmp_path, passes=("standard-rotary-embedding",), name="rotated").model
+    half_float = kwargs.get("dtype") == "float16"
+    if name == "standard-attention":  # as the pipeline finds it: rotary embeddings (and float16's casts) fused
+        before = ("fuse-casts", "standard-rotary-embedding") if half_float else ("standard-rotary-embedding",)
+        model = upgraded(model, tmp_path, passes=before, name="rotated").model
     result = upgraded(model, tmp_path, passes=(name,))
     assert not result.report.fusions
     (miss,) = [m.reason for m in result.report.near_misses if m.pass_name == name][:1]
     assert reason in miss
-    assert_same_outputs(model, result.model)
+    if half_float:
+        assert_float16_outputs_match(model, result.model, SIZES)
+    else:
+        assert_same_outputs(model, result.model)
 
 
 def test_what_onnxruntime_does_not_run_is_declined():
@@ -194,3 +221,57 @@ def test_soft_capped_scores_stay_where_the_kernel_is_slower(tmp_path):
                      name="rotated").model
     result = upgraded(model, tmp_path, passes=("standard-attention",))
     assert_declined(model, result, "standard-attention", "Attention with a soft cap measured 1.5-2.0x")
+
+
+FLOAT16_FORMS = {  # llama_attention_model(dtype="float16", ...): what torch writes for model.half()
+    "prefill-torchscript": dict(),
+    "prefill-dynamo-sdpa": dict(dynamo=True),
+    "decode-torchscript": dict(cache="past"),
+    "decode-dynamo-sdpa": dict(cache="past", dynamo=True),
+    "decode-position-ids-given": dict(cache="past", positions="input"),
+}
+def float16_fused(form: str, tmp_path):
+    model = llama_attention_model(dtype="float16", **FLOAT16_FORMS[form])
+    # fuse-casts first, as the pipeline runs it: the TorchScript softmax's Cast to float32 and back is exact
+    return model, upgraded(model, tmp_path, passes=("fuse-casts", *PASSES))
+
+
+@pytest.mark.parametrize("form", FLOAT16_FORMS)
+def test_float16_decoder_attention_fuses_with_its_mask_widened(form, tmp_path):
+    """fp16 copies fuse what their fp32 copies fuse: the float16 mask goes in as Max(Cast(mask,
+    float32), -1e30), the masked softmax the CPU provider runs for the original in float32."""
+    model, result = float16_fused(form, tmp_path)
+    counts = op_counts(result.model)
+    assert counts["Attention"] == 1 and counts["RotaryEmbedding"] == 2 and "Softmax" not in counts, counts
+    producers = {out: n for n in result.model.graph.node for out in n.output}
+    (node,) = [n for n in result.model.graph.node if n.op_type == "Attention"]
+    clamp = producers[node.input[3]]
+    widen = producers[clamp.input[0]]
+    assert (clamp.op_type, widen.op_type) == ("Max", "Cast")
+    assert onnx.helper.get_attribute_value(widen.attribute[0]) == onnx.TensorProto.FLOAT
+    onnx.checker.check_model(result.model, full_check=True)
+    assert_float16_outputs_match(model, result.model, SIZES)
+
+
+def test_a_float16_mask_left_in_float16_changes_rows_masked_throughout(tmp_path):
+    """Why the widening: the same Attention fed the float16 mask clamped in float16 (one ulp above
+    its lowest, which the kernel would zero a row for) adds it in float16, where s + -65472 rounds
+    to -65472 and a row masked throughout averages V uniformly; onnxruntime's run of the original
+    keeps softmax(s) there. Verification sees it."""
+    model, result = float16_fused("decode-torchscript", tmp_path)
+    wrong = onnx.ModelProto()
+    wrong.CopyFrom(result.model)
+    producers = {out: n for n in wrong.graph.node for out in n.output}
+    (node,) = [n for n in wrong.graph.node if n.op_type == "Attention"]
+    clamp = producers[node.input[3]]
+    widen = producers[clamp.input[0]]
+    floor = [t for t in wrong.graph.initializer if t.name == clamp.input[1]][0]
+    floor.CopyFrom(onnx.numpy_helper.from_array(np.nextafter(np.finfo(np.float16).min, np.float16(0)), floor.name))
+    clamp.input[0] = widen.input[0]
+    wrong.graph.node.remove(widen)
+    del wrong.graph.value_info[:]  # the clamp's output, declared float32, is float16 here
+    dims = SIZES[0]
+    assert verify_models(model, wrong, dims=dims, seed=0, int_ranges=MASK_VALUES).passed  # rows partly masked
+    assert not verify_models(model, wrong, dims=dims, seed=0, int_ranges=MASKED_THROUGHOUT).passed
+    assert verify_models(model, result.model, dims=dims, seed=0, int_ranges=MASKED_THROUGHOUT).passed
+

@@ -44,9 +44,17 @@ attention_mask (neither Optimum's nor onnxruntime's Whisper export has one):
 (d_model, heads and decoder layers from SIZES: tiny 128, 4 of 32, 2 layers; small 512, 8 of 64, 4).
 
     .venv-corpus/bin/python benchmarks/corpus/decoders.py [--out DIR] [--only NAME,...] [--sizes tiny,small]
-        [--positions without,with] [--force]
+        [--positions without,with] [--dtype float32|float16] [--force]
 
-DIR defaults to $FUSE_DECODER_MODELS or benchmarks/corpus/decoder-models. Every export is traced at
+DIR defaults to $FUSE_DECODER_MODELS or benchmarks/corpus/decoder-models (float16:
+$FUSE_DECODER_MODELS_FP16 or benchmarks/corpus/decoder-models-fp16).
+
+`--dtype float16` writes the float16 copies (issue 32: fp16 copies fuse what their fp32 copies
+fuse) to their own folder under the same file names: the same seeded, perturbed model made
+`model.half()` before export (as corpus/fp16.py does for the base corpus), so the past K/V inputs,
+the encoder states and every float output are float16; torch's float16 forward on the CPU is the
+reference, at FP16_CHECK_REL_TOL. The manifest records `dtype`; an export that fails is recorded
+with its error (a skip the fusion table reports), never dropped. Every export is traced at
 batch 2, sequence 7, past 5 (encoder 9) and checked in onnxruntime (optimizations off) against torch
 at batch 3, sequence 2 (decode) or 11 (prefill), past 13 (encoder 15), with padding in the first
 row's mask where there is one; the manifest records the check, node and op counts, inputs with
@@ -87,6 +95,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import export as base  # noqa: E402 - the sibling script, not an installed package
 
 DEFAULT_OUT = Path(os.environ.get("FUSE_DECODER_MODELS", base.HERE / "decoder-models"))
+DEFAULT_OUT_FP16 = Path(os.environ.get("FUSE_DECODER_MODELS_FP16", base.HERE / "decoder-models-fp16"))
+DTYPES = ("float32", "float16")  # --dtype: the model's parameters, past K/V and float outputs
+# float16 through a few layers rounds each op's output to 11 bits; a wrong conversion (a lost Cast,
+# a float16 overflow) is off by far more than this fraction of the output's largest magnitude.
+FP16_CHECK_REL_TOL = 2e-2
 VOCAB = 1000
 FORMS = {"opset17": ("torchscript", 17), "dynamo18": ("dynamo", 18)}
 KINDS = ("prefill", "decode")
@@ -467,14 +480,14 @@ def pin_static_dims(path: Path, graph: Graph) -> None:
     onnx.save(model, str(path))
 
 
-def check(path: Path, step, graph: Graph, args: tuple, dims: dict[str, int]) -> dict:
+def check(path: Path, step, graph: Graph, args: tuple, dims: dict[str, int], tolerance: float) -> dict:
     """onnxruntime (optimizations off) against torch on `args` (at other sizes than the trace's),
-    every output."""
+    every output, within `tolerance` of each output's largest magnitude."""
     import numpy as np
     import onnxruntime as ort
     torch = base._torch()
     with torch.no_grad():
-        ref = [t.numpy() for t in step(*args)]
+        ref = [t.double().numpy() for t in step(*args)]
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
@@ -486,8 +499,15 @@ def check(path: Path, step, graph: Graph, args: tuple, dims: dict[str, int]) -> 
             return {"check_ok": False, "check_error": f"shape {g.shape} != torch {r.shape}"}
         diff = float(np.max(np.abs(g.astype(np.float64) - r)))
         worst = max(worst, diff)
-        ok = ok and bool(np.isfinite(g).all()) and diff <= base.CHECK_REL_TOL * max(float(np.max(np.abs(r))), 1e-6)
-    return {"check_ok": ok, "check_max_abs_diff": worst, "check_dims": {d: dims[d] for d in graph.dims()}}
+        ok = ok and bool(np.isfinite(g).all()) and diff <= tolerance * max(float(np.max(np.abs(r))), 1e-6)
+    return {"check_ok": ok, "check_max_abs_diff": worst, "check_rel_tol": tolerance,
+            "check_dims": {d: dims[d] for d in graph.dims()}}
+
+
+def in_dtype(args: tuple, dtype: str) -> tuple:
+    """The float tensors of `args` (past K/V, encoder states) in `dtype`; ids, masks and positions as they are."""
+    torch = base._torch()
+    return tuple(a.to(getattr(torch, dtype)) if a.is_floating_point() else a for a in args)
 
 
 def sized_name(entry: Decoder, size: str) -> str:
@@ -496,13 +516,13 @@ def sized_name(entry: Decoder, size: str) -> str:
 
 
 def export_one(entry: Decoder, size: str, form: str, kind: str, out: Path, force: bool,
-               positions: bool = False) -> dict:
+               positions: bool = False, dtype: str = "float32") -> dict:
     torch = base._torch()
     name = sized_name(entry, size)
     file = out / f"{name}-{kind}{'-positions' if positions else ''}-{form}.onnx"
     dims = SIZES[size]
     record: dict[str, Any] = {"model": entry.name, "size": size, "size_config": dims.fields(), "form": form,
-                              "kind": kind, "positions": positions, "file": file.name,
+                              "kind": kind, "positions": positions, "dtype": dtype, "file": file.name,
                               "note": entry.note.format(**dims.fields())}
     given = {"positions": True} if positions else {}  # only Decoder's graph and inputs take it
     if file.exists() and not force:
@@ -519,17 +539,19 @@ def export_one(entry: Decoder, size: str, form: str, kind: str, out: Path, force
         model = cls._from_config(config, attn_implementation=attn).eval()
         spec = base.Spec(name, "transformers", lambda _a: model, None, {}, "last_hidden_state")
         record.update(base.perturb(model, spec, torch.Generator().manual_seed(seed)))
+        model.to(getattr(torch, dtype))  # float16: the perturbed float32 weights, rounded once
         graph = entry.graph(config, decode, **given)
         step = entry.step(model, graph, decode)
-        args = entry.inputs(config, decode, TRACE, torch.Generator().manual_seed(1), **given)
+        args = in_dtype(entry.inputs(config, decode, TRACE, torch.Generator().manual_seed(1), **given), dtype)
         export = export_torchscript if exporter == "torchscript" else export_dynamo
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
             record.update(export(step, args, tmp, graph, opset, entry.dim_max(config)))
         pin_static_dims(tmp, graph)
         at = {**CHECK, "sequence": CHECK["sequence"] if decode else CHECK_PREFILL_SEQUENCE}
-        checked = entry.inputs(config, decode, at, torch.Generator().manual_seed(2), **given)
-        record.update(check(tmp, step, graph, checked, at))
+        checked = in_dtype(entry.inputs(config, decode, at, torch.Generator().manual_seed(2), **given), dtype)
+        tolerance = FP16_CHECK_REL_TOL if dtype == "float16" else base.CHECK_REL_TOL
+        record.update(check(tmp, step, graph, checked, at, tolerance))
         os.replace(tmp, file)
         record.update(describe(file))
         record.update({"attn_implementation": attn, "exporter_kind": exporter, "seed": seed, "family": entry.family,
@@ -562,12 +584,15 @@ def describe(path: Path) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
+    parser.add_argument("--out", type=Path, default=None,
+                        help=f"output folder (default {DEFAULT_OUT}; float16: {DEFAULT_OUT_FP16})")
     parser.add_argument("--only", default="", help="comma-separated: " + ", ".join(m.name for m in MODELS))
     parser.add_argument("--sizes", default=",".join(SIZES),
                         help="comma-separated sizes to export: " + ", ".join(SIZES) + " (default: all)")
     parser.add_argument("--positions", default=",".join(POSITIONS),
                         help="comma-separated: graphs without and/or with a position_ids input (default: both)")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32",
+                        help="float16: the model.half() copies, to their own folder (default float32)")
     parser.add_argument("--force", action="store_true", help="re-export files that exist")
     args = parser.parse_args(argv)
     names = [n for n in args.only.split(",") if n]
@@ -579,7 +604,7 @@ def main(argv=None) -> int:
     positions = [p for p in args.positions.split(",") if p]
     if unknown := sorted(set(positions) - set(POSITIONS)) or (not positions and ["(none)"]):
         parser.error(f"unknown --positions: {unknown}")
-    out: Path = args.out
+    out: Path = args.out or (DEFAULT_OUT_FP16 if args.dtype == "float16" else DEFAULT_OUT)
     out.mkdir(parents=True, exist_ok=True)
 
     import onnx
@@ -602,7 +627,7 @@ def main(argv=None) -> int:
             for kind, given in ((k, POSITIONS[p]) for p in positions for k in KINDS):
                 if given and entry.family != "decoder-only":
                     continue
-                record = export_one(entry, size, form, kind, out, args.force, given)
+                record = export_one(entry, size, form, kind, out, args.force, given, args.dtype)
                 if record["status"] == "kept":
                     print(f"  {record['file']}: exists, kept (--force re-exports)", flush=True)
                     continue

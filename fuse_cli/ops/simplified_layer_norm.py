@@ -26,11 +26,12 @@ RECORDS = (
     Operator(
         "RMSNormalization",
         support=kernels("RMSNormalization", "float32 float16 float64", "",
-                        "opset 23; bfloat16 not probed; rms-norm emits it for float32 only. CPU time 0.61-0.95x the "
-                        "decomposed form in decoder exports (benchmarks/results/opset23.md)", domain=""),
+                        "opset 23; bfloat16 not probed; rms-norm emits it for float32, and for float16 with "
+                        "stash_type 1 (torch's half form). CPU time 0.61-0.95x the decomposed form in decoder "
+                        "exports (benchmarks/results/opset23.md)", domain=""),
         standard=True,
         probe=Spec("RMSNormalization", "", (Input("X", Probe.X3), Input("scale", _HIDDEN)), {"epsilon": 1e-5},
                    opset=23),
-        contracts=(Contract("RMSNormalization", "", "float32", (), ("rms-norm",)),),
+        contracts=tuple(Contract("RMSNormalization", "", dtype, (), ("rms-norm",)) for dtype in ("float32", "float16")),
     ),
 )

@@ -13,8 +13,8 @@ from fuse_cli.match import Match
 from fuse_cli.pipeline.base import Decline, PatternPass
 from fuse_cli.pipeline.registry import register
 from fuse_cli.toolkit.attention_forms import PREFILL
-from fuse_cli.toolkit.attention_proofs import (grouped_heads, key_t_decline, mask_fits, merge_decline, read_outside,
-                                               scale_decline, scale_of, softcap_of, split_of)
+from fuse_cli.toolkit.attention_proofs import (grouped_heads, key_t_decline, mask_fits, merge_decline, merged_rows,
+                                               read_outside, scale_decline, scale_of, softcap_of, split_of)
 from fuse_cli.toolkit.runtime_shapes import unnamed_like_the_original, unnamed_where_it_was
 
 
@@ -45,7 +45,8 @@ class FuseGroupQueryAttention(PatternPass):
     or K/V was shaped at run time, the output is read through Reshape(y, Shape(y)), as unnamed
     to onnxruntime's planner as the replaced subgraph's (toolkit.runtime_shapes: else layer N's
     MLP buffers stay allocated across layer N+1's attention, 27.7 -> 37.1 MiB measured on the
-    opset-17 Llama prefill at 64 x 64; 26.1 so).
+    opset-17 Llama prefill at 64 x 64; 26.1 so). A merge straight into rows [-1, H*d] (dynamo's
+    GPT-2, for its Gemm) reshapes the kernel's [B, S, H*d] output into those rows.
     """
 
     name = "group-query-attention"
@@ -67,7 +68,7 @@ class FuseGroupQueryAttention(PatternPass):
         h, kv, d = grouped
         if d % 8:
             return Decline(f"head size {d} is not a multiple of 8, which GroupQueryAttention's CPU kernel needs")
-        if decline := merge_decline(m, g, h * d, rows=False) or key_t_decline(m, g, d) or scale_decline(m):
+        if decline := merge_decline(m, g, h * d, rows=True) or key_t_decline(m, g, d) or scale_decline(m):
             return decline
         if isinstance(cap := softcap_of(m), Decline):
             return cap
@@ -106,7 +107,12 @@ class FuseGroupQueryAttention(PatternPass):
         kept = [read_outside(t, m, g) for t in presents]
         y = m.root.outputs[0]
         unnamed = unnamed_where_it_was([m.tensor("query"), key, m.tensor("value"), mask], y)
-        outputs = [g.variable(f"{base}_gqa_out") if unnamed else y]
+        written = g.variable(f"{base}_gqa_out") if unnamed else y
+        outputs = [written]
+        if merged_rows(m, h * d):  # [B, S, H*d], then the rows the graph's merge made
+            outputs = [g.variable(f"{base}_gqa_heads_merged", like=m.tensor("query"))]
+            nodes.append(g.node("Reshape", [outputs[0], m.tensor("merge_shape")], name=f"{base}_rows",
+                                outputs=[written]))
         # Heads read after the attention (a prefill's KV cache, or a sliding window's slice of it)
         # are the kernel's present outputs. Both or neither: the kernel refuses one present without
         # the other; one nobody reads gets a name of its own.
@@ -115,5 +121,5 @@ class FuseGroupQueryAttention(PatternPass):
                         for t, keep, role in zip(presents, kept, ("key", "value"))]
         b.add("GroupQueryAttention", inputs, attrs, domain="com.microsoft", outputs=outputs, name=f"{base}_gqa")
         if unnamed:
-            nodes += unnamed_like_the_original(outputs[0], y, g, base)
+            nodes += unnamed_like_the_original(written, y, g, base)
         return Replacement(nodes=nodes)

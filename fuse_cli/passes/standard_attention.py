@@ -38,7 +38,8 @@ class FuseStandardAttention(PatternPass):
     graph's own additive mask (causal with the past's offset, padding; [B or 1, 1 or H, S, T]) is
     passed as attn_mask with is_causal=0, so whatever mask the graph computes stays exact, clamped
     to -1e30 from below (toolkit.standard_attention.MASK_FLOOR: exact for finite masks; a row
-    masked throughout with -inf, NaN or zeros in the graph, becomes uniform). A
+    masked throughout with -inf, NaN or zeros in the graph, becomes uniform; a float16 mask is
+    widened to float32 first, as onnxruntime's CPU provider runs the graph's masked softmax). A
     prefill whose K/V heads are graph outputs keeps their Reshape + Transpose (ONNX allows present
     outputs only with past inputs). onnxruntime's CPU kernel: float32, float16; its float64 is
     the function body, not a kernel (targets.STANDARD). dynamo's SDPA forms (d^-1/4 on Q and K^T,

@@ -36,8 +36,8 @@ class FuseStandardCachedAttention(PatternPass):
     Q stays split into heads and the graph's merge follows the operator; with 4-D inputs the heads
     are read off the shapes, H query heads over KV K/V heads, each K/V head serving H/KV queries in
     a row, which is repeat_kv's order: repeated K/V are read unrepeated. The mask as in
-    standard-attention: [B or 1, 1 or H, S, T], float32, clamped to its MASK_FLOOR. Runs after
-    standard-attention, which takes the forms whose K/V come from a projection.
+    standard-attention: [B or 1, 1 or H, S, T], float32 (float16 widened to it), clamped to its MASK_FLOOR.
+    Runs after standard-attention, which takes the forms whose K/V come from a projection.
     """
 
     name = "standard-cached-attention"

@@ -4,6 +4,7 @@ mask they pass as attn_mask, and its clamp (standard-attention and standard-cach
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
 
 from fuse_cli import targets
@@ -16,7 +17,12 @@ from fuse_cli.toolkit.attention_proofs import mask_fits, softcap_of
 # the lowest: a row masked throughout stays uniform, while onnxruntime 1.31/1.32's CPU Attention
 # writes zeros for a row whose mask is -inf or exactly float32's lowest (one-node probe).
 MASK_FLOOR = -1e30
-
+# A float16 mask goes in as float32: onnxruntime's CPU provider has no float16 Add or Softmax kernel,
+# so it runs a float16 graph's masked softmax in float32 (Casts only at its edges, even at
+# ORT_DISABLE_ALL), where s + -65504 keeps s and a row masked throughout is softmax(s); the
+# Attention kernel adds a float32 attn_mask to float16 Q/K/V scores in float32 too (one-node probes),
+# and a float16 one in float16, where s + -65504 rounds to -65504 and the same row is uniform.
+WIDENED_MASKS = (np.dtype(np.float16),)
 
 
 def softcap_decline(m: Match, g: GraphEditor) -> Decline | None:
@@ -32,7 +38,7 @@ def softcap_decline(m: Match, g: GraphEditor) -> Decline | None:
 
 def attn_mask_decline(m: Match, g: GraphEditor, h: int, length) -> Decline | None:
     """The graph's mask as attn_mask: [B or 1, 1 or h, S, key length] (onnxruntime's Attention does
-    not broadcast it over the queries) and float32 (the only dtype clamped_mask clamps)."""
+    not broadcast it over the queries) and float32, or float16 that clamped_mask widens (WIDENED_MASKS)."""
     mask = m.tensor("mask")
     if mask is None:
         return None
@@ -41,18 +47,26 @@ def attn_mask_decline(m: Match, g: GraphEditor, h: int, length) -> Decline | Non
         return Decline(f"the mask {mask.name!r} of shape {shape and list(shape.dims)} is not provably "
                        f"[batch or 1, 1 or {h}, sequence, key length] of the query's dtype (onnxruntime's "
                        f"Attention does not broadcast attn_mask over the queries: targets.STANDARD)")
-    if g.dtype(mask) != np.float32:
+    if g.dtype(mask) != np.float32 and g.dtype(mask) not in WIDENED_MASKS:
         return Decline(f"the mask {mask.name!r} is {g.dtype(mask)}: onnxruntime's Attention zeroes rows masked with "
-                       f"the dtype's lowest value, which the graph averages, and only a float32 mask is clamped")
+                       f"the dtype's lowest value, which the graph averages, and only a float32 or float16 mask "
+                       f"is clamped")
     return None
 
 
 def clamped_mask(m: Match, g: GraphEditor, nodes: list[gs.Node]) -> gs.Tensor | None:
-    """Max(mask, MASK_FLOOR), its node appended to `nodes`: onnxruntime zeroes rows masked with
-    exactly float32's lowest; -1e30 averages them as the graph does. None without a mask."""
+    """Max(mask, MASK_FLOOR), its nodes appended to `nodes`: onnxruntime zeroes rows masked with
+    exactly float32's lowest; -1e30 averages them as the graph does. A float16 mask is first Cast
+    to float32 (WIDENED_MASKS: its masked softmax runs in float32 on the CPU). None without a mask."""
     mask = m.tensor("mask")
     if mask is None:
         return None
+    if g.dtype(mask) in WIDENED_MASKS:
+        widened = g.variable(f"{mask.name}_float")
+        widened.dtype = np.float32
+        nodes.append(g.node("Cast", [mask], {"to": onnx.TensorProto.FLOAT}, name=f"{mask.name}_widen",
+                            outputs=[widened]))
+        mask = widened
     clamped = g.variable(f"{mask.name}_clamped", like=mask)
     nodes.append(g.node("Max", [mask, g.constant("mask_floor", np.array(MASK_FLOOR, np.float32))],
                         name=f"{mask.name}_clamp", outputs=[clamped]))
