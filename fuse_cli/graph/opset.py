@@ -37,13 +37,14 @@ def upgrade_opset(model: onnx.ModelProto, target: int) -> onnx.ModelProto:
     except Exception as exc:  # the converter raises RuntimeError or its own C++ exceptions
         raise FuseError(f"cannot convert the model to opset {target}: {str(exc).splitlines()[0][:200]}") from exc
     converted.ir_version = max(model.ir_version, minimum_ir_version(target))
-    # The converter runs onnx's shape inference and stores what it found: its placeholders (unk__N
-    # for a dim it could not name) would then read as symbols and hide the dims fuse's own
-    # inference proves (a rotary table's sequence length). Keep only the shapes the model gave.
-    given = {vi.name for vi in model.graph.value_info}
-    kept = [vi for vi in converted.graph.value_info if vi.name in given]
+    # The converter runs onnx's shape inference and stores what it found, over the shapes the model
+    # declared too: its placeholders (unk__N for a dim it could not name) would then read as
+    # symbols of the model, each grown on its own at the guard's larger setting (an Expand sized
+    # [64, 64, 64, 64] for [64, 1, 1, 64]), and hide the dims fuse's own inference proves (a
+    # rotary table's sequence length). Keep the shapes the model gave, as it gave them.
+    present = {name for node in converted.graph.node for name in node.output}
     del converted.graph.value_info[:]
-    converted.graph.value_info.extend(kept)
+    converted.graph.value_info.extend(vi for vi in model.graph.value_info if vi.name in present)
     return converted
 
 
