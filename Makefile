@@ -119,6 +119,7 @@ clean:
 CORPUS_VENV ?= .venv-corpus
 CORPUS_MODELS ?= benchmarks/corpus/models
 DECODER_MODELS ?= benchmarks/corpus/decoder-models
+DECODER_MODELS_FP16 ?= benchmarks/corpus/decoder-models-fp16
 CORPUS_STAMP := $(CORPUS_VENV)/.installed
 CORPUS_PACKAGES := torch==2.14.1 torchvision==0.29.1 transformers==5.24.0 timm==1.0.31 onnx==1.23.2 onnxscript==0.7.2 onnxruntime==1.32.0 ultralytics==8.4.190
 
@@ -132,6 +133,7 @@ bench-corpus: $(CORPUS_STAMP)
 	$(CORPUS_VENV)/bin/python benchmarks/corpus/export.py --out $(CORPUS_MODELS)
 	$(CORPUS_VENV)/bin/python benchmarks/corpus/heldout.py --out benchmarks/corpus/heldout-models
 	$(CORPUS_VENV)/bin/python benchmarks/corpus/decoders.py --out $(DECODER_MODELS)
+	$(CORPUS_VENV)/bin/python benchmarks/corpus/decoders.py --dtype float16 --out $(DECODER_MODELS_FP16)
 	$(CORPUS_VENV)/bin/python benchmarks/corpus/fp16.py --out $(CORPUS_MODELS)
 	$(MAKE) control-flow-corpus
 

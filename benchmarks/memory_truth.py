@@ -8,8 +8,8 @@ models built in code (branchy_models.py: four randomly wired networks, whose Sum
 inputs no export has, and a transformer block with parallel Q/K/V), the recurrent ones built in
 code (recurrent_models.py: a BiGRU tagger, an LSTM stack, a GRU), and every corpus folder that
 exists when it runs (or those in $FUSE_CORPUS_DIRS, colon-separated): benchmarks/corpus/models
-(base exports and their fp16 copies), heldout-models, decoder-models (`make bench-corpus` builds
-those), control-flow-models (`make control-flow-corpus`), wheel-models, and build/quantized-models
+(base exports and their fp16 copies), heldout-models, decoder-models and decoder-models-fp16 (`make
+bench-corpus` builds those), control-flow-models (`make control-flow-corpus`), wheel-models, and build/quantized-models
 (`make quantized-bench`). A folder's manifest.json, where present, gives each file's symbolic dims,
 its `small` and `large` settings (or one setting: a `bench` entry's or a `dims` entry's dims, and
 whole input shapes for dims with no name) and the valid ranges of its integer inputs.
@@ -72,7 +72,8 @@ MIN_MEASURED = MIB
 # every corpus the make targets build (`make bench-corpus`, `make quantized-bench`; the wheel corpus)
 CORPUS_DIRS = [Path(p) for p in os.environ.get("FUSE_CORPUS_DIRS", "").split(":") if p] or [
     REPO / "benchmarks" / "corpus" / name
-    for name in ("models", "heldout-models", "decoder-models", "control-flow-models", "wheel-models")
+    for name in ("models", "heldout-models", "decoder-models", "decoder-models-fp16", "control-flow-models",
+                 "wheel-models")
 ] + [REPO / "build" / "quantized-models"]
 SEQUENCE_WORDS = ("seq", "length", "len", "token", "time")
 
