@@ -247,3 +247,27 @@ def test_a_float32_copy_takes_the_shape_onnxruntime_gives_its_source():
     assert graph.float_copies[copy] == "y"
     assert graph.planner_shapes[copy].shape == stored.planner_shapes["y"].shape
     assert graph.planner_shapes[copy].shape != symbolic.get("y").shape
+
+
+def test_a_float32_output_is_shaped_by_inference_not_by_the_declaration_of_its_float16_tensor():
+    """A node run in float32 writes a new tensor, which onnxruntime shapes by inference on the graph
+    it runs: the declaration of the float16 output (here a graph output's) is not its. Measured on
+    a float16 Gemma fused at batch 16: given the declared shapes, the walk found buffers to share
+    that onnxruntime does not, 17.4 MiB against 21.4 allocated; shaped by inference, 21.4."""
+    d = 16
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Slice", ["shape", "zero", "two"], ["leading"]),
+        helper.make_node("Concat", ["leading", "width"], ["target"], axis=0),
+        helper.make_node("Transpose", ["x"], ["xt"], perm=[1, 0, 2]),
+        helper.make_node("Reshape", ["xt", "target"], ["r"]),
+        helper.make_node("MatMul", ["r", "w"], ["y"]),
+        helper.make_node("Relu", ["y"], ["out"]),
+    ]
+    model = _model(nodes, [_io("x", F16, ["batch", "sequence", d])], [_io("out", F16, ["batch", "sequence", d])],
+                   [_weight("w", [d, d]), _ints("zero", [0]), _ints("two", [2]), _ints("width", [d])])
+    graph = setups.walk_setup(model, infer_shapes(model), (), None, "cpu").graph
+    relu_output = CAST_PREFIX + "out"
+    assert graph.float_copies[relu_output] == "out"
+    assert graph.planner_shapes[relu_output].shape == graph.planner_shapes[CAST_PREFIX + "y"].shape
+    assert graph.planner_shapes[relu_output].shape != ("batch", "sequence", d)
