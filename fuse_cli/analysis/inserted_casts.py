@@ -86,11 +86,6 @@ class CastPlan:
     steps: list[Step]
     float_copies: dict[str, str] = field(default_factory=dict)
 
-    @property
-    def changes_graph(self) -> bool:
-        return any(step.stored is None for step in self.steps) or any(
-            step.stored != i for i, step in enumerate(self.steps))
-
 
 def inserted_casts(steps: Sequence[Step], elem_type: Callable[[str], int | None], graph_outputs: set[str],
                    opset: int, has_subgraph: Callable[[Step], bool], order: Callable[[list[Step]], list[int]]
@@ -131,6 +126,17 @@ def inserted_casts(steps: Sequence[Step], elem_type: Callable[[str], int | None]
     cast_of: dict[str, str] = {}  # float16 tensor -> its float32 copy
     added: list[Step] = []
     next_index = max((s.index for s in steps), default=-1) + 1
+    taken = {name for s in steps for name in (*s.inputs, *s.outputs)}
+
+    def new_name(tensor: str) -> str:
+        """CAST_PREFIX + tensor, made unique as onnxruntime's Graph::GenerateNodeName makes it (the
+        Cast back of a node's output and a later Cast of that output would share it)."""
+        name, count = CAST_PREFIX + tensor, 0
+        while name in taken:
+            count += 1
+            name = f"{CAST_PREFIX}{tensor}_token_{count}"
+        taken.add(name)
+        return name
     for i in order(steps):
         step = steps[i]
         if not unassigned[i] or has_subgraph(step) or not float16_inputs(step):
@@ -138,14 +144,14 @@ def inserted_casts(steps: Sequence[Step], elem_type: Callable[[str], int | None]
         for position, name in enumerate(step.inputs):
             if name and type_of(name) == FLOAT16:
                 if name not in cast_of:
-                    copy = cast_of[name] = CAST_PREFIX + name
+                    copy = cast_of[name] = new_name(name)
                     float_copies[copy], types[copy] = name, FLOAT
                     added.append(Step("Cast", "", [name], [copy], next_index, name=copy))
                     next_index += 1
                 step.inputs[position] = cast_of[name]
         for position, name in enumerate(step.outputs):
             if name and type_of(name) == FLOAT16:
-                copy = CAST_PREFIX + name
+                copy = new_name(name)
                 float_copies[copy], types[copy] = name, FLOAT
                 step.outputs[position] = copy
                 added.append(Step("Cast", "", [copy], [name], next_index, name=copy))
