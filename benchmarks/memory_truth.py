@@ -320,12 +320,13 @@ def agreement(cases: list[Case], kind: str) -> dict:
             estimate, measured = getattr(case, f"estimate_{side}"), getattr(case, f"{kind}_{side}")
             if estimate is None or not measured:
                 continue
-            rows.append({"model": case.model, "target": case.target, "setting": case.setting, "side": side,
-                         "estimate": estimate, "measured": measured, "ratio": estimate / measured})
-    # "before" is the same model for both targets: count it once.
+            rows.append({"model": case.model, "group": case.group, "target": case.target, "setting": case.setting,
+                         "side": side, "estimate": estimate, "measured": measured, "ratio": estimate / measured})
+    # "before" is the same model for both targets: count it once (a model by group and name: the fp16
+    # decoder corpus names its files as the fp32 one does).
     seen, unique = set(), []
     for row in rows:
-        key = (row["model"], row["setting"], row["side"], row["target"] if row["side"] == "after" else "")
+        key = (row["group"], row["model"], row["setting"], row["side"], row["target"] if row["side"] == "after" else "")
         if key not in seen:
             seen.add(key)
             unique.append(row)
