@@ -271,3 +271,19 @@ def test_a_float32_output_is_shaped_by_inference_not_by_the_declaration_of_its_f
     assert graph.float_copies[relu_output] == "out"
     assert graph.planner_shapes[relu_output].shape == graph.planner_shapes[CAST_PREFIX + "y"].shape
     assert graph.planner_shapes[relu_output].shape != ("batch", "sequence", d)
+
+
+def test_a_stored_order_walks_each_weights_cast_right_before_its_reader():
+    """A scheduler's order (a runtime that follows the stored order) runs an inserted Cast of a
+    weight right before the node reading it: one float32 weight copy alive at a time, not all."""
+    model = _float16_mlp(width=512, layers=4)
+    shapes = infer_shapes(model, dims={"batch": 8})
+    runtime = profile_memory(model, shapes)
+    stored = profile_memory(model, shapes, order=list(range(len(model.graph.node))))
+    copy_bytes = 512 * 512 * 4
+    assert runtime.peak_bytes - stored.peak_bytes >= 2 * copy_bytes
+    walked = setups.walk_setup(model, infer_shapes(model), (), list(range(len(model.graph.node))), "cpu")
+    step = {label: k for k, label in enumerate(walked.labels)}
+    matmuls = [step[f"MatMul#{2 * i}"] for i in range(4)]
+    for i in range(4):  # each weight's Cast after the MatMul before its own
+        assert (matmuls[i - 1] if i else -1) < step[CAST_PREFIX + f"w{i}"] < matmuls[i]

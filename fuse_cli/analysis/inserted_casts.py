@@ -22,6 +22,7 @@ Subgraphs are not rewritten here: a control-flow body is walked as stored.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -265,3 +266,59 @@ def _without_duplicate_casts(steps: list[Step], type_of, graph_outputs: set[str]
             alive[i] = False
             reroute(written, source)
     return [s for s, keep in zip(steps, alive) if keep]
+
+
+class WithFloatCopies:
+    """A shape table that also knows the float32 copies the Casts add (`copies`: copy -> its
+    float16 tensor), each with its float16 tensor's shape: what the memory rules read of a kernel
+    run on them (ops.record.Shapes)."""
+
+    def __init__(self, shapes, copies: Mapping[str, str]):
+        self.shapes, self.copies = shapes, copies
+
+    def get(self, name: str):
+        source = self.copies.get(name)
+        if source is None:
+            return self.shapes.get(name)
+        info = self.shapes.get(source)
+        return None if info is None else dataclasses.replace(info, name=name, elem_type=FLOAT)
+
+    def nbytes(self, name: str) -> int | None:
+        info = self.get(name)
+        return None if info is None else info.nbytes()
+
+
+def order_with_inserted(stored: Sequence[int | None], inputs: Sequence[Sequence[str]], outputs: Sequence[Sequence[str]],
+                        reads: Sequence[Sequence[str]], explicit: Sequence[int]) -> list[int]:
+    """An order of stored nodes (`explicit`: stored indices) as an order of the nodes walked (each
+    one's stored index, None for an inserted Cast, its inputs, outputs and reads): each inserted
+    Cast right after the node writing its input, or, reading a weight or a graph input, right
+    before its first reader. A stored Cast the replay removed is skipped."""
+    position = {index: i for i, index in enumerate(stored) if index is not None}
+    order = [position[index] for index in explicit if index in position]
+    producer = {name: i for i, names in enumerate(outputs) for name in names}
+    after: dict[int, list[int]] = {}
+    before: dict[int | None, list[int]] = {}
+    for i, index in enumerate(stored):
+        if index is None:
+            writer = producer.get(inputs[i][0])
+            if writer is not None:
+                after.setdefault(writer, []).append(i)
+            else:
+                copy = outputs[i][0]
+                before.setdefault(next((k for k in order if copy in reads[k]), None), []).append(i)
+
+    result: list[int] = []
+
+    def emit(i: int) -> None:
+        result.append(i)
+        for k in after.get(i, ()):
+            emit(k)
+
+    for k in before.pop(None, []):
+        emit(k)
+    for k in order:
+        for cast in before.get(k, ()):
+            emit(cast)
+        emit(k)
+    return result

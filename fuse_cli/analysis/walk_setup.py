@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 import onnx
 
 from fuse_cli.analysis.bodies import CONTROL_FLOW_OPS, BodyCost, Scope, body_cost, scope
-from fuse_cli.analysis.inserted_casts import FLOAT, FLOAT16, Step, inserted_casts
+from fuse_cli.analysis.inserted_casts import (FLOAT, FLOAT16, Step, WithFloatCopies, inserted_casts,
+                                              order_with_inserted)
 from fuse_cli.analysis.inference_runs import inference_copy
 from fuse_cli.analysis.planner_shapes import planner_keys, planner_shapes_in_order
 from fuse_cli.analysis.shapes import ShapeTable, TensorInfo, infer_shapes
@@ -114,7 +115,7 @@ class WalkGraph:
             if info is not None and (size := TensorInfo(copy, FLOAT, info.shape).nbytes()) is not None:
                 known[copy] = size
         # a kernel that runs on float32 copies sizes its scratch by them
-        rules = _WithCopies(shapes, self.float_copies) if self.float_copies else shapes
+        rules = WithFloatCopies(shapes, self.float_copies) if self.float_copies else shapes
         scratch = {stored: size for stored, node in self.scratch_nodes
                    if (size := workspace_bytes(node, rules, self.opset))}
         held_scratch = {stored: size for stored, node in self.scratch_nodes
@@ -169,25 +170,6 @@ class WalkSetup:
         return result
 
 
-class _WithCopies:
-    """A shape table that also knows the float32 copies onnxruntime's CPU provider makes: each has
-    its float16 tensor's shape (what the memory rules read: ops.record.Shapes)."""
-
-    def __init__(self, shapes: ShapeTable, copies: dict[str, str]):
-        self.shapes, self.copies = shapes, copies
-
-    def get(self, name: str) -> TensorInfo | None:
-        source = self.copies.get(name)
-        if source is None:
-            return self.shapes.get(name)
-        info = self.shapes.get(source)
-        return None if info is None else TensorInfo(name, FLOAT, info.shape)
-
-    def nbytes(self, name: str) -> int | None:
-        info = self.get(name)
-        return None if info is None else info.nbytes()
-
-
 # The last few models walked. A model is recognised by identity and by a fingerprint of its nodes
 # and names (a model edited in place is set up again); its tables are immutable.
 _GRAPHS: list[WalkGraph] = []
@@ -217,7 +199,8 @@ def walk_setup(model: onnx.ModelProto, symbolic_shapes: ShapeTable | None, extra
         if graph.runtime is None:
             graph.runtime = _ordered(graph, runtime_order_by_producers(graph.producers, graph.indices))
         return graph.runtime
-    wanted = _with_inserted(graph, list(explicit)) if graph.stored else list(explicit)
+    wanted = (order_with_inserted(graph.stored, graph.inputs, graph.outputs, graph.reads, explicit)
+              if graph.stored else list(explicit))
     if graph.explicit is None or graph.explicit.order != wanted:
         # a scheduler's candidate, judged at each shape setting in turn: the last one kept
         graph.explicit = _ordered(graph, checked_order(wanted, graph.producers, graph.labels))
@@ -354,39 +337,6 @@ def _runs_as(model: onnx.ModelProto, nodes: Sequence[_Node]) -> onnx.ModelProto:
         del proto.output[:]
         proto.output.extend(node.output)
     return runs
-
-
-def _with_inserted(graph: WalkGraph, explicit: list[int]) -> list[int]:
-    """An order of stored nodes as an order of the walked ones: each inserted Cast right after the
-    node writing its input, or, reading a weight or a graph input, right before its first reader."""
-    position = {stored: i for i, stored in enumerate(graph.stored) if stored is not None}
-    order = [position[stored] for stored in explicit if stored in position]
-    producer = {name: i for i, names in enumerate(graph.outputs) for name in names}
-    after: dict[int | None, list[int]] = {}
-    before: dict[int | None, list[int]] = {}
-    for i, stored in enumerate(graph.stored):
-        if stored is None:
-            writer = producer.get(graph.inputs[i][0])
-            if writer is not None:
-                after.setdefault(writer, []).append(i)
-            else:
-                copy = graph.outputs[i][0]
-                before.setdefault(next((k for k in order if copy in graph.reads[k]), None), []).append(i)
-
-    result: list[int] = []
-
-    def emit(i: int) -> None:
-        result.append(i)
-        for k in after.get(i, ()):
-            emit(k)
-
-    for k in before.pop(None, []):
-        emit(k)
-    for k in order:
-        for cast in before.get(k, ()):
-            emit(cast)
-        emit(k)
-    return result
 
 
 def _fields(proto: onnx.NodeProto) -> tuple:
