@@ -110,12 +110,9 @@ class WalkGraph:
                 size = by_shape[key] = info.nbytes()
             if size is not None:
                 known[name] = size
-        for copy, source in self.float_copies.items():
-            info = tensors.get(source)
-            if info is not None and (size := TensorInfo(copy, FLOAT, info.shape).nbytes()) is not None:
-                known[copy] = size
-        # a kernel that runs on float32 copies sizes its scratch by them
+        # the float32 copies, sized by their float16 tensors; a kernel run on them sizes its scratch by them
         rules = WithFloatCopies(shapes, self.float_copies) if self.float_copies else shapes
+        known.update((copy, size) for copy in self.float_copies if (size := rules.nbytes(copy)) is not None)
         scratch = {stored: size for stored, node in self.scratch_nodes
                    if (size := workspace_bytes(node, rules, self.opset))}
         held_scratch = {stored: size for stored, node in self.scratch_nodes
@@ -308,15 +305,12 @@ def _cast_nodes(plan, nodes: Sequence[_Node], labels: Sequence[str]):
             original = nodes[step.stored]
             node, label = original, labels[step.stored]
             if list(original.input) != step.inputs or list(original.output) != step.outputs:
-                inputs, outputs = tuple(step.inputs), tuple(step.outputs)
-                reads = tuple(name for name in inputs if name)
                 proto = onnx.NodeProto()
                 proto.CopyFrom(original.proto)
                 del proto.input[:], proto.output[:]
-                proto.input.extend(inputs)
-                proto.output.extend(outputs)
-                node = _Node(proto, (original.name, original.op_type, original.domain, inputs, outputs,
-                                     tuple(set(reads)), reads, original.kind))
+                proto.input.extend(step.inputs)
+                proto.output.extend(step.outputs)
+                node = _Node(proto, _fields(proto))
         walked.append(node)
         walked_labels.append(label)
         indices.append(step.index)
@@ -326,24 +320,19 @@ def _cast_nodes(plan, nodes: Sequence[_Node], labels: Sequence[str]):
 
 def _runs_as(model: onnx.ModelProto, nodes: Sequence[_Node]) -> onnx.ModelProto:
     """A light copy of `model` (no big weights: what shape inference reads) whose nodes are
-    `nodes`, each with its inputs and outputs as rewired: the graph onnxruntime runs."""
+    `nodes` (_cast_nodes gives each rewired one a proto of its own): the graph onnxruntime runs."""
     runs = inference_copy(model)
     del runs.graph.node[:]
-    for node in nodes:
-        proto = runs.graph.node.add()
-        proto.CopyFrom(node.proto)
-        del proto.input[:]
-        proto.input.extend(node.input)
-        del proto.output[:]
-        proto.output.extend(node.output)
+    runs.graph.node.extend(node.proto for node in nodes)
     return runs
 
 
 def _fields(proto: onnx.NodeProto) -> tuple:
+    """_Node's fields of a node with no subgraph (an inserted Cast, a stored node rewired to them)."""
     inputs = tuple(proto.input)
     reads = tuple(name for name in inputs if name)
-    return (proto.name, proto.op_type, proto.domain, inputs, tuple(proto.output), tuple(set(reads)), reads,
-            ("", proto.op_type))
+    kind = ("" if proto.domain in _DEFAULT_DOMAINS else proto.domain, proto.op_type)
+    return (proto.name, proto.op_type, proto.domain, inputs, tuple(proto.output), tuple(set(reads)), reads, kind)
 
 
 class _Node:

@@ -48,13 +48,9 @@ def runtime_envelope(source: sessions.Source, dims: Mapping[str, int], feeds: Ma
     """How far onnxruntime's own optimizations (its default level, all) move each output in `names`
     from `expected` (the original as written) on the same `feeds`: the largest difference over
     the elements finite in both."""
-    try:
-        session = session_for_verification(source, optimize=True, dims=dims)
-        wanted = {i.name for i in session.get_inputs()}
-        optimized = sessions.run(session, {k: v for k, v in feeds.items() if k in wanted})
-    finally:
-        session = None
-        heap.trim()
+    optimized, failure = _candidate_run(source, dims, feeds, optimize=True)
+    if failure is not None:
+        raise failure
     envelope = {}
     for name in names:
         want, got = np.asarray(expected[name], np.float64), np.asarray(optimized[name], np.float64)
@@ -80,10 +76,10 @@ def candidate_runs(source: sessions.Source, settings: Sequence[tuple[Mapping[str
     return outcomes
 
 
-def _candidate_run(source: sessions.Source, dims: Mapping[str, int], feeds: Mapping[str, np.ndarray]
-                   ) -> tuple[dict[str, np.ndarray] | None, FuseError | None]:
+def _candidate_run(source: sessions.Source, dims: Mapping[str, int], feeds: Mapping[str, np.ndarray],
+                   optimize: bool = False) -> tuple[dict[str, np.ndarray] | None, FuseError | None]:
     try:
-        session = session_for_verification(source, dims=dims)
+        session = session_for_verification(source, optimize=optimize, dims=dims)
         wanted = {i.name for i in session.get_inputs()}
         return sessions.run(session, {k: v for k, v in feeds.items() if k in wanted}), None
     except FuseError as exc:
