@@ -108,3 +108,17 @@ def assert_float16_outputs_match(original: onnx.ModelProto, fused: onnx.ModelPro
         for ranges in ({"attention_mask": (0, 2), "position_ids": (0, 64)}, MASKED_THROUGHOUT):
             result = verify_models(original, fused, dims=dims, seed=0, int_ranges=ranges)
             assert result.passed, (dims, ranges, result.outputs)
+
+
+def saved_by_onnxruntime(model: onnx.ModelProto, folder: Path, level: str = "disabled") -> onnx.ModelProto:
+    """The graph onnxruntime's CPU provider runs `model` as, at graph optimization `level`
+    (core.sessions.LEVELS), as its session saves it (optimized_model_filepath)."""
+    import onnxruntime as ort
+
+    from fuse_cli.core.sessions import LEVELS
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, LEVELS[level])
+    options.optimized_model_filepath = str(Path(folder) / f"saved-{level}.onnx")
+    ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return onnx.load(options.optimized_model_filepath)

@@ -5,7 +5,6 @@ the peak that graph reaches."""
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import onnx
@@ -18,6 +17,7 @@ from fuse_cli.analysis.measure import measure_peak
 from fuse_cli.analysis.memory import profile_memory
 from fuse_cli.analysis.shapes import infer_shapes
 from fuse_cli.ops.cpu_float16 import STANDARD_FLOAT16_KERNELS, has_cpu_float16_kernel
+from tests.conftest import saved_by_onnxruntime
 
 F16, F32, I64 = TensorProto.FLOAT16, TensorProto.FLOAT, TensorProto.INT64
 MIB = 1 << 20
@@ -39,17 +39,6 @@ def _model(nodes, inputs, outputs, initializers=(), opset=17):
 
 def _io(name, elem_type, shape=None):
     return helper.make_tensor_value_info(name, elem_type, shape)
-
-
-def _runtime_graph(model: onnx.ModelProto, tmp_path) -> onnx.ModelProto:
-    """The graph onnxruntime's CPU provider runs, as its session saves it (optimizations off)."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.optimized_model_filepath = os.path.join(tmp_path, "runtime.onnx")
-    ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return onnx.load(options.optimized_model_filepath)
 
 
 # ---- the table of float16 kernels ----
@@ -91,7 +80,7 @@ def test_the_float16_kernel_table_is_what_the_runtime_runs(op, inputs, outputs, 
     node = helper.make_node(op, [name for name, _ in inputs], [name for name, _ in outputs], **attrs)
     graph_inputs = [_io(name, t) for name, t in inputs if name not in INITS]
     initializers = [INITS[name] for name, _ in inputs if name in INITS]
-    runtime = _runtime_graph(_model([node], graph_inputs, [_io(n, t) for n, t in outputs], initializers, opset),
+    runtime = saved_by_onnxruntime(_model([node], graph_inputs, [_io(n, t) for n, t in outputs], initializers, opset),
                              tmp_path)
     casts = [n for n in runtime.graph.node if n.op_type == "Cast" and n.name.startswith("InsertedPrecisionFreeCast_")]
     assert has_cpu_float16_kernel("", op, opset) == (not casts), [n.name for n in casts]
@@ -159,7 +148,7 @@ def _walked(model):
 @pytest.mark.parametrize("opset", [14, 17])
 def test_the_walk_runs_the_graph_onnxruntime_runs(opset, tmp_path):
     model = _block(opset)
-    runtime = _runtime_graph(model, tmp_path)
+    runtime = saved_by_onnxruntime(model, tmp_path)
     expected = sorted((n.op_type, tuple(n.input), tuple(n.output)) for n in runtime.graph.node)
     walked = _walked(model)
     assert walked == expected
@@ -221,13 +210,9 @@ def test_absent_tensors_take_their_float32_copies_with_them():
                for t in without.live_at_peak)
 
 
-def test_a_float32_copy_takes_the_shape_onnxruntime_gives_its_source():
-    """onnxruntime's planner reuses a dead buffer for a tensor of the same shape as its own
-    inference gives it. A Reshape to a computed shape leaves that inference without the dims onnx's
-    data propagation finds, and the float32 copy of what follows has the dims its float16 source has
-    there: not the data-propagated ones (with those, a float16 Gemma's copies took held buffers
-    onnxruntime does not hold: estimate 27.3 MiB against 14.2 allocated, now 14.1)."""
-    d = 16
+def _reshaped_to_a_computed_shape(d: int, declared_output=None) -> onnx.ModelProto:
+    """x [batch, sequence, d] float16, transposed, then reshaped to a shape computed from Shape(x)
+    (onnx's data propagation names its dims, onnxruntime's inference does not), MatMul, Relu."""
     nodes = [
         helper.make_node("Shape", ["x"], ["shape"]),
         helper.make_node("Slice", ["shape", "zero", "two"], ["leading"]),
@@ -237,8 +222,18 @@ def test_a_float32_copy_takes_the_shape_onnxruntime_gives_its_source():
         helper.make_node("MatMul", ["r", "w"], ["y"]),
         helper.make_node("Relu", ["y"], ["out"]),
     ]
-    model = _model(nodes, [_io("x", F16, ["batch", "sequence", d])], [_io("out", F16)],
-                   [_weight("w", [d, d]), _ints("zero", [0]), _ints("two", [2]), _ints("width", [d])])
+    return _model(nodes, [_io("x", F16, ["batch", "sequence", d])], [_io("out", F16, declared_output)],
+                  [_weight("w", [d, d]), _ints("zero", [0]), _ints("two", [2]), _ints("width", [d])])
+
+
+def test_a_float32_copy_takes_the_shape_onnxruntime_gives_its_source():
+    """onnxruntime's planner reuses a dead buffer for a tensor of the same shape as its own
+    inference gives it. A Reshape to a computed shape leaves that inference without the dims onnx's
+    data propagation finds, and the float32 copy of what follows has the dims its float16 source has
+    there: not the data-propagated ones (with those, a float16 Gemma's copies took held buffers
+    onnxruntime does not hold: estimate 27.3 MiB against 14.2 allocated, now 14.1)."""
+    d = 16
+    model = _reshaped_to_a_computed_shape(d)
     symbolic = infer_shapes(model)
     assert symbolic.get("y").shape == ("batch", "sequence", d)  # onnx's data propagation sees through the Reshape
     graph = setups.walk_setup(model, symbolic, (), None, "cpu").graph
@@ -255,17 +250,7 @@ def test_a_float32_output_is_shaped_by_inference_not_by_the_declaration_of_its_f
     a float16 Gemma fused at batch 16: given the declared shapes, the walk found buffers to share
     that onnxruntime does not, 17.4 MiB against 21.4 allocated; shaped by inference, 21.4."""
     d = 16
-    nodes = [
-        helper.make_node("Shape", ["x"], ["shape"]),
-        helper.make_node("Slice", ["shape", "zero", "two"], ["leading"]),
-        helper.make_node("Concat", ["leading", "width"], ["target"], axis=0),
-        helper.make_node("Transpose", ["x"], ["xt"], perm=[1, 0, 2]),
-        helper.make_node("Reshape", ["xt", "target"], ["r"]),
-        helper.make_node("MatMul", ["r", "w"], ["y"]),
-        helper.make_node("Relu", ["y"], ["out"]),
-    ]
-    model = _model(nodes, [_io("x", F16, ["batch", "sequence", d])], [_io("out", F16, ["batch", "sequence", d])],
-                   [_weight("w", [d, d]), _ints("zero", [0]), _ints("two", [2]), _ints("width", [d])])
+    model = _reshaped_to_a_computed_shape(d, declared_output=["batch", "sequence", d])
     graph = setups.walk_setup(model, infer_shapes(model), (), None, "cpu").graph
     relu_output = CAST_PREFIX + "out"
     assert graph.float_copies[relu_output] == "out"

@@ -4,14 +4,13 @@ what the runtime's optimizer does, and a wrong one is still caught."""
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import onnx
 import pytest
 
 from fuse_cli.verify import compare_outputs, compare_with_reference, outputs_after_quantizers, reference_outputs
-from tests.conftest import SAMPLES
+from tests.conftest import SAMPLES, saved_by_onnxruntime
 from tests.graphs import GraphBuilder
 from tests.test_quantized import quantized
 
@@ -24,17 +23,6 @@ def dynamic_block(tmp_path_factory):
     MatMul reads a DynamicQuantizeLinear's output."""
     block = onnx.load(SAMPLES / "transformer_block_opset17.onnx")
     return quantized(block, tmp_path_factory.mktemp("dynamic"), "dynamic", pre_optimize=False)
-
-
-def _runtime_optimized(model: onnx.ModelProto, tmp_path) -> onnx.ModelProto:
-    """The model as onnxruntime's own optimizer leaves it at its default level (all), CPU."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.optimized_model_filepath = os.path.join(tmp_path, "optimized.onnx")
-    ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return onnx.load(options.optimized_model_filepath)
 
 
 def test_the_outputs_after_a_quantizer_are_found():
@@ -59,12 +47,13 @@ def test_onnxruntimes_own_optimized_output_is_a_match(dynamic_block, tmp_path):
     reference = reference_outputs(dynamic_block, SETTINGS)
     envelope = reference.envelope["output"]
     assert envelope > 0
-    result = compare_with_reference(reference, _runtime_optimized(dynamic_block, tmp_path))
+    optimized = saved_by_onnxruntime(dynamic_block, tmp_path, "all")
+    result = compare_with_reference(reference, optimized)
     assert result.passed, result.outputs
     (output,) = result.outputs
     assert output.runtime_envelope == envelope and output.max_abs_diff > 0
     dims, _, expected = reference.runs[0]
-    runtime = reference_outputs(_runtime_optimized(dynamic_block, tmp_path), [dims]).runs[0][2]
+    runtime = reference_outputs(optimized, [dims]).runs[0][2]
     assert not compare_outputs(expected, runtime).passed  # no envelope: the float tolerance
 
 
