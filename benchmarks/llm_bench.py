@@ -258,8 +258,9 @@ def inputs_for(path: Path, dims: dict[str, int], ranges: dict[str, tuple[int, in
         elif inp.type == "tensor(int64)":
             low, high = ranges.get(inp.name, (0, 10))
             feeds[inp.name] = rng.integers(low, high, shape).astype(np.int64)
-        else:
-            feeds[inp.name] = rng.standard_normal(shape).astype(np.float32)
+        else:  # the input's own float type: the float16 copies' caches are float16
+            dtype = np.float16 if inp.type == "tensor(float16)" else np.float32
+            feeds[inp.name] = rng.standard_normal(shape).astype(dtype)
     return feeds
 
 

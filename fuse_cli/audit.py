@@ -185,11 +185,15 @@ class PeakEstimate:
         """Per setting, the bytes a candidate's estimated peak may grow by (peak_tolerance)."""
         return tuple(peak_tolerance(setting.before.peak_bytes) for setting in self.settings)
 
-    def growth(self, model: onnx.ModelProto) -> tuple[PeakGrowth, ...]:
+    def growth(self, model: onnx.ModelProto, at: Sequence[tuple[tuple[str, int], ...]] | None = None
+               ) -> tuple[PeakGrowth, ...]:
         """Where the candidate's estimated peak is above the original's by more than the tolerance
-        (empty: never worse beyond it)."""
+        (empty: never worse beyond it); `at`: only at the settings of these dims (PeakGrowth.dims)."""
+        chosen = [i for i, s in enumerate(self.settings) if at is None or tuple(sorted(s.dims.items())) in at]
         grown = []
-        for setting, tolerance, after in zip(self.settings, self.tolerances(), self.profiles(model)):
+        tolerances = self.tolerances()
+        for i, after in zip(chosen, self.profiles(model, indices=chosen)):
+            setting, tolerance = self.settings[i], tolerances[i]
             if after.peak_bytes > setting.before.peak_bytes + tolerance:
                 alive = tuple(t.name for t in sorted(after.live_at_peak, key=lambda t: -(t.nbytes or 0))[:3])
                 grown.append(PeakGrowth(tuple(sorted(setting.dims.items())), setting.before.peak_bytes,

@@ -44,7 +44,7 @@ def loadable(source: Path, fused: Fused, passes: Sequence[Pass], build: Callable
         raise InternalError(f"{source}: the output would not load in onnxruntime even with every pass left out "
                             f"({bare_problem}); nothing written. This is a bug in fuse: please report it")
 
-    def judge(candidate: Fused) -> tuple[bool, str | None]:
+    def judge(candidate: Fused, whole: str | None) -> tuple[bool, str | None]:
         reason = load_problem(candidate.model)
         return reason is None, reason
     kept = drop_breaking_passes(passes, fused, build, judge)

@@ -16,7 +16,7 @@ from fuse_cli.graph.io import LoadedModel, read_original
 from fuse_cli.pipeline.base import Pass
 from fuse_cli.pipeline.records import NearMiss
 from fuse_cli.progress import carried, step, update
-from fuse_cli.report.model import PeakDecline, RolledBack
+from fuse_cli.report.model import PeakDecline, PeakGrowth, RolledBack
 from fuse_cli.report.render import human_bytes
 from fuse_cli.rollback import drop_breaking_passes
 from fuse_cli.verify import MISMATCH, VerifyResult, compare_with_reference, reference_plan
@@ -33,12 +33,15 @@ def keep_promises(source: Path, loaded: LoadedModel, passes: list[Pass], fuse, e
     with ThreadPoolExecutor(1) as worker:
         pending = _reference(source, loaded, config, worker if concurrent else None)
 
-        def peak_judge(candidate: Fused):
+        def peak_judge(candidate: Fused, whole: tuple[PeakGrowth, ...] | None):
+            # in the bisection, only the settings where the whole candidate grew: a prefix that
+            # grows elsewhere is lowered there again by a later pass
             with step("peak guard"):
-                growth = () if config.allow_peak_growth else estimate.growth(candidate.model)
+                growth = () if config.allow_peak_growth else estimate.growth(
+                    candidate.model, at=None if whole is None else [g.dims for g in whole])
             return not growth, growth
 
-        def verify_judge(candidate: Fused):
+        def verify_judge(candidate: Fused, whole: VerifyResult | None):
             # From memory: the candidate's big weights are references to files (the input's, or the
             # lot's for new ones), which onnxruntime maps; nothing is written until one is kept.
             with step("verification"):

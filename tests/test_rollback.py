@@ -1,0 +1,51 @@
+"""rollback.drop_breaking_passes: the bisection blames the pass that breaks the promise the way the
+whole pipeline breaks it, not a pass whose prefix breaks it in a way a later pass repairs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fuse_cli.rollback import drop_breaking_passes
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+
+
+RAISES_LARGE = Step("raises-large")   # grows the peak at the large setting, until `repairs` runs
+BREAKS_SMALL = Step("breaks-small")   # grows it at the small setting, for good
+REPAIRS = Step("repairs")             # lowers the large setting's peak again
+UNRELATED = Step("unrelated")
+
+
+def growth(passes: tuple[Step, ...]) -> set[str]:
+    grown = set()
+    if RAISES_LARGE in passes and (REPAIRS not in passes or passes.index(REPAIRS) < passes.index(RAISES_LARGE)):
+        grown.add("large")
+    if BREAKS_SMALL in passes:
+        grown.add("small")
+    return grown
+
+
+def judge(candidate: tuple[Step, ...], whole: set[str] | None) -> tuple[bool, set[str]]:
+    grown = growth(candidate) & (whole if whole is not None else {"small", "large"})
+    return not grown, grown
+
+
+def test_a_prefix_that_breaks_only_where_the_whole_pipeline_does_not_is_not_blamed():
+    passes = [UNRELATED, RAISES_LARGE, BREAKS_SMALL, REPAIRS]
+    assert growth(tuple(passes[:2])) == {"large"}  # the prefix ending in raises-large breaks, at large
+    kept = drop_breaking_passes(passes, tuple(passes), tuple, judge)
+    assert [p for p, _ in kept.dropped] == [BREAKS_SMALL]
+    assert kept.dropped[0][1] == {"small"}
+    assert kept.active == [UNRELATED, RAISES_LARGE, REPAIRS] and kept.candidate == tuple(kept.active)
+    assert judge(kept.candidate, None) == (True, set())
+
+
+def test_a_pass_breaking_the_whole_pipeline_where_nothing_repairs_it_is_dropped():
+    passes = [UNRELATED, RAISES_LARGE, BREAKS_SMALL]
+    kept = drop_breaking_passes(passes, tuple(passes), tuple, judge)
+    # the whole pipeline breaks at both settings: the first prefix to break (at large) goes first
+    assert [(p, evidence) for p, evidence in kept.dropped] == [(RAISES_LARGE, {"large"}), (BREAKS_SMALL, {"small"})]
+    assert kept.active == [UNRELATED]
