@@ -13,7 +13,7 @@ from fuse_cli.core import isolation
 from fuse_cli.core.tensors import weight_bytes
 from fuse_cli.fusing import Fused
 from fuse_cli.graph.io import LoadedModel, read_original
-from fuse_cli.pipeline.base import Pass
+from fuse_cli.pipeline.base import ModelPass, Pass
 from fuse_cli.pipeline.records import NearMiss
 from fuse_cli.progress import carried, step, update
 from fuse_cli.report.model import PeakDecline, PeakGrowth, RolledBack
@@ -55,7 +55,7 @@ def keep_promises(source: Path, loaded: LoadedModel, passes: list[Pass], fuse, e
         active, fused = list(passes), fuse(passes)
         verification, rolled_back, declined = None, [], []
         while True:
-            guarded = drop_breaking_passes(active, fused, fuse, peak_judge)
+            guarded = drop_breaking_passes(active, fused, fuse, peak_judge, trailing=lambda p: isinstance(p, ModelPass))
             declined += [PeakDecline(p.name, getattr(p, "label", p.name), growth) for p, growth in guarded.dropped]
             if pending is None or (verification is not None and not guarded.dropped):
                 return guarded.candidate, verification, tuple(rolled_back), tuple(declined)

@@ -33,24 +33,37 @@ class Kept(Generic[Candidate, Evidence]):
 
 
 def drop_breaking_passes(passes: Sequence[Pass], candidate: Candidate, build: Callable[[list[Pass]], Candidate],
-                         judge: Callable[[Candidate, Evidence | None], tuple[bool, Evidence]]
-                         ) -> Kept[Candidate, Evidence]:
+                         judge: Callable[[Candidate, Evidence | None], tuple[bool, Evidence]],
+                         trailing: Callable[[Pass], bool] = lambda p: False) -> Kept[Candidate, Evidence]:
     """`candidate` is build(passes), already made. judge(candidate, whole) -> (promise kept,
     evidence): `whole` is None for a whole candidate, and the whole candidate's evidence when a
-    prefix is judged in the bisection (judge the prefix against that break only)."""
+    prefix is judged in the bisection (judge the prefix against that break only).
+
+    `trailing` passes run after all the others and only take back what those leave (the peak
+    guard's model passes: a node order, the planner's declarations). Where the others break the
+    promise without them too, each prefix of the others is judged with them after it: a pass whose
+    growth they take back is not blamed for the next pass's. Else they are bisected themselves."""
     active = list(passes)
     kept, evidence = judge(candidate, None)
     dropped: list[tuple[Pass, Evidence]] = []
     while not kept and active:
-        good, bad, bad_evidence = 0, len(active), evidence  # prefix `good` keeps it, prefix `bad` breaks it
+        lead = [p for p in active if not trailing(p)]
+        tail = [p for p in active if trailing(p)]
+        if tail and not judge(build(lead), evidence)[0] and judge(build(tail), evidence)[0]:
+            order, prefix = lead, (lambda k: lead[:k] + tail)
+        else:  # the trailing passes break it, or none are given: plain prefixes
+            order, prefix = active, (lambda k: active[:k])
+        good, bad, bad_evidence = 0, len(order), evidence  # prefix `good` keeps it, prefix `bad` breaks it
         while bad - good > 1:
             middle = (good + bad) // 2
-            middle_kept, middle_evidence = judge(build(active[:middle]), evidence)
+            middle_kept, middle_evidence = judge(build(prefix(middle)), evidence)
             if middle_kept:
                 good = middle
             else:
                 bad, bad_evidence = middle, middle_evidence
-        dropped.append((active.pop(bad - 1), bad_evidence))
+        culprit = order[bad - 1]
+        active.remove(culprit)
+        dropped.append((culprit, bad_evidence))
         candidate = build(active)
         kept, evidence = judge(candidate, None)
     return Kept(candidate, evidence, active, dropped)

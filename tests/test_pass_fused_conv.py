@@ -139,9 +139,9 @@ def _read_elsewhere(b):
     return b.build(b.op("Relu", c), b.op("Neg", c, name="reader"), output_names=["y", "t"])
 
 
-def _fp16(b):
+def _fp16(b, activation="Relu", *bounds):
     c = conv(b, b.input("x", [1, 3, 6, 6], TensorProto.FLOAT16), dtype=np.float16)
-    return b.build(b.op("Relu", c), output_names=["y"])
+    return b.build(b.op(activation, c, *(b.const(np.float16(v)) for v in bounds)), output_names=["y"])
 
 
 def _clip_runtime_min(b):
@@ -166,12 +166,23 @@ def _self_residual(b):
 
 NEGATIVES = {
     "read-elsewhere": (_read_elsewhere, "is also read by reader"),
-    "fp16": (_fp16, "FusedConv has no float16 kernel on onnxruntime's CPU provider (target ort-cpu)"),
+    # Clip has a float16 CPU kernel (opset 12 on), the Conv none: FusedConv would run it in float32
+    "fp16-clip": (lambda b: _fp16(b, "Clip", 0, 6),
+                  "FusedConv has no float16 kernel on onnxruntime's CPU provider (target ort-cpu); it would run "
+                  "between Casts to float32 there, where Clip_1 (Clip), one of the nodes it replaces, runs in float16"),
     "clip-runtime-min": (_clip_runtime_min, "min 'lo' is a graph input, not a constant"),
     "broadcast-residual": (_broadcast_residual, "broadcasts: the residual 'z' has shape [1, 4, 4, 4]"),
     "symbolic-broadcast": (_symbolic_broadcast, "broadcasts: the residual 'z' has shape ['n', 4, 4, 4]"),
     "self-residual": (_self_residual, "output to itself"),
 }
+
+
+def test_float16_fuses_on_the_cpu_where_the_nodes_it_replaces_ran_in_float32(tmp_path):
+    """The CPU provider has no float16 Conv or Relu: it runs both between Casts to float32 it inserts,
+    as it runs the float32-only FusedConv."""
+    model = _fp16(GraphBuilder())
+    node, attrs = assert_fused(model, tmp_path)
+    assert attrs["activation"] == "Relu"
 
 
 @pytest.mark.parametrize("kind", NEGATIVES)

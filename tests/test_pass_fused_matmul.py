@@ -109,6 +109,13 @@ def _fp16(b):
                    output_names=["y"])
 
 
+def test_fp16_fuses_where_the_cpu_ran_the_matmul_in_float32(tmp_path):
+    model = _fp16(GraphBuilder())
+    result = run(model, tmp_path)
+    assert op_counts(result.model) == FUSED and fused_attrs(result.model)["transB"] == 1
+    assert_equivalent(model, result.model)
+
+
 def _shared_transpose(b):
     t = b.op("Transpose", b.input("x", [4, 4]), perm=[1, 0])
     return b.build(b.op("MatMul", t, t), output_names=["y"])
@@ -130,7 +137,6 @@ NEGATIVES = {
     # onnxruntime 1.31 CPU gives wrong values for FusedMatMul(A, b, transA=1) with a vector b
     "transA-vector-b": (lambda b: transposed(b, [8, 4], [8], perm_a=(1, 0)), "computes transA wrongly"),
     "perm-omitted-3d": (lambda b: transposed(b, [8, 3, 2], [8, 6], perm_a=()), "has perm [2, 1, 0]"),
-    "fp16": (_fp16, "FusedMatMul has no float16 kernel on onnxruntime's CPU provider (target ort-cpu)"),
     "read-elsewhere": (_read_elsewhere, "is also read by reader"),
     "shared-transpose": (_shared_transpose, "reads Transpose_1's output on both sides"),
     "widening-scale": (_widening_scale, "scale has rank 3, which may widen"),

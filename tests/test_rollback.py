@@ -49,3 +49,40 @@ def test_a_pass_breaking_the_whole_pipeline_where_nothing_repairs_it_is_dropped(
     # the whole pipeline breaks at both settings: the first prefix to break (at large) goes first
     assert [(p, evidence) for p, evidence in kept.dropped] == [(RAISES_LARGE, {"large"}), (BREAKS_SMALL, {"small"})]
     assert kept.active == [UNRELATED]
+
+
+# A pass that raises the large setting's peak until the trailing model pass (a node order) takes it
+# back, a pass that raises it for good, and that trailing pass.
+TRANSIENT = Step("transient")
+FOR_GOOD = Step("for-good")
+ORDER = Step("order")
+
+
+def transient_growth(passes: tuple[Step, ...]) -> set[str]:
+    grown = set()
+    if TRANSIENT in passes and ORDER not in passes or FOR_GOOD in passes:
+        grown.add("large")
+    if ORDER in passes and UNRELATED not in passes:  # the order pass misjudges a graph without `unrelated`
+        grown.add("small")
+    return grown
+
+
+def transient_judge(candidate: tuple[Step, ...], whole: set[str] | None) -> tuple[bool, set[str]]:
+    grown = transient_growth(candidate) & (whole if whole is not None else {"small", "large"})
+    return not grown, grown
+
+
+def test_a_pass_whose_growth_the_trailing_passes_take_back_is_not_blamed_for_a_later_ones():
+    passes = [UNRELATED, TRANSIENT, FOR_GOOD, ORDER]
+    plain = drop_breaking_passes(passes, tuple(passes), tuple, transient_judge)
+    assert [p for p, _ in plain.dropped] == [TRANSIENT, FOR_GOOD]  # prefixes without the order blame both
+    kept = drop_breaking_passes(passes, tuple(passes), tuple, transient_judge, trailing=lambda p: p is ORDER)
+    assert [p for p, _ in kept.dropped] == [FOR_GOOD]
+    assert kept.active == [UNRELATED, TRANSIENT, ORDER] and transient_judge(kept.candidate, None)[0]
+
+
+def test_a_trailing_pass_that_breaks_the_promise_itself_is_dropped():
+    passes = [TRANSIENT, ORDER]  # no `unrelated`: the order pass grows the small setting
+    kept = drop_breaking_passes(passes, tuple(passes), tuple, transient_judge, trailing=lambda p: p is ORDER)
+    assert [p for p, _ in kept.dropped] == [ORDER, TRANSIENT]
+    assert kept.active == [] and transient_judge(kept.candidate, None)[0]

@@ -440,3 +440,50 @@ def test_a_form_checked_on_cpu_only_is_declined_where_cuda_may_run_it():
     for target in ("ort", "ort-cuda"):
         assert "verified on onnxruntime's CPU provider only" in emit_reason(target, "GroupQueryAttention",
                                                                           np.dtype(np.float16))
+
+
+# ---- float16 on the CPU provider: a float32-only kernel between the Casts onnxruntime inserts ----
+
+def _runs_float16_on_cpu_as(op: str, domain: str, workdir: Path) -> str:
+    """What onnxruntime's CPU provider makes of a one-node float16 `op` (optimizations off): "kernel"
+    (its float16 kernel), "casts" (its float32 kernel between inserted Casts), "body" (its
+    function body inlined) or "refused" (its schema takes no float16 there: the quantized ones)."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 4
+    options.optimized_model_filepath = str(workdir / f"{op}.float16.onnx")
+    try:
+        ort.InferenceSession(probe_model(op, domain, "float16").SerializeToString(), options,
+                             providers=["CPUExecutionProvider"])
+    except InvalidGraph as error:
+        if "Type Error: Type 'tensor(float16)'" in str(error):
+            return "refused"
+        raise
+    kinds = [n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node]
+    return "kernel" if kinds == [op] else "casts" if op in kinds else "body"
+
+
+@pytest.mark.parametrize("cap", [c for c in CAPABILITIES if "float32" in c.cpu and "float16" not in c.cpu],
+                         ids=lambda c: c.op)
+def test_float16_body_on_cpu_is_what_the_runtime_does(cap, tmp_path):
+    """The records' float16_body_on_cpu, probed: at float16 the CPU provider either casts around the
+    float32 kernel (a fused node that may replace float32-run nodes) or inlines the function body
+    (the nodes a fusion replaces: nothing fused runs)."""
+    ran = _runs_float16_on_cpu_as(cap.op, cap.domain, tmp_path)
+    flagged = (cap.domain, cap.op) in targets.FLOAT16_BODY_ON_CPU
+    if ran == "refused":  # its schema takes no float16 (the quantized operators): no such node exists
+        assert not flagged
+    else:
+        assert ran == ("body" if flagged else "casts")
+
+
+def test_a_float32_only_cpu_kernel_takes_float16_where_the_replaced_nodes_ran_in_float32():
+    assert "no float16 kernel" in targets.emit_reason("ort-cpu", "MultiHeadAttention", "float16")
+    assert targets.emit_reason("ort-cpu", "MultiHeadAttention", "float16", replaced_in_float32=True) is None
+    # CUDA has a float16 kernel: `ort` needs only the CPU's casts
+    assert targets.emit_reason("ort", "MultiHeadAttention", "float16", replaced_in_float32=True) is None
+    # its function body, not the float32 kernel, runs at float16: nothing fused would run
+    assert "no float16 kernel" in targets.emit_reason("ort-cpu", "FastGelu", "float16", replaced_in_float32=True)
+    # the CPU casts only float16: not bfloat16, and not an operator CUDA has no float16 kernel for
+    assert targets.emit_reason("ort-cpu", "MultiHeadAttention", "bfloat16", replaced_in_float32=True)
+    assert targets.emit_reason("ort", "FusedConv", "float16", replaced_in_float32=True)

@@ -16,19 +16,21 @@ without one, against the installed runtime). com.microsoft operators: their reco
 
 from __future__ import annotations
 
+from fuse_cli.core.domains import is_default_domain
 from fuse_cli.ops import OPERATORS
 
 # Default-domain operators with a CPU float16 kernel, each with the opsets (of the model's default
 # domain) where it has one: (first, last), last None for every later one.
 _ALWAYS = (1, None)
+# Operators that move or select data, registered for every tensor type: they compute nothing.
+MOVES_DATA = frozenset((
+    "Cast", "CastLike", "Compress", "Concat", "Constant", "ConstantOfShape", "Expand", "Flatten", "Gather",
+    "GatherElements", "GatherND", "Identity", "OptionalGetElement", "Reshape", "ReverseSequence", "Scatter",
+    "ScatterElements", "ScatterND", "Shape", "Slice", "Split", "Squeeze", "Transpose", "Unsqueeze"))
 STANDARD_FLOAT16_KERNELS: dict[str, tuple[int, int | None]] = {
-    # data movement and selection: registered for every tensor type
-    **dict.fromkeys((
-        "Cast", "CastLike", "Compress", "Concat", "Constant", "ConstantOfShape", "Expand", "Flatten", "Gather",
-        "GatherElements", "GatherND", "Identity", "OptionalGetElement", "Reshape", "ReverseSequence", "Scatter",
-        "ScatterElements", "ScatterND", "Shape", "Slice", "Split", "Squeeze", "Transpose", "Unsqueeze",
-        # control flow runs its body, whatever the types it carries
-        "If", "Loop", "Scan"), _ALWAYS),
+    **dict.fromkeys(MOVES_DATA, _ALWAYS),
+    # control flow runs its body, whatever the types it carries
+    **dict.fromkeys(("If", "Loop", "Scan"), _ALWAYS),
     # element-wise operators with a float16 kernel
     **dict.fromkeys(("IsNaN", "Mod", "Round", "Shrink", "Sign"), _ALWAYS),
     "Clip": (12, None), "Max": (12, None), "Min": (12, None),  # float16 from their opset-12 versions
@@ -57,3 +59,22 @@ def has_cpu_float16_kernel(domain: str, op_type: str, opset: int) -> bool:
         first, last = STANDARD_FLOAT16_KERNELS.get(op_type, (0, -1))
         return first <= opset and (last is None or opset <= last)
     return True
+
+
+def computes_in_float32_on_cpu(nodes, opset: int) -> bool:
+    """Whether onnxruntime's CPU provider runs all the arithmetic of float16 `nodes` (graphsurgeon
+    or onnx nodes) in float32: every node that computes (not one that only moves or selects data)
+    has no float16 kernel there, so it runs between the Casts the provider inserts. A fused node
+    of an operator with only a float32 CPU kernel then runs as they did: in float32, between Casts."""
+    computing = [n for n in nodes if not (is_default_domain(n.domain) and _op(n) in MOVES_DATA)]
+    return bool(computing) and computing_in_float16(computing, opset) is None
+
+
+def computing_in_float16(nodes, opset: int):
+    """The first of `nodes` that computes and that the CPU provider runs in float16 (None: none)."""
+    return next((n for n in nodes if not (is_default_domain(n.domain) and _op(n) in MOVES_DATA)
+                 and has_cpu_float16_kernel(n.domain or "", _op(n), opset)), None)
+
+
+def _op(node) -> str:
+    return getattr(node, "op_type", None) or node.op

@@ -25,7 +25,7 @@ RECORDS = (
     Operator("Gelu", MS, support=kernels("Gelu", "float32", _CUDA, _FAMILY),
              probe=Spec("Gelu", MS, (Input("X", Probe.X3),)),
              contracts=(Contract("Gelu", MS, "float32", (), ("contrib-gelu",)),),
-             stand_in=same_as_input_0),
+             stand_in=same_as_input_0, float16_body_on_cpu=True),
     Operator("BiasGelu", MS, support=kernels("BiasGelu", "float32", _CUDA),
              slower=(Slower(
                  "BiasGelu", "cpu",
@@ -43,9 +43,9 @@ RECORDS = (
              probe=Spec("FastGelu", MS, (Input("X", Probe.X3), Input("bias", _HIDDEN, True))),
              contracts=(Contract("FastGelu", MS, "float32", (), ("fast-gelu",)),
                         Contract("FastGelu", MS, "float32", ("bias",), ("fast-gelu",))),
-             stand_in=same_as_input_0, workspace=_biased_workspace),
+             stand_in=same_as_input_0, workspace=_biased_workspace, float16_body_on_cpu=True),
     Operator("QuickGelu", MS, support=kernels("QuickGelu", "float32", _CUDA, _FAMILY),
              probe=Spec("QuickGelu", MS, (Input("X", Probe.X3),), {"alpha": 1.702}),
              contracts=(Contract("QuickGelu", MS, "float32", (), ("quick-gelu",)),),
-             stand_in=same_as_input_0),
+             stand_in=same_as_input_0, float16_body_on_cpu=True),
 )

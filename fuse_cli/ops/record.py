@@ -177,6 +177,9 @@ class Operator:
     # onnxruntime's graph numbers after every stored node: that steers its execution order
     # (core/order.runtime_indices)
     function_body: bool = False
+    # float16 on the CPU provider: no kernel, and it inlines the function body (the elementwise
+    # nodes a fusion would replace) instead of casting around the float32 kernel
+    float16_body_on_cpu: bool = False
 
     @property
     def key(self) -> tuple[str, str]:

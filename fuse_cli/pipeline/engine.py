@@ -11,7 +11,8 @@ from fuse_cli.match import Match, match_root, root_op_types
 from fuse_cli.pipeline.base import Decline, GraphPass, Pass, PatternPass
 from fuse_cli.pipeline.records import FusionRecord, NearMiss, RemovedTensor
 from fuse_cli.progress import pass_ran, update
-from fuse_cli.targets import emit_reason
+from fuse_cli.ops.cpu_float16 import computes_in_float32_on_cpu, computing_in_float16
+from fuse_cli.targets import dtype_name, emit_reason, runs_between_cpu_casts
 
 MAX_ROUNDS = 8
 
@@ -128,9 +129,15 @@ def _target_decline(p: PatternPass, m: Match, g: GraphEditor) -> Decline | None:
     if not p.emits:
         return None
     dtype, subject = p.emitted_at(m, g)
+    float16 = dtype is not None and dtype_name(dtype) == "float16"
+    in_float32 = float16 and computes_in_float32_on_cpu(m.covered, g.opset)
     for qualified in p.emits:
         domain, _, op = qualified.rpartition("::")
-        reason = emit_reason(g.target, op, dtype, domain)
+        reason = emit_reason(g.target, op, dtype, domain, replaced_in_float32=in_float32)
+        if reason and float16 and runs_between_cpu_casts(g.target, op, dtype, domain):
+            if (kept := computing_in_float16(m.covered, g.opset)) is not None:
+                reason += (f"; it would run between Casts to float32 there, where {kept.name} ({kept.op}), "
+                           f"one of the nodes it replaces, runs in float16")
         if reason:
             return Decline(f"{subject.name}: {reason}" if subject is not None else reason)
     return None
