@@ -188,3 +188,18 @@ def test_decode_steps_given_position_ids_fuse_in_the_default_pipelines(form, tar
     counts = op_counts(result.model)
     assert counts[rotary] == 2 and counts[attention] == attentions and "Softmax" not in counts, counts
     assert_same_outputs(model, result.model)
+
+
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo-sdpa"])
+def test_a_float16_decode_step_fuses_for_the_cpu_where_its_attention_ran_in_float32(dynamo, tmp_path):
+    """No float16 MatMul, Softmax or Add kernel on the CPU provider: the decode step's attention ran
+    in float32 between Casts onnxruntime inserts, as the float32-only MultiHeadAttention does (dynamo's
+    IsNaN guard reads float16 but writes booleans). The whole pipeline: TorchScript's softmax in float32
+    between Casts is folded by the Cast passes first."""
+    model = rotated(tmp_path, dtype="float16", dynamo=dynamo)
+    result = optimize_model(model, tmp_path, target="ort-cpu")
+    counts = op_counts(result.model)
+    assert counts[MHA] == 2 and "Softmax" not in counts, counts
+    for dims in SIZES:
+        outcome = verify_models(model, result.model, dims=dims, int_ranges=MASK_VALUES)
+        assert outcome.passed, outcome.outputs

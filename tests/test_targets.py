@@ -487,3 +487,24 @@ def test_a_float32_only_cpu_kernel_takes_float16_where_the_replaced_nodes_ran_in
     # the CPU casts only float16: not bfloat16, and not an operator CUDA has no float16 kernel for
     assert targets.emit_reason("ort-cpu", "MultiHeadAttention", "bfloat16", replaced_in_float32=True)
     assert targets.emit_reason("ort", "FusedConv", "float16", replaced_in_float32=True)
+
+
+def test_what_counts_as_computing_in_float16_on_the_cpu():
+    import onnx_graphsurgeon as gs
+
+    from fuse_cli.ops.cpu_float16 import computes_in_float32_on_cpu, computing_in_float16
+
+    def node(op, out_dtype):
+        return gs.Node(op, op.lower(), outputs=[gs.Variable(f"{op}_out", dtype=out_dtype)])
+
+    matmul, softmax = node("MatMul", np.float16), node("Softmax", np.float16)
+    is_nan, clip, reshape = node("IsNaN", np.bool_), node("Clip", np.float16), node("Reshape", np.float16)
+    assert computes_in_float32_on_cpu([matmul, reshape, softmax], 17)
+    # IsNaN runs in float16 but writes booleans: no float16 value of the fusion is computed there
+    assert computes_in_float32_on_cpu([matmul, is_nan, softmax], 17)
+    assert computing_in_float16([matmul, clip], 17) is clip and not computes_in_float32_on_cpu([matmul, clip], 17)
+    assert computes_in_float32_on_cpu([matmul, clip], 11)  # Clip's float16 kernel starts at opset 12
+    assert not computes_in_float32_on_cpu([reshape], 17)  # moves data only: nothing computed
+    # undeclared outputs: by the schema, IsNaN writes booleans only, Clip may write float16
+    assert computes_in_float32_on_cpu([matmul, node("IsNaN", None)], 17)
+    assert not computes_in_float32_on_cpu([matmul, node("Clip", None)], 17)

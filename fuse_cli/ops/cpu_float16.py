@@ -16,6 +16,11 @@ without one, against the installed runtime). com.microsoft operators: their reco
 
 from __future__ import annotations
 
+import functools
+
+import numpy as np
+import onnx
+
 from fuse_cli.core.domains import is_default_domain
 from fuse_cli.ops import OPERATORS
 
@@ -71,9 +76,36 @@ def computes_in_float32_on_cpu(nodes, opset: int) -> bool:
 
 
 def computing_in_float16(nodes, opset: int):
-    """The first of `nodes` that computes and that the CPU provider runs in float16 (None: none)."""
+    """The first of `nodes` that computes a float16 value and that the CPU provider runs in float16
+    (None: none). A predicate such as IsNaN reads float16 but writes booleans: nothing it writes
+    has a precision to keep."""
     return next((n for n in nodes if not (is_default_domain(n.domain) and _op(n) in MOVES_DATA)
-                 and has_cpu_float16_kernel(n.domain or "", _op(n), opset)), None)
+                 and _writes_float16(n) and has_cpu_float16_kernel(n.domain or "", _op(n), opset)), None)
+
+
+def _writes_float16(node) -> bool:
+    """Whether a graphsurgeon node writes a float16 output: by its outputs' dtypes, else by whether
+    its schema lets any output be float16 (IsNaN's or Equal's cannot)."""
+    dtypes = [out.dtype for out in getattr(node, "outputs", ()) if getattr(out, "dtype", None) is not None]
+    if dtypes:
+        return any(_is_float16(d) for d in dtypes)
+    return _may_write_float16(_op(node), node.domain or "")
+
+
+@functools.cache
+def _may_write_float16(op: str, domain: str) -> bool:
+    if not is_default_domain(domain) or not onnx.defs.has(op):
+        return True
+    schema = onnx.defs.get_schema(op)
+    allowed = {c.type_param_str: c.allowed_type_strs for c in schema.type_constraints}
+    return any("tensor(float16)" in allowed.get(out.type_str, [out.type_str]) for out in schema.outputs)
+
+
+def _is_float16(dtype) -> bool:
+    try:
+        return np.dtype(dtype) == np.float16
+    except TypeError:
+        return False
 
 
 def _op(node) -> str:

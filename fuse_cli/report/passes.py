@@ -66,7 +66,8 @@ def render_passes_markdown(target: str | None = None) -> str:
         left_out = sorted(set(REGISTRY) - set(names))
         lines += ["", "Not in this target's pipeline: " + ", ".join(f"`{n}`" for n in left_out) + "."]
     if target != "onnx":
-        lines += ["", "## onnxruntime fused operators and where they run", "", *_capabilities(target)]
+        lines += ["", "## onnxruntime fused operators and where they run", "", *_capabilities(target),
+                  "", _FLOAT16_ON_CPU]
         lines += ["", "## Kernels measured slower than what they replace", "", *_slower(targets)]
     lines += ["", "## The passes"]
     for name in names:
@@ -74,6 +75,13 @@ def render_passes_markdown(target: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+_FLOAT16_ON_CPU = (
+    "float16 on the CPU provider: a float16 node of an operator with only a float32 CPU kernel runs between Casts "
+    "to float32 that onnxruntime inserts, as the float16 MatMul, Add and Softmax it would replace do (the CPU "
+    "has no float16 kernel for them either). So the onnxruntime targets emit such an operator at float16 where "
+    "every node it replaces that computes ran in float32 there, and decline it where one ran in float16 (a Clip "
+    "after a Conv); the peak guard's estimate counts the float32 copies. Not Gelu, FastGelu or QuickGelu: at "
+    "float16 the CPU inlines their function body, the nodes they would replace.")
 _INTRO = ("Passes run in an explicit order per target (`fuse_cli/pipeline/registry.py`) and repeat until "
           "nothing changes; the graph is cleaned up and sorted once at the end, then the model passes run once. "
           "`--passes a,b` runs only those, `--disable c` skips one (an unknown name is an error with a \"did you "
