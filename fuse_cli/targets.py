@@ -150,7 +150,8 @@ def emit_reason(target: str, op: str, dtype, domain: str = MS, *, replaced_in_fl
     A float16 node of an operator with only a float32 CPU kernel then runs as they ran, between
     such Casts, and may be emitted where the CPU is the only provider without a float16 kernel:
     the peak guard's estimate replays those Casts (analysis/inserted_casts.py) and verification
-    checks the outputs. Measured on the float16 decoder corpus (benchmarks/results/fp16_cpu_casts.md)."""
+    checks the outputs. Measured on the float16 decoder corpus: benchmarks/results/decoder_fusions_fp16.md
+    (what fuses) and llm_fp16.md (latency and peak against the original and the anchors)."""
     reason = target_reason(target, op, dtype, domain)
     if reason is not None and replaced_in_float32 and runs_between_cpu_casts(target, op, dtype, domain):
         reason = None

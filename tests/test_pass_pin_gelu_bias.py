@@ -5,10 +5,9 @@ from __future__ import annotations
 import collections
 
 import onnx
-import onnxruntime as ort
 import pytest
 
-from tests.conftest import assert_equivalent, optimize_model
+from tests.conftest import assert_equivalent, optimize_model, saved_by_onnxruntime
 from tests.graphs import assert_declined, signature
 from tests.test_pass_contrib_gelu import HIDDEN, activation
 
@@ -17,12 +16,9 @@ SEQUENCE_INPUT = ("batch", "sequence", HIDDEN)
 
 def ort_level_all_ops(model: onnx.ModelProto, tmp_path, name: str) -> collections.Counter:
     """The operators onnxruntime's own optimizer (ORT_ENABLE_ALL, CPU) makes of `model`."""
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.optimized_model_filepath = str(tmp_path / f"{name}.ort-all.onnx")
-    options.log_severity_level = 3
-    ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return collections.Counter(n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node)
+    folder = tmp_path / name
+    folder.mkdir(exist_ok=True)
+    return collections.Counter(n.op_type for n in saved_by_onnxruntime(model, folder, "all").graph.node)
 
 
 def bias_shapes(model: onnx.ModelProto) -> list[list[int]]:

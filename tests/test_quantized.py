@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto
 
 from fuse_cli.targets import emit_reason
-from tests.conftest import assert_equivalent, optimize_model
+from tests.conftest import assert_equivalent, optimize_model, saved_by_onnxruntime
 from tests.graphs import GraphBuilder, op_counts
 
 
@@ -162,15 +162,7 @@ def quantized(model, tmp_path, form: str, *, per_channel: bool = True, pre_optim
 def formed_offline(model, tmp_path) -> Counter:
     """The quantized kernels onnxruntime forms from `model` at ORT_ENABLE_EXTENDED (CPU), read back
     from the model its offline optimizer saves."""
-    import onnxruntime as ort
-
-    source, saved = tmp_path / "formed_in.onnx", tmp_path / "formed_out.onnx"
-    onnx.save(model, source)
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-    options.optimized_model_filepath = str(saved)
-    ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
-    kinds = Counter(n.op_type for n in onnx.load(saved).graph.node)
+    kinds = Counter(n.op_type for n in saved_by_onnxruntime(model, tmp_path, "extended").graph.node)
     return Counter({op: kinds[op] for op in FORMED_OPS if kinds[op]})
 
 

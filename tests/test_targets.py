@@ -39,6 +39,7 @@ from onnxruntime.capi.onnxruntime_pybind11_state import NotImplemented as OrtNot
 from fuse_cli import targets
 from fuse_cli.ops import OPERATORS
 from fuse_cli.targets import CAPABILITIES, DTYPES, PROVIDERS_OF, TARGETS, capability, capability_rows, target_reason
+from tests.conftest import saved_by_onnxruntime
 from tests.graphs import IR_VERSION
 
 ELEM = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16,
@@ -448,18 +449,13 @@ def _runs_float16_on_cpu_as(op: str, domain: str, workdir: Path) -> str:
     """What onnxruntime's CPU provider makes of a one-node float16 `op` (optimizations off): "kernel"
     (its float16 kernel), "casts" (its float32 kernel between inserted Casts), "body" (its
     function body inlined) or "refused" (its schema takes no float16 there: the quantized ones)."""
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 4
-    options.optimized_model_filepath = str(workdir / f"{op}.float16.onnx")
     try:
-        ort.InferenceSession(probe_model(op, domain, "float16").SerializeToString(), options,
-                             providers=["CPUExecutionProvider"])
+        saved = saved_by_onnxruntime(probe_model(op, domain, "float16"), workdir)
     except InvalidGraph as error:
         if "Type Error: Type 'tensor(float16)'" in str(error):
             return "refused"
         raise
-    kinds = [n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node]
+    kinds = [n.op_type for n in saved.graph.node]
     return "kernel" if kinds == [op] else "casts" if op in kinds else "body"
 
 
