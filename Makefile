@@ -67,6 +67,12 @@ llm-bench: $(STAMP)
 	$(BIN)/python benchmarks/llm_bench.py --models $(DECODER_MODELS) --anchor-python $(CORPUS_VENV)/bin/python \
 		--out benchmarks/results/llm.md --json benchmarks/results/llm.json
 
+# The same on the float16 copies (decoders.py --dtype float16), five families' prefill and decode steps.
+LLM_FP16_ONLY ?= ^(llama-gqa|gpt2|phi3|qwen2-gqa|gemma-gqa)-(decode|prefill)-(opset17|dynamo18)
+llm-bench-fp16: $(STAMP)
+	$(BIN)/python benchmarks/llm_bench.py --models $(DECODER_MODELS_FP16) --anchor-python $(CORPUS_VENV)/bin/python \
+		--only '$(LLM_FP16_ONLY)' --out benchmarks/results/llm_fp16.md --json benchmarks/results/llm_fp16.json
+
 # The control-flow table (issue 29): nodes with subgraphs, verification, CPU time and the memory
 # estimate for fuse and its peers on every model `make bench-corpus` put in $(CF_MODELS).
 control-flow-bench: $(BENCH_STAMP)
