@@ -11,7 +11,9 @@ at every optimization level, after partitioning:
    through a Cast to float32 (one Cast per tensor, shared by every such reader; a weight's Cast
    reads only the weight) and writes each float16 output in float32, cast back by a new Cast. The
    Casts are added in that order, after every node there is: they take the highest indices, which
-   steers the execution order (core/order.py) and runs every weight's Cast early.
+   steers the execution order (core/order.py) and runs every weight's Cast early. Each new float32
+   tensor is created with a type and no shape; the graph is then resolved, every Cast still there,
+   and that inference shapes it (CastPlan.inserted; walk_setup._copy_declarations).
 3. Duplicate Casts are removed (RemoveDuplicateCastTransformer), nodes in index order: a Cast
    whose reader Cast casts back to its input's type (float32 -> float16 -> float32) is skipped by
    that reader's readers, and a Cast every reader of which is a Cast goes, those Casts reading
