@@ -13,7 +13,7 @@ at every optimization level, after partitioning:
    Casts are added in that order, after every node there is: they take the highest indices, which
    steers the execution order (core/order.py) and runs every weight's Cast early. Each new float32
    tensor is created with a type and no shape; the graph is then resolved, every Cast still there,
-   and that inference shapes it (CastPlan.inserted; walk_setup._copy_declarations).
+   and that inference shapes it (CastPlan.inserted; walk_setup._shapes_with_every_cast).
 3. Duplicate Casts are removed (RemoveDuplicateCastTransformer), nodes in index order: a Cast
    whose reader Cast casts back to its input's type (float32 -> float16 -> float32) is skipped by
    that reader's readers, and a Cast every reader of which is a Cast goes, those Casts reading
@@ -87,7 +87,7 @@ class CastPlan:
     """The nodes onnxruntime runs (stored ones and inserted Casts, by onnxruntime index) and each
     float32 tensor the Casts add, with the tensor whose shape it has. `inserted`: the nodes as they
     were before duplicate Casts were removed, every Cast still there: the graph onnxruntime
-    infers the new tensors' shapes on first (walk_setup._copy_declarations)."""
+    infers the new tensors' shapes on first (walk_setup._shapes_with_every_cast)."""
 
     steps: list[Step]
     float_copies: dict[str, str] = field(default_factory=dict)

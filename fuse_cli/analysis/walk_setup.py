@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 import onnx
 
 from fuse_cli.analysis.bodies import CONTROL_FLOW_OPS, BodyCost, Scope, body_cost, scope
-from fuse_cli.analysis.inserted_casts import FLOAT16, Step, WithFloatCopies, inserted_casts, order_with_inserted
+from fuse_cli.analysis.inserted_casts import (FLOAT16, CastPlan, Step, WithFloatCopies, inserted_casts,
+                                              order_with_inserted)
 from fuse_cli.analysis.inference_runs import inference_copy
 from fuse_cli.analysis.planner_shapes import planner_keys, planner_shapes_in_order
 from fuse_cli.analysis.shapes import ShapeTable, TensorInfo, infer_shapes
@@ -316,7 +317,7 @@ def _cast_nodes(steps: Sequence[Step], nodes: Sequence[_Node], labels: Sequence[
     return walked, walked_labels, indices, stored_of
 
 
-def _shapes_with_every_cast(model: onnx.ModelProto, plan, nodes: Sequence[_Node],
+def _shapes_with_every_cast(model: onnx.ModelProto, plan: CastPlan, nodes: Sequence[_Node],
                             labels: Sequence[str]) -> dict[str, TensorInfo]:
     """The planner's shapes of the graph onnxruntime runs (`plan`'s steps), as it shapes them.
 
