@@ -175,7 +175,7 @@ def packed_attention(qkv_hidden_sizes=None):
                  [floats("w", [hidden, sum(widths)]), floats("b", [sum(widths)])], extra_opsets=[MS])
 
 
-def group_query_attention(presents=False, causal=0):
+def group_query_attention(presents=False, causal=0, elem_type=FLOAT):
     """As fuse's group-query-attention pass emits it: causal=0, the graph's mask as attention_bias,
     no past, with or without the present outputs. B 4, S 256, 8 query heads, 2 key/value heads,
     head size 64."""
@@ -185,10 +185,12 @@ def group_query_attention(presents=False, causal=0):
                            outputs, domain="com.microsoft", num_heads=heads, kv_num_heads=kv_heads, causal=causal)
     initializers = [numpy_helper.from_array(np.full(batch, sequence - 1, np.int32), "seqlens"),
                     numpy_helper.from_array(np.array(sequence, np.int32), "total")]
-    values = [value("q", [batch, sequence, heads * size]), value("k", [batch, sequence, kv_heads * size]),
-              value("v", [batch, sequence, kv_heads * size]), value("bias", [batch, 1, sequence, sequence])]
-    present = [value(name, [batch, kv_heads, sequence, size]) for name in outputs[1:]]
-    return model([gqa], values, [value("y", [batch, sequence, heads * size]), *present], initializers,
+    values = [value("q", [batch, sequence, heads * size], elem_type),
+              value("k", [batch, sequence, kv_heads * size], elem_type),
+              value("v", [batch, sequence, kv_heads * size], elem_type),
+              value("bias", [batch, 1, sequence, sequence], elem_type)]
+    present = [value(name, [batch, kv_heads, sequence, size], elem_type) for name in outputs[1:]]
+    return model([gqa], values, [value("y", [batch, sequence, heads * size], elem_type), *present], initializers,
                  extra_opsets=[MS])
 
 
@@ -244,6 +246,11 @@ def where():
     (lambda: group_query_attention(presents=True), 18),
     # causal=1 returning its presents: no probabilities (10), the graph's mask still read as bias
     (lambda: group_query_attention(presents=True, causal=1), 10),
+    # float16: tensors and copies at half the width (3 + 1.5 MiB), but the kernel computes in
+    # float32: probabilities 8 MiB, the output gathered before its conversion [4, 256, 8, 64] 2 MiB,
+    # a head's V [256, 64] 1/16 MiB; causal or not
+    (lambda: group_query_attention(elem_type=TensorProto.FLOAT16), 4.5 + 10 + 1 / 16),
+    (lambda: group_query_attention(presents=True, causal=1, elem_type=TensorProto.FLOAT16), 5 + 10 + 1 / 16),
 ])
 def test_contrib_kernel_scratch_matches_a_real_run(build, mib):
     m = build()

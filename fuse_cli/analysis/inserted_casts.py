@@ -11,7 +11,9 @@ at every optimization level, after partitioning:
    through a Cast to float32 (one Cast per tensor, shared by every such reader; a weight's Cast
    reads only the weight) and writes each float16 output in float32, cast back by a new Cast. The
    Casts are added in that order, after every node there is: they take the highest indices, which
-   steers the execution order (core/order.py) and runs every weight's Cast early.
+   steers the execution order (core/order.py) and runs every weight's Cast early. Each new float32
+   tensor is created with a type and no shape; the graph is then resolved, every Cast still there,
+   and that inference shapes it (CastPlan.inserted; walk_setup._shapes_with_every_cast).
 3. Duplicate Casts are removed (RemoveDuplicateCastTransformer), nodes in index order: a Cast
    whose reader Cast casts back to its input's type (float32 -> float16 -> float32) is skipped by
    that reader's readers, and a Cast every reader of which is a Cast goes, those Casts reading
@@ -67,8 +69,8 @@ def _unsafe_cast(source: int | None, target: int | None, name: str) -> bool:
 @dataclass
 class Step:
     """A node of the graph onnxruntime runs: a stored node (`stored`: its index) with its inputs and
-    outputs as rewired, or an inserted Cast (`stored` None). `index`: its index in onnxruntime's
-    graph."""
+    outputs as rewired, or an inserted Cast (`stored` None, `to` its target type). `index`: its
+    index in onnxruntime's graph."""
 
     op_type: str
     domain: str
@@ -77,15 +79,19 @@ class Step:
     index: int
     stored: int | None = None
     name: str = ""
+    to: int | None = None
 
 
 @dataclass
 class CastPlan:
     """The nodes onnxruntime runs (stored ones and inserted Casts, by onnxruntime index) and each
-    float32 tensor the Casts add, with the tensor whose shape it has."""
+    float32 tensor the Casts add, with the tensor whose shape it has. `inserted`: the nodes as they
+    were before duplicate Casts were removed, every Cast still there: the graph onnxruntime
+    infers the new tensors' shapes on first (walk_setup._shapes_with_every_cast)."""
 
     steps: list[Step]
     float_copies: dict[str, str] = field(default_factory=dict)
+    inserted: list[Step] = field(default_factory=list)
 
 
 def inserted_casts(steps: Sequence[Step], elem_type: Callable[[str], int | None], graph_outputs: set[str],
@@ -147,7 +153,7 @@ def inserted_casts(steps: Sequence[Step], elem_type: Callable[[str], int | None]
                 if name not in cast_of:
                     copy = cast_of[name] = new_name(name)
                     float_copies[copy], types[copy] = name, FLOAT
-                    added.append(Step("Cast", "", [name], [copy], next_index, name=copy))
+                    added.append(Step("Cast", "", [name], [copy], next_index, name=copy, to=FLOAT))
                     next_index += 1
                 step.inputs[position] = cast_of[name]
         for position, name in enumerate(step.outputs):
@@ -155,12 +161,13 @@ def inserted_casts(steps: Sequence[Step], elem_type: Callable[[str], int | None]
                 copy = new_name(name)
                 float_copies[copy], types[copy] = name, FLOAT
                 step.outputs[position] = copy
-                added.append(Step("Cast", "", [copy], [name], next_index, name=copy))
+                added.append(Step("Cast", "", [copy], [name], next_index, name=copy, to=FLOAT16))
                 next_index += 1
     steps.extend(added)
+    inserted = [dataclasses.replace(s, inputs=list(s.inputs), outputs=list(s.outputs)) for s in steps]
     steps = _without_duplicate_casts(steps, type_of, graph_outputs)
     live = {name for s in steps for name in (*s.inputs, *s.outputs)}
-    return CastPlan(steps, {copy: source for copy, source in float_copies.items() if copy in live})
+    return CastPlan(steps, {copy: source for copy, source in float_copies.items() if copy in live}, inserted)
 
 
 def _isolated(step: Step, producer: Mapping[str, int], readers: Mapping[str, list[int]], graph_outputs: set[str],
