@@ -221,7 +221,9 @@ def main() -> None:
     args = parser.parse_args()
     args.out = args.out or REPO / "benchmarks/results" / (
         "decoder_fusions_fp16.md" if args.baseline else "decoder_fusions.md")
-    if args.render and args.baseline:
+    if args.render and not args.baseline:
+        parser.error("--render renders the side-by-side table: give --baseline too")
+    if args.render:
         run = json.loads(args.render.read_text())
         args.out.write_text(render_side_by_side(run["pairs"], args.models, args.baseline, run["skipped"]))
         print(f"wrote {args.out}")

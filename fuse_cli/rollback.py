@@ -29,7 +29,9 @@ class Kept(Generic[Candidate, Evidence]):
     candidate: Candidate  # the last one built: it keeps the promise, unless no pass is left to drop
     evidence: Evidence  # the judge's word on it
     active: list[Pass]
-    dropped: list[tuple[Pass, Evidence]]  # each pass with the judge's word on the smallest prefix it broke
+    # each pass with the judge's word on the smallest prefix it broke (followed by the trailing
+    # passes where they were judged with it), at the settings where the whole candidate broke
+    dropped: list[tuple[Pass, Evidence]]
 
 
 def drop_breaking_passes(passes: Sequence[Pass], candidate: Candidate, build: Callable[[list[Pass]], Candidate],
@@ -40,29 +42,36 @@ def drop_breaking_passes(passes: Sequence[Pass], candidate: Candidate, build: Ca
     prefix is judged in the bisection (judge the prefix against that break only).
 
     `trailing` passes run after all the others and only take back what those leave (the peak
-    guard's model passes: a node order, the planner's declarations). Where the others break the
-    promise without them too, each prefix of the others is judged with them after it: a pass whose
-    growth they take back is not blamed for the next pass's. Else they are bisected themselves."""
+    guard's model passes: a node order, the planner's declarations). Where the others keep the
+    promise without them, only they are bisected. Where the others break it, each prefix of the
+    others is judged with them after it (a pass whose growth they take back is not blamed for a
+    later pass's), unless they break it on their own; then plain prefixes."""
     active = list(passes)
     kept, evidence = judge(candidate, None)
     dropped: list[tuple[Pass, Evidence]] = []
     while not kept and active:
         lead = [p for p in active if not trailing(p)]
         tail = [p for p in active if trailing(p)]
-        if tail and not judge(build(lead), evidence)[0] and judge(build(tail), evidence)[0]:
-            order, prefix = lead, (lambda k: lead[:k] + tail)
-        else:  # the trailing passes break it, or none are given: plain prefixes
-            order, prefix = active, (lambda k: active[:k])
+        order = lead + tail  # how build runs them: the trailing passes after every other
+        after = []  # what follows each prefix of `order`
         good, bad, bad_evidence = 0, len(order), evidence  # prefix `good` keeps it, prefix `bad` breaks it
+        if tail:
+            lead_kept, lead_evidence = judge(build(lead), evidence)
+            if lead_kept:
+                good = len(lead)  # the trailing passes break it: bisect them, every other pass in
+            elif judge(build(tail), evidence)[0]:
+                order, after, bad = lead, tail, len(lead)  # lead + tail: the whole candidate
+            else:
+                bad, bad_evidence = len(lead), lead_evidence
         while bad - good > 1:
             middle = (good + bad) // 2
-            middle_kept, middle_evidence = judge(build(prefix(middle)), evidence)
+            middle_kept, middle_evidence = judge(build(order[:middle] + after), evidence)
             if middle_kept:
                 good = middle
             else:
                 bad, bad_evidence = middle, middle_evidence
         culprit = order[bad - 1]
-        active.remove(culprit)
+        active = [p for p in active if p is not culprit]
         dropped.append((culprit, bad_evidence))
         candidate = build(active)
         kept, evidence = judge(candidate, None)

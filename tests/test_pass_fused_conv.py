@@ -141,7 +141,7 @@ def _read_elsewhere(b):
 
 def _fp16(b, activation="Relu", *bounds):
     c = conv(b, b.input("x", [1, 3, 6, 6], TensorProto.FLOAT16), dtype=np.float16)
-    return b.build(b.op(activation, c, *(b.const(np.float16(v)) for v in bounds)), output_names=["y"])
+    return b.build(b.op(activation, c, *(b.const(np.array(v, np.float16)) for v in bounds)), output_names=["y"])
 
 
 def _clip_runtime_min(b):
@@ -166,10 +166,6 @@ def _self_residual(b):
 
 NEGATIVES = {
     "read-elsewhere": (_read_elsewhere, "is also read by reader"),
-    # Clip has a float16 CPU kernel (opset 12 on), the Conv none: FusedConv would run it in float32
-    "fp16-clip": (lambda b: _fp16(b, "Clip", 0, 6),
-                  "FusedConv has no float16 kernel on onnxruntime's CPU provider (target ort-cpu); it would run "
-                  "between Casts to float32 there, where Clip_1 (Clip), one of the nodes it replaces, runs in float16"),
     "clip-runtime-min": (_clip_runtime_min, "min 'lo' is a graph input, not a constant"),
     "broadcast-residual": (_broadcast_residual, "broadcasts: the residual 'z' has shape [1, 4, 4, 4]"),
     "symbolic-broadcast": (_symbolic_broadcast, "broadcasts: the residual 'z' has shape ['n', 4, 4, 4]"),
@@ -177,12 +173,13 @@ NEGATIVES = {
 }
 
 
-def test_float16_fuses_on_the_cpu_where_the_nodes_it_replaces_ran_in_float32(tmp_path):
+@pytest.mark.parametrize("activation, bounds", [("Relu", ()), ("Clip", (0, 6))])
+def test_float16_fuses_on_the_cpu_where_the_nodes_it_replaces_ran_in_float32(activation, bounds, tmp_path):
     """The CPU provider has no float16 Conv or Relu: it runs both between Casts to float32 it inserts,
-    as it runs the float32-only FusedConv."""
-    model = _fp16(GraphBuilder())
+    as it runs the float32-only FusedConv. Its float16 Clip rounds nothing: run in float32, the same."""
+    model = _fp16(GraphBuilder(), activation, *bounds)
     node, attrs = assert_fused(model, tmp_path)
-    assert attrs["activation"] == "Relu"
+    assert attrs["activation"] == activation
 
 
 @pytest.mark.parametrize("kind", NEGATIVES)

@@ -86,3 +86,21 @@ def test_a_trailing_pass_that_breaks_the_promise_itself_is_dropped():
     kept = drop_breaking_passes(passes, tuple(passes), tuple, transient_judge, trailing=lambda p: p is ORDER)
     assert [p for p, _ in kept.dropped] == [ORDER, TRANSIENT]
     assert kept.active == [] and transient_judge(kept.candidate, None)[0]
+
+
+BAD_ORDER = Step("bad-order")  # a trailing pass that grows the large setting whatever it runs after
+
+
+def bad_order_judge(candidate: tuple[Step, ...], whole: set[str] | None) -> tuple[bool, set[str]]:
+    grown = set()
+    if RAISES_LARGE in candidate and REPAIRS not in candidate or BAD_ORDER in candidate:
+        grown.add("large")
+    grown &= whole if whole is not None else {"small", "large"}
+    return not grown, grown
+
+
+def test_where_the_other_passes_keep_the_promise_only_the_trailing_ones_are_bisected():
+    passes = [RAISES_LARGE, UNRELATED, REPAIRS, BAD_ORDER]
+    kept = drop_breaking_passes(passes, tuple(passes), tuple, bad_order_judge, trailing=lambda p: p is BAD_ORDER)
+    assert [p for p, _ in kept.dropped] == [BAD_ORDER]
+    assert kept.active == [RAISES_LARGE, UNRELATED, REPAIRS]

@@ -495,12 +495,13 @@ def test_what_counts_as_computing_in_float16_on_the_cpu():
 
     matmul, softmax = node("MatMul", np.float16), node("Softmax", np.float16)
     is_nan, clip, reshape = node("IsNaN", np.bool_), node("Clip", np.float16), node("Reshape", np.float16)
+    norm = node("LayerNormalization", np.float16)  # a float16 CPU kernel that rounds
     assert computes_in_float32_on_cpu([matmul, reshape, softmax], 17)
-    # IsNaN runs in float16 but writes booleans: no float16 value of the fusion is computed there
+    # IsNaN runs in float16 but writes booleans; Clip runs in float16 but its result is exact
     assert computes_in_float32_on_cpu([matmul, is_nan, softmax], 17)
-    assert computing_in_float16([matmul, clip], 17) is clip and not computes_in_float32_on_cpu([matmul, clip], 17)
-    assert computes_in_float32_on_cpu([matmul, clip], 11)  # Clip's float16 kernel starts at opset 12
-    assert not computes_in_float32_on_cpu([reshape], 17)  # moves data only: nothing computed
-    # undeclared outputs: by the schema, IsNaN writes booleans only, Clip may write float16
+    assert computes_in_float32_on_cpu([matmul, clip], 17) and computing_in_float16([matmul, clip], 17) is None
+    assert computing_in_float16([matmul, norm], 17) is norm and not computes_in_float32_on_cpu([matmul, norm], 17)
+    assert not computes_in_float32_on_cpu([reshape, clip], 17)  # moves or selects only: nothing to run in float32
+    # undeclared outputs: by the schema, IsNaN writes booleans only, LayerNormalization may write float16
     assert computes_in_float32_on_cpu([matmul, node("IsNaN", None)], 17)
-    assert not computes_in_float32_on_cpu([matmul, node("Clip", None)], 17)
+    assert not computes_in_float32_on_cpu([matmul, node("LayerNormalization", None)], 17)

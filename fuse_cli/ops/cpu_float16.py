@@ -66,21 +66,32 @@ def has_cpu_float16_kernel(domain: str, op_type: str, opset: int) -> bool:
     return True
 
 
+# Operators whose float16 result is exact (it selects or compares, never rounds): where the CPU
+# runs them in float16 (Clip, Max, Min; Relu from opset 18 as a float16 Max), running them in float32
+# inside a fused node gives the same values.
+EXACT_IN_FLOAT16 = frozenset(("Abs", "Clip", "Dropout", "Max", "Min", "Neg", "Relu", "Round", "Sign", "Where"))
+
+
+def _computes(node) -> bool:
+    return not (is_default_domain(node.domain) and (_op(node) in MOVES_DATA or _op(node) in EXACT_IN_FLOAT16))
+
+
 def computes_in_float32_on_cpu(nodes, opset: int) -> bool:
-    """Whether onnxruntime's CPU provider runs all the arithmetic of float16 `nodes` (graphsurgeon
-    or onnx nodes) in float32: every node that computes (not one that only moves or selects data)
-    has no float16 kernel there, so it runs between the Casts the provider inserts. A fused node
-    of an operator with only a float32 CPU kernel then runs as they did: in float32, between Casts."""
-    computing = [n for n in nodes if not (is_default_domain(n.domain) and _op(n) in MOVES_DATA)]
+    """Whether onnxruntime's CPU provider runs all the rounding arithmetic of float16 `nodes`
+    (graphsurgeon or onnx nodes) in float32: every node that computes (not one that only moves or
+    selects data, nor one whose float16 result is exact) has no float16 kernel there, so it runs
+    between the Casts the provider inserts. A fused node of an operator with only a float32 CPU
+    kernel then runs as they did: in float32, between Casts."""
+    computing = [n for n in nodes if _computes(n)]
     return bool(computing) and computing_in_float16(computing, opset) is None
 
 
 def computing_in_float16(nodes, opset: int):
     """The first of `nodes` that computes a float16 value and that the CPU provider runs in float16
-    (None: none). A predicate such as IsNaN reads float16 but writes booleans: nothing it writes
-    has a precision to keep."""
-    return next((n for n in nodes if not (is_default_domain(n.domain) and _op(n) in MOVES_DATA)
-                 and _writes_float16(n) and has_cpu_float16_kernel(n.domain or "", _op(n), opset)), None)
+    (None: none). A predicate such as IsNaN reads float16 but writes booleans, and a Clip's float16
+    result is exact: neither rounds anything a float32 run would not."""
+    return next((n for n in nodes if _computes(n) and _writes_float16(n)
+                 and has_cpu_float16_kernel(n.domain or "", _op(n), opset)), None)
 
 
 def _writes_float16(node) -> bool:

@@ -31,7 +31,8 @@ class FuseConvActivation(PatternPass):
     empty input when Z follows. Conv's own attributes are kept. activation_params: Clip [min, max]
     (bounds from inputs at opset >= 11, attributes before; an absent bound is -inf/+inf, or the
     schema's +-FLT_MAX for the attribute form); LeakyRelu [alpha]; HardSigmoid [alpha, beta];
-    omitted attributes take the schema defaults. float32 only. CUDA's kernel takes only Relu
+    omitted attributes take the schema defaults. A float32 kernel only: float16 where the CPU ran the
+    Conv and activation in float32 too (targets.emit_reason). CUDA's kernel takes only Relu
     (contrib_ops/cuda/fused_conv.cc) and runs slower than the unfused pair (targets.SLOWER): declined
     wherever the model may run on CUDA. A Conv inside a QDQ node unit (DequantizeLinear inputs) is
     left to onnxruntime, which makes QLinearConv of DQ -> Conv -> Relu -> Q at ORT_ENABLE_EXTENDED;

@@ -32,8 +32,9 @@ class FuseGemmActivation(PatternPass):
 
     Gemm's alpha, beta, transA and transB are kept. The activation's own attributes become
     activation_alpha / activation_beta / activation_gamma, written out even at their schema
-    defaults (the kernel refuses a missing one). float32 only, and only onnxruntime's CPU
-    provider has a kernel: the pass targets ort-cpu alone.
+    defaults (the kernel refuses a missing one). A float32 kernel only (float16 where the CPU ran the
+    Gemm and activation in float32 too: targets.emit_reason), and only onnxruntime's CPU provider
+    has one: the pass targets ort-cpu alone.
     """
 
     name = "fused-gemm"
