@@ -28,9 +28,16 @@ def growth(passes: tuple[Step, ...]) -> set[str]:
     return grown
 
 
-def judge(candidate: tuple[Step, ...], whole: set[str] | None) -> tuple[bool, set[str]]:
-    grown = growth(candidate) & (whole if whole is not None else {"small", "large"})
-    return not grown, grown
+def judge_by(growth_of):
+    """A judge in drop_breaking_passes' form: the settings a candidate grows at, only those the
+    whole candidate grew at when it judges a prefix."""
+    def judge(candidate: tuple[Step, ...], whole: set[str] | None) -> tuple[bool, set[str]]:
+        grown = growth_of(candidate) & (whole if whole is not None else {"small", "large"})
+        return not grown, grown
+    return judge
+
+
+judge = judge_by(growth)
 
 
 def test_a_prefix_that_breaks_only_where_the_whole_pipeline_does_not_is_not_blamed():
@@ -67,9 +74,7 @@ def transient_growth(passes: tuple[Step, ...]) -> set[str]:
     return grown
 
 
-def transient_judge(candidate: tuple[Step, ...], whole: set[str] | None) -> tuple[bool, set[str]]:
-    grown = transient_growth(candidate) & (whole if whole is not None else {"small", "large"})
-    return not grown, grown
+transient_judge = judge_by(transient_growth)
 
 
 def test_a_pass_whose_growth_the_trailing_passes_take_back_is_not_blamed_for_a_later_ones():
@@ -91,12 +96,12 @@ def test_a_trailing_pass_that_breaks_the_promise_itself_is_dropped():
 BAD_ORDER = Step("bad-order")  # a trailing pass that grows the large setting whatever it runs after
 
 
-def bad_order_judge(candidate: tuple[Step, ...], whole: set[str] | None) -> tuple[bool, set[str]]:
-    grown = set()
-    if RAISES_LARGE in candidate and REPAIRS not in candidate or BAD_ORDER in candidate:
-        grown.add("large")
-    grown &= whole if whole is not None else {"small", "large"}
-    return not grown, grown
+def bad_order_growth(passes: tuple[Step, ...]) -> set[str]:
+    repaired = RAISES_LARGE not in passes or REPAIRS in passes
+    return {"large"} if not repaired or BAD_ORDER in passes else set()
+
+
+bad_order_judge = judge_by(bad_order_growth)
 
 
 def test_where_the_other_passes_keep_the_promise_only_the_trailing_ones_are_bisected():
