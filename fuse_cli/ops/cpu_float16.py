@@ -82,8 +82,7 @@ def computes_in_float32_on_cpu(nodes, opset: int) -> bool:
     selects data, nor one whose float16 result is exact) has no float16 kernel there, so it runs
     between the Casts the provider inserts. A fused node of an operator with only a float32 CPU
     kernel then runs as they did: in float32, between Casts."""
-    computing = [n for n in nodes if _computes(n)]
-    return bool(computing) and computing_in_float16(computing, opset) is None
+    return any(_computes(n) for n in nodes) and computing_in_float16(nodes, opset) is None
 
 
 def computing_in_float16(nodes, opset: int):
