@@ -150,10 +150,14 @@ def emit_reason(target: str, op: str, dtype, domain: str = MS, *, replaced_in_fl
     A float16 node of an operator with only a float32 CPU kernel then runs as they ran, between
     such Casts, and may be emitted where the CPU is the only provider without a float16 kernel:
     the peak guard's estimate replays those Casts (analysis/inserted_casts.py) and verification
-    checks the outputs. Measured on the float16 decoder corpus: benchmarks/results/decoder_fusions_fp16.md
-    (what fuses) and llm_fp16.md (latency and peak against the original and the anchors)."""
+    checks the outputs. An operator the CPU would run as its function body at float16 instead
+    (FLOAT16_BODY_ON_CPU) is emitted where the CPU is the target's only provider, inside Casts
+    fuse writes itself (`runs_in_float32_island`). Measured on the float16 decoder corpus:
+    benchmarks/results/decoder_fusions_fp16.md (what fuses) and llm_fp16.md (latency and peak
+    against the original and the anchors)."""
     reason = target_reason(target, op, dtype, domain)
-    if reason is not None and replaced_in_float32 and runs_between_cpu_casts(target, op, dtype, domain):
+    if reason is not None and replaced_in_float32 and (runs_between_cpu_casts(target, op, dtype, domain)
+                                                       or runs_in_float32_island(target, op, dtype, domain)):
         reason = None
     if reason is None and (measured := slower(target, op)) is not None:
         reason = measured.reason.format(target=target)
@@ -178,6 +182,23 @@ def runs_between_cpu_casts(target: str, op: str, dtype, domain: str) -> bool:
     return (cap is not None and dtype is not None and dtype_name(dtype) == "float16"
             and (domain, op) not in FLOAT16_BODY_ON_CPU
             and _missing(cap, target, "float16") == ["cpu"] and "float32" in cap.cpu)
+
+
+def runs_in_float32_island(target: str, op: str, dtype, domain: str) -> bool:
+    """A float16 `op` the CPU provider would run as its function body (FLOAT16_BODY_ON_CPU), on a
+    target whose only provider is the CPU: the engine writes Casts to float32 around it and back
+    (toolkit/float32_islands.py), so its float32 kernel runs. Not on `ort`: CUDA's float16 kernel
+    would then run in float32 too."""
+    domain = "" if domain == "ai.onnx" else domain
+    cap = capability(op, domain)
+    return (cap is not None and dtype is not None and dtype_name(dtype) == "float16"
+            and (domain, op) in FLOAT16_BODY_ON_CPU and target in targets_of_provider_alone("cpu")
+            and "float32" in cap.cpu)
+
+
+def targets_of_provider_alone(provider: str) -> frozenset[str]:
+    """The targets whose only provider is `provider` ("cpu": ort-cpu)."""
+    return frozenset(t for t in TARGETS if PROVIDERS_OF[t] == (provider,))
 
 
 def usable_targets(emits: tuple[str, ...]) -> frozenset[str]:

@@ -134,12 +134,10 @@ def test_x_times_half_times_half_is_not_a_gelu(tmp_path):
      "'bias' is a graph input, not a constant"),
     ({"form": "gelu", "opset": 20, "x_shape": (4, HIDDEN), "bias_shape": (4, 1)}, ("bias-gelu",),
      "does not broadcast over the last axis [6] alone"),
-    ({"form": "gelu", "opset": 20, "dtype": np.float16}, ("contrib-gelu",),
-     "Gelu has no float16 kernel on onnxruntime's CPU provider"),
     ({"form": "quick", "alpha_shape": (HIDDEN,)}, ("quick-gelu",), "of shape [6], not one alpha"),
     ({"form": "erf", "const_shape": (1, 1, 1)}, ("contrib-gelu",), "has rank 3, more than 'x''s 2"),
     ({"form": "quick", "alpha_shape": (1, 1, 1)}, ("quick-gelu",), "has rank 3, more than 'x''s 2"),
-], ids=["bias-not-constant", "bias-over-batch", "fp16-on-cpu", "alpha-vector",
+], ids=["bias-not-constant", "bias-over-batch", "alpha-vector",
         "half-of-higher-rank", "alpha-of-higher-rank"])
 def test_near_miss(tmp_path, kw, passes, reason):
     model = activation(**kw)
@@ -147,6 +145,37 @@ def test_near_miss(tmp_path, kw, passes, reason):
     assert not result.report.fusions and signature(result.model) == signature(model)
     (miss,) = {m.reason for m in result.report.near_misses if m.pass_name == passes[-1]}
     assert reason in miss
+
+
+@pytest.mark.parametrize("kw, passes, fused", [
+    ({"form": "gelu", "opset": 20}, ("contrib-gelu",), "Gelu"),
+    ({"form": "erf"}, ("contrib-gelu",), "Gelu"),
+    ({"form": "tanh", "bias_shape": (HIDDEN,)}, ("fast-gelu",), "FastGelu"),
+    ({"form": "quick"}, ("quick-gelu",), "QuickGelu"),
+], ids=["standard-gelu", "erf", "tanh-with-bias", "quick"])
+def test_fp16_on_cpu_runs_its_float32_kernel_between_casts(tmp_path, kw, passes, fused):
+    """At float16 the CPU provider would run the fused operator's function body (the very nodes it
+    replaced), so ort-cpu writes the Casts to float32 and back around it: its float32 kernel runs,
+    as the replaced nodes ran in float32 between the Casts the provider inserts."""
+    model = activation(dtype=np.float16, **kw)
+    result = run(model, tmp_path, passes)
+    assert op_counts(result.model) == {"Cast": 2, MS + fused: 1}
+    (node,) = [n for n in result.model.graph.node if n.op_type == fused]
+    widen, narrow = (next(n for n in result.model.graph.node if n.op_type == "Cast" and name in n.output)
+                     for name in (node.input[0], "y"))
+    assert [a.i for a in widen.attribute] == [TensorProto.FLOAT]
+    assert [a.i for a in narrow.attribute] == [TensorProto.FLOAT16] and narrow.input[0] == node.output[0]
+    for batch in (1, 5):
+        assert_equivalent(model, result.model, dims={"batch": batch})
+
+
+def test_fp16_not_fused_where_cuda_would_run_it_in_float32(tmp_path):
+    """`ort` promises CUDA too, whose float16 kernel Casts to float32 would slow: no island there."""
+    model = activation(form="gelu", opset=20, dtype=np.float16)
+    result = run(model, tmp_path, ("contrib-gelu",), target="ort")
+    assert not result.report.fusions and signature(result.model) == signature(model)
+    (miss,) = {m.reason for m in result.report.near_misses if m.pass_name == "contrib-gelu"}
+    assert "Gelu has no float16 kernel on onnxruntime's CPU provider" in miss
 
 
 def test_fp16_allowed_where_cuda_runs_it(tmp_path):

@@ -121,9 +121,9 @@ def test_a_static_model_has_no_dim_to_rename(tmp_path):
     ((100 << 10, 10 * MIB - 1), False),    # a byte lower: below the gain the estimate vouches for
 ])
 def test_a_gain_counts_at_either_setting_and_nothing_may_get_worse(after, taken):
-    from fuse_cli.passes.unhold_buffers import _better
+    from fuse_cli.pipeline.base import lower_without_growth
     before = {"onnxruntime": (100 << 10, 10 * MIB)}
-    assert _better(before, {"onnxruntime": after}) is taken
+    assert lower_without_growth(before, {"onnxruntime": after}) is taken
 
 
 def test_a_buffer_passed_down_a_chain_is_released_by_naming_every_later_tenant():
@@ -222,8 +222,9 @@ def test_declarations_that_keep_buffers_apart_stay(tmp_path):
 def test_a_declaration_is_kept_for_a_gain_beyond_the_guards_tolerance(after, kept):
     """A declaration adds nothing to the graph: its bar is the peak guard's noise, not the 1% a new
     node order must win by. Peaks per rule, at the bound dims (batch 1) and the guard's larger setting."""
-    from fuse_cli.passes.unhold_buffers import _better
+    from fuse_cli.pipeline.base import lower_without_growth
 
     before = {"onnxruntime": (13_568, 56_098_840), "stored": (12_192, 50_462_744)}
-    assert _better(before, {"onnxruntime": (13_568, after), "stored": (12_192, 50_462_744)}) is kept
-    assert not _better(before, {"onnxruntime": (13_569, after), "stored": (12_192, 50_462_744)})  # worse at batch 1
+    assert lower_without_growth(before, {"onnxruntime": (13_568, after), "stored": (12_192, 50_462_744)}) is kept
+    worse_at_batch_1 = {"onnxruntime": (13_569, after), "stored": (12_192, 50_462_744)}
+    assert not lower_without_growth(before, worse_at_batch_1)

@@ -410,7 +410,10 @@ def test_registered_passes_take_their_targets_from_what_they_emit():
     from fuse_cli.passes import REGISTRY
 
     for p in REGISTRY.values():
-        assert p.targets == targets.usable_targets(p.emits), p.name
+        expected = (targets.targets_of_provider_alone(p.for_provider) if p.for_provider
+                    else targets.usable_targets(p.emits))
+        assert p.targets == expected, p.name
+    assert REGISTRY["write-cpu-casts"].targets == {"ort-cpu"}
 
 
 @pytest.mark.parametrize("target, op, words", [
@@ -478,8 +481,14 @@ def test_a_float32_only_cpu_kernel_takes_float16_where_the_replaced_nodes_ran_in
     assert targets.emit_reason("ort-cpu", "MultiHeadAttention", "float16", replaced_in_float32=True) is None
     # CUDA has a float16 kernel: `ort` needs only the CPU's casts
     assert targets.emit_reason("ort", "MultiHeadAttention", "float16", replaced_in_float32=True) is None
-    # its function body, not the float32 kernel, runs at float16: nothing fused would run
-    assert "no float16 kernel" in targets.emit_reason("ort-cpu", "FastGelu", "float16", replaced_in_float32=True)
+    # its function body, not the float32 kernel, would run at float16: only where the CPU is the one
+    # provider, inside Casts fuse writes (a float32 island); on `ort` CUDA would compute in float32 too
+    assert targets.emit_reason("ort-cpu", "FastGelu", "float16", replaced_in_float32=True) is None
+    assert targets.runs_in_float32_island("ort-cpu", "FastGelu", "float16", "com.microsoft")
+    assert not targets.runs_in_float32_island("ort-cpu", "MultiHeadAttention", "float16", "com.microsoft")
+    assert not targets.runs_in_float32_island("ort-cpu", "FastGelu", "float32", "com.microsoft")
+    assert "no float16 kernel" in targets.emit_reason("ort", "FastGelu", "float16", replaced_in_float32=True)
+    assert "no float16 kernel" in targets.emit_reason("ort-cpu", "FastGelu", "float16")
     # the CPU casts only float16: not bfloat16, and not an operator CUDA has no float16 kernel for
     assert targets.emit_reason("ort-cpu", "MultiHeadAttention", "bfloat16", replaced_in_float32=True)
     assert targets.emit_reason("ort", "FusedConv", "float16", replaced_in_float32=True)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
+import onnx
+
 import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.logger import G_LOGGER
 
@@ -68,7 +71,7 @@ class FoldConstants(GraphPass):
 
         def excluded(node: gs.Node) -> bool:
             return (_is_random(node) or reads_constant_over(node, g.fold_limit_bytes)
-                    or may_make_over(node, g, g.fold_limit_bytes))
+                    or may_make_over(node, g, g.fold_limit_bytes) or _widens_a_float(node, g))
 
         transposed = transpose_weights_in_place(graph, g, excluded)
         try:
@@ -103,6 +106,21 @@ class FoldConstants(GraphPass):
             removed = [t for t in outputs if t and t not in now_weights]
             changes.append(([name], [], removed))
         return changes
+
+
+def _widens_a_float(node: gs.Node, g: GraphEditor) -> bool:
+    """A Cast of a float weight to a wider float (float16 -> float32): folded, the weight would be
+    stored, and held resident, at twice its size for good; the runtime casts it when its reader runs
+    (onnxruntime folds it at its basic level if asked). This keeps the Casts write-cpu-casts stores
+    in a float16 model: without it a second run of fuse doubled its weights."""
+    if node.op != "Cast" or not node.inputs or not isinstance(node.inputs[0], gs.Constant):
+        return False
+    source = g.dtype(node.inputs[0])
+    to = node.attrs.get("to")
+    if source is None or to is None or source.kind != "f":
+        return False
+    target = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(to)))
+    return target.kind == "f" and target.itemsize > source.itemsize
 
 
 def _has_dead_end(graph: gs.Graph) -> bool:

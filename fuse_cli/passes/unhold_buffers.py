@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import onnx
 
-from fuse_cli.pipeline.base import Estimates, ModelPass
+from fuse_cli.pipeline.base import Estimates, ModelPass, lower_without_growth
 from fuse_cli.pipeline.records import FusionRecord
 from fuse_cli.pipeline.registry import register
-from fuse_cli.scheduling import peak_tolerance
 from fuse_cli.toolkit.declared_dims import declare_fresh_dims, undeclare
 
 DROPPED_LABEL = "declared shapes -> dropped"
@@ -74,14 +73,14 @@ class UnholdBuffers(ModelPass):
             return ()
         records: list[FusionRecord] = []
         try:
-            current = _peaks(model, estimates)
+            current = estimates.peaks_by_rule(model)
         except ValueError:  # a stored order that is not topological (the memory model's check): as it is
             return ()
         if model.graph.value_info:
             declared = list(model.graph.value_info)
             del model.graph.value_info[:]
-            after = _peaks(model, estimates)
-            if _better(current, after):
+            after = estimates.peaks_by_rule(model)
+            if lower_without_growth(current, after):
                 records.append(self._record(DROPPED_LABEL, current, after))
                 current = after
             else:
@@ -101,10 +100,10 @@ class UnholdBuffers(ModelPass):
                     continue  # nothing to name (a shape vector): no walk spent on it
                 walks += 1
                 try:
-                    after = _peaks(model, estimates)
+                    after = estimates.peaks_by_rule(model)
                 except ValueError:
                     after = None
-                if after is not None and _better(current, after):
+                if after is not None and lower_without_growth(current, after):
                     records.append(self._record(self.label, current, after))
                     current = after
                     break
@@ -119,21 +118,3 @@ class UnholdBuffers(ModelPass):
                 after: dict[str, tuple[int, ...]]) -> FusionRecord:
         """A kept change, with its part of the peak change at the bound dims in onnxruntime's order."""
         return FusionRecord(self.name, label, (), (), (), peak_delta=after["onnxruntime"][0] - before["onnxruntime"][0])
-
-def _peaks(model: onnx.ModelProto, estimates: Estimates) -> dict[str, tuple[int, ...]]:
-    """The estimated peaks per execution rule and setting; onnxruntime's always (the report's)."""
-    orders = {"onnxruntime": None, "stored": list(range(len(model.graph.node)))}
-    return {rule: estimates.peaks(model, orders[rule]) for rule in {"onnxruntime", *estimates.rules}}
-
-
-def _better(before: dict[str, tuple[int, ...]], after: dict[str, tuple[int, ...]]) -> bool:
-    """Never worse at any setting under any rule, and lower by more than the estimate's noise
-    (scheduling.peak_tolerance) at the bound dims under some rule, or at a larger setting in
-    onnxruntime's order. A declaration adds nothing to the graph, so the bar is the peak guard's
-    own and not a reordering's (gain_needed, 1%): a fusion the guard leaves out for growing the
-    peak by 0.54% is kept where a declaration lowers it by 0.93% (Phi-3's decode step at opset 23:
-    every rotary and attention fused, 55.75 -> 55.57 MB estimated at batch 64; the allocator
-    measured the undeclared output's growth too, 55.81 -> 56.12 MB)."""
-    never_worse = all(a <= b for rule in before for a, b in zip(after[rule], before[rule]))
-    goals = [(rule, 0) for rule in before] + [("onnxruntime", i) for i in range(1, len(before["onnxruntime"]))]
-    return never_worse and any(before[rule][i] - after[rule][i] > peak_tolerance(before[rule][i]) for rule, i in goals)

@@ -6,13 +6,14 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 
-from fuse_cli.graph.edit import GraphEditor
+from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.match import Match, match_root, root_op_types
 from fuse_cli.pipeline.base import Decline, GraphPass, Pass, PatternPass
 from fuse_cli.pipeline.records import FusionRecord, NearMiss, RemovedTensor
 from fuse_cli.progress import pass_ran, update
 from fuse_cli.ops.cpu_float16 import computes_in_float32_on_cpu, computing_in_float16
-from fuse_cli.targets import dtype_name, emit_reason, runs_between_cpu_casts
+from fuse_cli.targets import dtype_name, emit_reason, runs_between_cpu_casts, runs_in_float32_island
+from fuse_cli.toolkit.float32_islands import island
 
 MAX_ROUNDS = 8
 
@@ -102,7 +103,7 @@ def _sweep(p: PatternPass, g: GraphEditor, size_of: SizeOf) -> tuple[list[Fusion
                                                     decline.reason)
                 continue
             started = time.perf_counter()
-            replacement = p.rewrite(m, g)
+            replacement = _with_float32_islands(p.rewrite(m, g), g)
             replaced = [n.name for n in reversed(m.covered)]
             removed = g.apply(m, replacement)
             rewriting += time.perf_counter() - started
@@ -141,6 +142,20 @@ def _target_decline(p: PatternPass, m: Match, g: GraphEditor) -> Decline | None:
         if reason:
             return Decline(f"{subject.name}: {reason}" if subject is not None else reason)
     return None
+
+
+def _with_float32_islands(replacement: Replacement, g: GraphEditor) -> Replacement:
+    """Each float16 node the CPU provider would run as its function body, wrapped in Casts to
+    float32 and back (targets.runs_in_float32_island): emitted only where the nodes it replaced ran
+    in float32 there (_target_decline)."""
+    if not any(_needs_island(n, g) for n in replacement.nodes):
+        return replacement
+    nodes = [made for n in replacement.nodes for made in (island(g, n) if _needs_island(n, g) else [n])]
+    return dataclasses.replace(replacement, nodes=nodes)
+
+
+def _needs_island(node, g: GraphEditor) -> bool:
+    return bool(node.outputs) and runs_in_float32_island(g.target, node.op, g.dtype(node.outputs[0]), node.domain)
 
 
 def _opset_decline(p: Pass, g: GraphEditor) -> Decline | None:

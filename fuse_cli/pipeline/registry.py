@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 from fuse_cli.errors import UsageError
 from fuse_cli.pipeline.base import Pass
-from fuse_cli.targets import TARGETS, usable_targets
+from fuse_cli.targets import TARGETS, targets_of_provider_alone, usable_targets
 
 REGISTRY: dict[str, Pass] = {}
 
@@ -117,6 +117,7 @@ RUNTIME_PIPELINE: tuple[str, ...] = (
     "fused-gemm",
     "bn-affine",
     "pin-gelu-bias",  # after every GELU and bias pass; not on ort-cuda, where BiasGelu is faster
+    "write-cpu-casts",  # ort-cpu's float16 models: the nodes its provider runs, before the planner's dims and the order
     "unhold-buffers",
     "schedule",
 )
@@ -134,6 +135,8 @@ def register(cls: type[Pass]) -> type[Pass]:
     """Adds the pass; one that emits non-standard operators belongs to the targets that run them."""
     if cls.emits:
         cls.targets = usable_targets(cls.emits)
+    if cls.for_provider:
+        cls.targets = targets_of_provider_alone(cls.for_provider)
     instance = cls()
     if instance.name in REGISTRY:
         raise RuntimeError(f"pass {instance.name!r} registered twice")

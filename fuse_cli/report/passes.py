@@ -80,8 +80,11 @@ _FLOAT16_ON_CPU = (
     "to float32 that onnxruntime inserts, as the float16 MatMul, Add and Softmax it would replace do (the CPU "
     "has no float16 kernel for them either). So the onnxruntime targets emit such an operator at float16 where "
     "every node it replaces that rounds ran in float32 there (a Clip or Max the CPU runs in float16 is exact), "
-    "and decline it where one ran in float16; the peak guard's estimate counts the float32 copies. Not Gelu, "
-    "FastGelu or QuickGelu: at float16 the CPU inlines their function body, the nodes they would replace.")
+    "and decline it where one ran in float16; the peak guard's estimate counts the float32 copies. Gelu, "
+    "FastGelu and QuickGelu differ: at float16 the CPU inlines their function body, the nodes they would "
+    "replace, so `ort-cpu` writes the Casts to float32 and back around them itself and their float32 kernel "
+    "runs (not `ort`, where CUDA would then compute in float32 too). On `ort-cpu`, write-cpu-casts then "
+    "stores every Cast the provider would insert, weights' Casts first.")
 _INTRO = ("Passes run in an explicit order per target (`fuse_cli/pipeline/registry.py`) and repeat until "
           "nothing changes; the graph is cleaned up and sorted once at the end, then the model passes run once. "
           "`--passes a,b` runs only those, `--disable c` skips one (an unknown name is an error with a \"did you "

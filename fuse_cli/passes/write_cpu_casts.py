@@ -1,0 +1,105 @@
+"""The Casts onnxruntime's CPU provider inserts around float16 nodes, written into the model."""
+
+from __future__ import annotations
+
+import onnx
+from onnx import TensorProto
+
+from fuse_cli.analysis.walk_setup import WalkGraph, walk_setup
+from fuse_cli.core.order import runtime_order_by_producers
+from fuse_cli.pipeline.base import Estimates, ModelPass, lower_without_growth
+from fuse_cli.pipeline.records import FusionRecord
+from fuse_cli.pipeline.registry import register
+
+
+@register
+class WriteCpuCasts(ModelPass):
+    """onnxruntime's CPU provider has no float16 MatMul, Add, Softmax or Conv: it runs such a node
+    in float32 between Casts it inserts at load (analysis/inserted_casts.py). Inserted, the Casts
+    take the highest node indices, and onnxruntime's default order (a reverse depth-first walk from
+    the outputs, a node's producers highest index first) then runs each weight's Cast before the
+    layers above its reader, so the float32 copy of every weight is alive at once:
+
+        W1 ─ Cast ─┐                    stored first, a weight's Cast runs right before its reader:
+        x ── ... ─ MatMul ── ... ─ MatMul ─ y
+        W2 ─ Cast ─────────────────┘
+
+    Written into the model, as onnxruntime itself saves a float16 model, the same Casts are stored
+    nodes: the weights' Casts first (the lowest indices, so the walk reaches each last, right
+    before its reader), every other node in onnxruntime's present order. The nodes run are the same,
+    so are the values; the provider inserts nothing more. Measured on the float16 Llama decode step
+    (transformers, TorchScript): 1.136 -> 0.706 MiB allocated at batch 1 over 128 cached tokens
+    (benchmarks/results/llm_notes.md). At onnxruntime's basic level and above the weights' Casts
+    are folded into float32 weights, as they are in the original (its saved graph at level all).
+
+    Only for `--target ort-cpu`, where the CPU is the one provider: CUDA runs float16 itself.
+    Kept only where the peak guard's estimate is never higher at any setting and lower beyond its
+    noise somewhere (unhold_buffers' rule); runs before `unhold-buffers` and `schedule`, which then
+    work on the nodes onnxruntime will run.
+    """
+
+    name = "write-cpu-casts"
+    description = "Write the Casts onnxruntime's CPU provider inserts around float16 nodes into the model"
+    label = "CPU float32 Casts -> stored"
+    for_provider = "cpu"
+
+    def run(self, model: onnx.ModelProto, estimates: Estimates) -> tuple[FusionRecord, ...]:
+        graph = walk_setup(model, None, estimates.extra_weights).graph
+        if not graph.float_copies:
+            return ()
+        try:
+            before = estimates.peaks_by_rule(model)
+            candidate = onnx.ModelProto()
+            candidate.CopyFrom(model)
+            casts = write_casts(candidate, graph)
+            after = estimates.peaks_by_rule(candidate)
+        except ValueError:  # an order the memory model cannot walk: as it is
+            return ()
+        if not lower_without_growth(before, after):
+            return ()
+        model.CopyFrom(candidate)
+        return (FusionRecord(self.name, self.label, (), tuple(casts), (),
+                             peak_delta=after["onnxruntime"][0] - before["onnxruntime"][0]),)
+
+
+def write_casts(model: onnx.ModelProto, graph: WalkGraph) -> list[str]:
+    """`model`'s main graph as `graph` (its walk on the CPU provider) runs it: the inserted Casts
+    become stored nodes and the stored nodes read and write the float32 copies. Returns the Casts'
+    names."""
+    stored = list(model.graph.node)
+    order = runtime_order_by_producers(graph.producers, graph.indices)
+    producer = {name: i for i in range(len(graph.outputs)) for name in graph.outputs[i] if name}
+    weight_casts = [i for i in order if graph.stored[i] is None and graph.inputs[i][0] not in producer
+                    and graph.inputs[i][0] not in graph.activations]
+    after_producer: dict[int, list[int]] = {}
+    for i in order:
+        source = graph.inputs[i][0] if graph.stored[i] is None else None
+        if source is not None and source not in graph.activations and source in producer:
+            after_producer.setdefault(producer[source], []).append(i)  # a Constant node's output
+    placed = set(weight_casts) | {i for casts in after_producer.values() for i in casts}
+    written = list(weight_casts)
+    for i in order:
+        if i not in placed:
+            written.append(i)
+            written.extend(after_producer.get(i, ()))
+    nodes: list[onnx.NodeProto] = []
+    for i in written:
+        if graph.stored[i] is None:
+            to = TensorProto.FLOAT if graph.outputs[i][0] in graph.float_copies else TensorProto.FLOAT16
+            nodes.append(onnx.helper.make_node("Cast", list(graph.inputs[i]), list(graph.outputs[i]),
+                                               name=graph.labels[i], to=to))
+        else:
+            node = onnx.NodeProto()
+            node.CopyFrom(stored[graph.stored[i]])
+            del node.input[:], node.output[:]
+            node.input.extend(graph.inputs[i])
+            node.output.extend(graph.outputs[i])
+            nodes.append(node)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    named = {name for node in nodes for name in (*node.input, *node.output)}
+    kept = [vi for vi in model.graph.value_info if vi.name in named]
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(kept)
+    return [graph.labels[i] for i in written if graph.stored[i] is None]
+
