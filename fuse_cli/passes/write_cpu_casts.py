@@ -44,20 +44,27 @@ class WriteCpuCasts(ModelPass):
     for_provider = "cpu"
 
     def run(self, model: onnx.ModelProto, estimates: Estimates) -> tuple[FusionRecord, ...]:
+        if not _declares_float16(model.graph):
+            return ()  # the shape inference the walk needs, spared where nothing can be float16
         graph = walk_setup(model, None, estimates.extra_weights).graph
         if not graph.float_copies:
             return ()
         try:
             before = estimates.peaks_by_rule(model)
-            candidate = onnx.ModelProto()
-            candidate.CopyFrom(model)
-            casts = write_casts(candidate, graph)
-            after = estimates.peaks_by_rule(candidate)
-        except ValueError:  # an order the memory model cannot walk: as it is
+        except ValueError:  # a stored order that is not topological (the memory model's check): as it is
             return ()
-        if not lower_without_growth(before, after):
+        # judged in place, the weights shared: only the nodes and declarations are kept to restore
+        kept = onnx.GraphProto(node=model.graph.node, value_info=model.graph.value_info)
+        casts = write_casts(model, graph)
+        try:
+            after = estimates.peaks_by_rule(model)
+        except ValueError:  # an order the memory model cannot walk
+            after = None
+        if after is None or not lower_without_growth(before, after):
+            del model.graph.node[:], model.graph.value_info[:]
+            model.graph.node.extend(kept.node)
+            model.graph.value_info.extend(kept.value_info)
             return ()
-        model.CopyFrom(candidate)
         return (FusionRecord(self.name, self.label, (), tuple(casts), (),
                              peak_delta=after["onnxruntime"][0] - before["onnxruntime"][0]),)
 
@@ -103,3 +110,11 @@ def write_casts(model: onnx.ModelProto, graph: WalkGraph) -> list[str]:
     model.graph.value_info.extend(kept)
     return [graph.labels[i] for i in written if graph.stored[i] is None]
 
+
+def _declares_float16(graph: onnx.GraphProto) -> bool:
+    """Whether a weight, an input, an output or a declared shape is float16, or a Cast makes one."""
+    declared = (*graph.input, *graph.output, *graph.value_info)
+    return (any(t.data_type == TensorProto.FLOAT16 for t in graph.initializer)
+            or any(vi.type.tensor_type.elem_type == TensorProto.FLOAT16 for vi in declared)
+            or any(a.name == "to" and a.i == TensorProto.FLOAT16
+                   for node in graph.node if node.op_type == "Cast" for a in node.attribute))
