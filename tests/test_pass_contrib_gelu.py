@@ -10,7 +10,7 @@ from onnx import TensorProto, helper
 
 from fuse_cli.errors import UsageError
 from fuse_cli.passes import pipeline_for
-from tests.conftest import assert_equivalent, optimize_model
+from tests.conftest import assert_equivalent, optimize_model, saved_by_onnxruntime
 from tests.graphs import GraphBuilder, assert_declined, op_counts, signature
 
 HIDDEN = 6
@@ -165,6 +165,8 @@ def test_fp16_on_cpu_runs_its_float32_kernel_between_casts(tmp_path, kw, passes,
                      for name in (node.input[0], "y"))
     assert [a.i for a in widen.attribute] == [TensorProto.FLOAT]
     assert [a.i for a in narrow.attribute] == [TensorProto.FLOAT16] and narrow.input[0] == node.output[0]
+    # what the CPU provider runs: the fused kernel, not its body (nor any Cast of its own)
+    assert op_counts(saved_by_onnxruntime(result.model, tmp_path)) == op_counts(result.model)
     for batch in (1, 5):
         assert_equivalent(model, result.model, dims={"batch": batch})
 

@@ -185,3 +185,26 @@ def test_a_big_weight_sliced_by_computed_starts_folds(tmp_path, capfd):
     assert op_counts(result.model) == {"MatMul": 1}
     assert "Inference failed" not in capfd.readouterr().err
     assert_equivalent(model, result.model, dims={"batch": 3})
+
+
+@pytest.mark.parametrize("placed", [False, True], ids=["a-models-cast", "placed-for-the-cpu"])
+def test_a_cast_widening_a_weight_folds_unless_placed_before_its_reader(tmp_path, placed):
+    """A Cast of a float16 weight to float32 folds, so conv-bn sees a constant weight; one named as
+    onnxruntime names the Casts its CPU provider inserts (write-cpu-casts writes them so) stays:
+    folded, the weight would be stored in float32 for good."""
+    from onnx import helper
+
+    from fuse_cli.analysis.inserted_casts import CAST_PREFIX
+
+    b = GraphBuilder()
+    x = b.input("x", [2, 4, 8, 8])
+    weight = b.const(b.rand(6, 4, 3, 3).astype(np.float16))
+    widened = f"{CAST_PREFIX}{weight}"
+    b.nodes.append(helper.make_node("Cast", [weight], [widened], to=1,
+                                    name=widened if placed else "Cast_of_the_weight"))
+    conv = b.op("Conv", x, widened)
+    bn = [b.const(v) for v in (b.rand(6, low=0.5), b.rand(6), b.rand(6), b.rand(6, low=0.5))]
+    model = b.build(b.op("BatchNormalization", conv, *bn), output_names=["y"])
+    result = optimize_model(model, tmp_path, passes=PASSES)
+    assert op_counts(result.model) == ({"Cast": 1, "Conv": 1, "BatchNormalization": 1} if placed else {"Conv": 1})
+    assert_equivalent(model, result.model, rtol=1e-3, atol=1e-4)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import onnx
 from onnx import TensorProto
 
-from fuse_cli.ops.cpu_float16 import has_cpu_float16_kernel
+from fuse_cli.ops.cpu_float16 import has_cpu_float16_kernel, inlined_at_float16
 
 FLOAT16, FLOAT = TensorProto.FLOAT16, TensorProto.FLOAT
 CAST_PREFIX = "InsertedPrecisionFreeCast_"
@@ -70,7 +70,9 @@ def _unsafe_cast(source: int | None, target: int | None, name: str) -> bool:
 class Step:
     """A node of the graph onnxruntime runs: a stored node (`stored`: its index) with its inputs and
     outputs as rewired, or an inserted Cast (`stored` None, `to` its target type). `index`: its
-    index in onnxruntime's graph."""
+    index in onnxruntime's graph. `implicit`: the outer tensors its subgraphs read, which no Cast
+    rewires: onnxruntime counts the node among their readers, so a float16 tensor an If body reads
+    keeps its producer's Cast back and a node writing it is never run in float32 alone."""
 
     op_type: str
     domain: str
@@ -80,6 +82,7 @@ class Step:
     stored: int | None = None
     name: str = ""
     to: int | None = None
+    implicit: tuple[str, ...] = ()
 
 
 @dataclass
@@ -100,7 +103,8 @@ def inserted_casts(steps: Sequence[Step], elem_type: Callable[[str], int | None]
     """The graph of `steps` (stored nodes, each with its onnxruntime index) as onnxruntime's CPU
     provider runs it, or None when it inserts no Cast. `elem_type`: each tensor's element type;
     `order(steps)`: onnxruntime's execution order of `steps` (positions)."""
-    steps = [Step(s.op_type, s.domain, list(s.inputs), list(s.outputs), s.index, s.stored, s.name) for s in steps]
+    steps = [Step(s.op_type, s.domain, list(s.inputs), list(s.outputs), s.index, s.stored, s.name, implicit=s.implicit)
+             for s in steps]
     types: dict[str, int | None] = {}
 
     def type_of(name: str) -> int | None:
@@ -111,15 +115,14 @@ def inserted_casts(steps: Sequence[Step], elem_type: Callable[[str], int | None]
     def float16_inputs(step: Step) -> list[str]:
         return [name for name in step.inputs if name and type_of(name) == FLOAT16]
 
-    unassigned = [bool(float16_inputs(s)) and not has_cpu_float16_kernel(s.domain, s.op_type, opset) for s in steps]
+    # a node the provider inlines as its function body gets no Cast itself (the body is not replayed:
+    # it is walked as one node, as its float16 self)
+    unassigned = [bool(float16_inputs(s)) and not has_cpu_float16_kernel(s.domain, s.op_type, opset)
+                  and not inlined_at_float16(s.domain, s.op_type) for s in steps]
     if not any(unassigned):
         return None
     producer = {name: i for i, s in enumerate(steps) for name in s.outputs if name}
-    readers: dict[str, list[int]] = {}
-    for i, s in enumerate(steps):
-        for name in s.inputs:
-            if name:
-                readers.setdefault(name, []).append(i)
+    readers = _readers(steps)
 
     def needs_input_cast(i: int) -> bool:
         return unassigned[i] and bool(float16_inputs(steps[i]))
@@ -225,15 +228,21 @@ def _formals(domain: str, op_type: str, opset: int, inputs: bool) -> tuple[tuple
                  for f in formals)
 
 
+def _readers(steps: Sequence[Step]) -> dict[str, list[int]]:
+    """Each tensor's readers (positions in `steps`): through an input, or through a subgraph."""
+    readers: dict[str, list[int]] = {}
+    for i, s in enumerate(steps):
+        for name in (*s.inputs, *s.implicit):
+            if name:
+                readers.setdefault(name, []).append(i)
+    return readers
+
+
 def _without_duplicate_casts(steps: list[Step], type_of, graph_outputs: set[str]) -> list[Step]:
     """RemoveDuplicateCastTransformer over `steps`, Casts in index order, each seeing the graph as
     the ones before left it."""
     alive = [True] * len(steps)
-    readers: dict[str, list[int]] = {}
-    for i, s in enumerate(steps):
-        for name in s.inputs:
-            if name:
-                readers.setdefault(name, []).append(i)
+    readers = _readers(steps)
 
     def reroute(old: str, new: str) -> None:
         for k in readers.pop(old, []):
@@ -248,7 +257,7 @@ def _without_duplicate_casts(steps: list[Step], type_of, graph_outputs: set[str]
         source, written = cast.inputs[0], cast.outputs[0]
         narrowing = _unsafe_cast(type_of(source), type_of(written), cast.name)
         children = [k for k in dict.fromkeys(readers.get(written, [])) if alive[k]
-                    for _ in range(steps[k].inputs.count(written))]
+                    for _ in range(steps[k].inputs.count(written) + (written in steps[k].implicit))]
         removed, kept, inconsistent = [], [], False
         for k in dict.fromkeys(children):
             child = steps[k]

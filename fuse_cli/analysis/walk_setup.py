@@ -279,7 +279,9 @@ def _cpu_casts(nodes: Sequence[_Node], indices: list[int] | None, producers: Seq
     if not any(info.elem_type == FLOAT16 for info in tensors.values()):
         return None
     steps = [Step(node.op_type, node.domain, list(node.input), list(node.output),
-                  i if indices is None else indices[i], i, node.name) for i, node in enumerate(nodes)]
+                  i if indices is None else indices[i], i, node.name,
+                  implicit=tuple(name for name in node.reads if name not in node.input))
+             for i, node in enumerate(nodes)]
 
     def elem_type(name: str) -> int | None:
         info = tensors.get(name)

@@ -52,6 +52,18 @@ STANDARD_FLOAT16_KERNELS: dict[str, tuple[int, int | None]] = {
 _RECORDED_CPU_DTYPES = {(r.support.domain, r.op): r.support.cpu for r in OPERATORS if r.support}
 
 
+# onnxruntime's own operators whose float16 node its CPU provider runs by inlining the function body
+# (their records' float16_body_on_cpu: Gelu, FastGelu, QuickGelu): it inserts no Cast around the
+# node itself; the body's nodes get theirs.
+_FLOAT16_BODIES = frozenset(((r.support.domain if r.support else r.domain), r.op)
+                            for r in OPERATORS if r.float16_body_on_cpu)
+
+
+def inlined_at_float16(domain: str, op_type: str) -> bool:
+    """Whether the CPU provider runs a float16 `op_type` node as its function body."""
+    return ("" if domain == "ai.onnx" else domain, op_type) in _FLOAT16_BODIES
+
+
 def has_cpu_float16_kernel(domain: str, op_type: str, opset: int) -> bool:
     """Whether onnxruntime's CPU provider runs a float16 `op_type` node itself (at the model's
     default-domain `opset`). An operator of another domain fuse has no record of counts as having

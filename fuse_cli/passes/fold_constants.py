@@ -10,6 +10,7 @@ import onnx
 import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.logger import G_LOGGER
 
+from fuse_cli.analysis.inserted_casts import CAST_PREFIX
 from fuse_cli.core.domains import is_default_domain
 from fuse_cli.core.folding_sessions import sessions_in_the_worker
 from fuse_cli.errors import FuseError
@@ -71,7 +72,7 @@ class FoldConstants(GraphPass):
 
         def excluded(node: gs.Node) -> bool:
             return (_is_random(node) or reads_constant_over(node, g.fold_limit_bytes)
-                    or may_make_over(node, g, g.fold_limit_bytes) or _widens_a_float(node, g))
+                    or may_make_over(node, g, g.fold_limit_bytes) or _placed_cast_of_a_weight(node, g))
 
         transposed = transpose_weights_in_place(graph, g, excluded)
         try:
@@ -108,19 +109,20 @@ class FoldConstants(GraphPass):
         return changes
 
 
-def _widens_a_float(node: gs.Node, g: GraphEditor) -> bool:
-    """A Cast of a float weight to a wider float (float16 -> float32): folded, the weight would be
-    stored, and held resident, at twice its size for good; the runtime casts it when its reader runs
-    (onnxruntime folds it at its basic level if asked). This keeps the Casts write-cpu-casts stores
-    in a float16 model: without it a second run of fuse doubled its weights."""
-    if node.op != "Cast" or not node.inputs or not isinstance(node.inputs[0], gs.Constant):
+def _placed_cast_of_a_weight(node: gs.Node, g: GraphEditor) -> bool:
+    """A Cast of a float weight to a wider float that onnxruntime's CPU provider placed, or
+    write-cpu-casts wrote as it does (named CAST_PREFIX..., the runtime's own mark for the Casts it
+    inserts and may cancel): stored before the layers, it runs right before its reader. Folded,
+    the weight would be stored, and held resident, at twice its size for good (a second run of fuse
+    doubled a float16 model's weights). Any other Cast of a weight folds, so the fusions that need
+    a constant weight (conv-bn, matmul-add) still see one."""
+    if node.op != "Cast" or not node.name.startswith(CAST_PREFIX) or not node.inputs:
+        return False
+    if not isinstance(node.inputs[0], gs.Constant) or node.attrs.get("to") is None:
         return False
     source = g.dtype(node.inputs[0])
-    to = node.attrs.get("to")
-    if source is None or to is None or source.kind != "f":
-        return False
-    target = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(to)))
-    return target.kind == "f" and target.itemsize > source.itemsize
+    target = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(node.attrs["to"])))
+    return source is not None and source.kind == target.kind == "f" and target.itemsize > source.itemsize
 
 
 def _has_dead_end(graph: gs.Graph) -> bool:

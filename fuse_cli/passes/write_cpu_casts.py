@@ -7,6 +7,7 @@ from onnx import TensorProto
 
 from fuse_cli.analysis.walk_setup import WalkGraph, walk_setup
 from fuse_cli.core.order import runtime_order_by_producers
+from fuse_cli.ops.cpu_float16 import inlined_at_float16
 from fuse_cli.pipeline.base import Estimates, ModelPass, lower_without_growth
 from fuse_cli.pipeline.records import FusionRecord
 from fuse_cli.pipeline.registry import register
@@ -27,7 +28,10 @@ class WriteCpuCasts(ModelPass):
     Written into the model, as onnxruntime itself saves a float16 model, the same Casts are stored
     nodes: the weights' Casts first (the lowest indices, so the walk reaches each last, right
     before its reader), every other node in onnxruntime's present order. The nodes run are the same,
-    so are the values; the provider inserts nothing more. Measured on the float16 Llama decode step
+    so are the values; the provider inserts nothing more. A tensor an If or Loop body reads keeps its
+    float16 self, as onnxruntime keeps it for the body. Not written where a float16 node runs as its
+    function body (a com.microsoft Gelu in the input: the provider would cast around the body's
+    nodes beside the written Casts, one rounding more). Measured on the float16 Llama decode step
     (transformers, TorchScript): 1.136 -> 0.706 MiB allocated at batch 1 over 128 cached tokens
     (benchmarks/results/llm_notes.md). At onnxruntime's basic level and above the weights' Casts
     are folded into float32 weights, as they are in the original (its saved graph at level all).
@@ -47,7 +51,7 @@ class WriteCpuCasts(ModelPass):
         if not _declares_float16(model.graph):
             return ()  # the shape inference the walk needs, spared where nothing can be float16
         graph = walk_setup(model, None, estimates.extra_weights).graph
-        if not graph.float_copies:
+        if not graph.float_copies or _inlines_a_body(model.graph, graph):
             return ()
         try:
             before = estimates.peaks_by_rule(model)
@@ -55,15 +59,19 @@ class WriteCpuCasts(ModelPass):
             return ()
         # judged in place, the weights shared: only the nodes and declarations are kept to restore
         kept = onnx.GraphProto(node=model.graph.node, value_info=model.graph.value_info)
-        casts = write_casts(model, graph)
+        after = None
         try:
+            casts = write_casts(model, graph)
             after = estimates.peaks_by_rule(model)
         except ValueError:  # an order the memory model cannot walk
-            after = None
-        if after is None or not lower_without_growth(before, after):
-            del model.graph.node[:], model.graph.value_info[:]
-            model.graph.node.extend(kept.node)
-            model.graph.value_info.extend(kept.value_info)
+            pass
+        finally:
+            if after is None or not lower_without_growth(before, after):
+                del model.graph.node[:], model.graph.value_info[:]
+                model.graph.node.extend(kept.node)
+                model.graph.value_info.extend(kept.value_info)
+                after = None
+        if after is None:
             return ()
         return (FusionRecord(self.name, self.label, (), tuple(casts), (),
                              peak_delta=after["onnxruntime"][0] - before["onnxruntime"][0]),)
@@ -111,10 +119,27 @@ def write_casts(model: onnx.ModelProto, graph: WalkGraph) -> list[str]:
     return [graph.labels[i] for i in written if graph.stored[i] is None]
 
 
+def _inlines_a_body(stored: onnx.GraphProto, graph: WalkGraph) -> bool:
+    """A float16 node the CPU provider runs as its function body (a com.microsoft Gelu in the input):
+    it inserts Casts around the body's nodes at load, beside the written ones, which it would not
+    cancel as it cancels its own (measured: one float16 rounding more); the body is not replayed."""
+    def float16(name: str) -> bool:
+        info = graph.planner_shapes.get(name)
+        return info is not None and info.elem_type == TensorProto.FLOAT16
+
+    return any(inlined_at_float16(node.domain, node.op_type) and any(float16(name) for name in node.input)
+               for node in stored.node)
+
+
 def _declares_float16(graph: onnx.GraphProto) -> bool:
-    """Whether a weight, an input, an output or a declared shape is float16, or a Cast makes one."""
+    """Whether a weight, an input or output, a declared shape or a constant attribute is float16,
+    or a node makes one from another type (a Cast or a dtype attribute; any CastLike)."""
     declared = (*graph.input, *graph.output, *graph.value_info)
-    return (any(t.data_type == TensorProto.FLOAT16 for t in graph.initializer)
-            or any(vi.type.tensor_type.elem_type == TensorProto.FLOAT16 for vi in declared)
-            or any(a.name == "to" and a.i == TensorProto.FLOAT16
-                   for node in graph.node if node.op_type == "Cast" for a in node.attribute))
+    float16 = TensorProto.FLOAT16
+    return (any(t.data_type == float16 for t in graph.initializer)
+            or any(vi.type.tensor_type.elem_type == float16 for vi in declared)
+            or any(node.op_type == "CastLike"
+                   or any((a.type == onnx.AttributeProto.INT and a.name in ("to", "dtype") and a.i == float16)
+                          or (a.type == onnx.AttributeProto.TENSOR and a.t.data_type == float16)
+                          for a in node.attribute)
+                   for node in graph.node))

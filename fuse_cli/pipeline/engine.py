@@ -148,10 +148,8 @@ def _with_float32_islands(replacement: Replacement, g: GraphEditor) -> Replaceme
     """Each float16 node the CPU provider would run as its function body, wrapped in Casts to
     float32 and back (targets.runs_in_float32_island): emitted only where the nodes it replaced ran
     in float32 there (_target_decline)."""
-    if not any(_needs_island(n, g) for n in replacement.nodes):
-        return replacement
     nodes = [made for n in replacement.nodes for made in (island(g, n) if _needs_island(n, g) else [n])]
-    return dataclasses.replace(replacement, nodes=nodes)
+    return replacement if len(nodes) == len(replacement.nodes) else dataclasses.replace(replacement, nodes=nodes)
 
 
 def _needs_island(node, g: GraphEditor) -> bool:
