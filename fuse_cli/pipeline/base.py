@@ -15,6 +15,7 @@ from fuse_cli.graph.edit import GraphEditor, Replacement
 from fuse_cli.analysis.shapes import ShapeTable
 from fuse_cli.match import Alt, Match, Op
 from fuse_cli.pipeline.records import FusionRecord, OrderRecord
+from fuse_cli.scheduling import peak_tolerance
 from fuse_cli.targets import TARGETS
 
 ALL_TARGETS = frozenset(TARGETS)
@@ -151,8 +152,6 @@ def lower_without_growth(before: dict[str, tuple[int, ...]], after: dict[str, tu
     peak by 0.54% is kept where a declaration lowers it by 0.93% (Phi-3's decode step at opset 23:
     every rotary and attention fused, 55.75 -> 55.57 MB estimated at batch 64; the allocator
     measured the undeclared output's growth too, 55.81 -> 56.12 MB)."""
-    from fuse_cli.scheduling import peak_tolerance
-
     never_worse = all(a <= b for rule in before for a, b in zip(after[rule], before[rule]))
     goals = [(rule, 0) for rule in before] + [("onnxruntime", i) for i in range(1, len(before["onnxruntime"]))]
     return never_worse and any(before[rule][i] - after[rule][i] > peak_tolerance(before[rule][i]) for rule, i in goals)

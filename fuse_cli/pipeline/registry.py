@@ -136,7 +136,7 @@ def register(cls: type[Pass]) -> type[Pass]:
     if cls.emits:
         cls.targets = usable_targets(cls.emits)
     if cls.for_provider:
-        cls.targets = targets_of_provider_alone(cls.for_provider)
+        cls.targets = cls.targets & targets_of_provider_alone(cls.for_provider)
     instance = cls()
     if instance.name in REGISTRY:
         raise RuntimeError(f"pass {instance.name!r} registered twice")
