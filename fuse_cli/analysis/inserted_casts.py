@@ -98,11 +98,13 @@ class CastPlan:
 
 
 def inserted_casts(steps: Sequence[Step], elem_type: Callable[[str], int | None], graph_outputs: set[str],
-                   opset: int, has_subgraph: Callable[[Step], bool], order: Callable[[list[Step]], list[int]]
-                   ) -> CastPlan | None:
+                   opset: int, has_subgraph: Callable[[Step], bool], order: Callable[[list[Step]], list[int]],
+                   numbered_after: int | None = None) -> CastPlan | None:
     """The graph of `steps` (stored nodes, each with its onnxruntime index) as onnxruntime's CPU
     provider runs it, or None when it inserts no Cast. `elem_type`: each tensor's element type;
-    `order(steps)`: onnxruntime's execution order of `steps` (positions)."""
+    `order(steps)`: onnxruntime's execution order of `steps` (positions); `numbered_after`: the
+    highest index onnxruntime's graph has before the Casts, where that is not a step's (an inlined
+    body's leaf: inlined_bodies.py)."""
     steps = [Step(s.op_type, s.domain, list(s.inputs), list(s.outputs), s.index, s.stored, s.name, implicit=s.implicit)
              for s in steps]
     types: dict[str, int | None] = {}
@@ -136,6 +138,8 @@ def inserted_casts(steps: Sequence[Step], elem_type: Callable[[str], int | None]
     cast_of: dict[str, str] = {}  # float16 tensor -> its float32 copy
     added: list[Step] = []
     next_index = max((s.index for s in steps), default=-1) + 1
+    if numbered_after is not None:
+        next_index = max(next_index, numbered_after + 1)
     taken = {name for s in steps for name in (*s.inputs, *s.outputs)}
 
     def new_name(tensor: str) -> str:

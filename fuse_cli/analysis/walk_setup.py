@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import onnx
 
 from fuse_cli.analysis.bodies import CONTROL_FLOW_OPS, BodyCost, Scope, body_cost, scope
+from fuse_cli.analysis.inlined_bodies import InlinedBodies, inlined_bodies
 from fuse_cli.analysis.inserted_casts import (FLOAT16, CastPlan, Step, WithFloatCopies, inserted_casts,
                                               order_with_inserted)
 from fuse_cli.analysis.inference_runs import inference_copy
@@ -87,6 +88,11 @@ class WalkGraph:
     explicit: WalkSetup | None = None       # the last order given (a scheduler's candidate)
     by_table: dict[int, tuple[ShapeTable, tuple]] = field(default_factory=dict)
     provider: str = "cpu"
+    # The leaves of the function bodies onnxruntime inlines (inlined_bodies.py), which its order
+    # starts from: (index in its graph, the walked nodes that write what the leaf reads); and the
+    # stored positions of the nodes it inlines.
+    leaves: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    inlined: tuple[int, ...] = ()
 
     def sized(self, shapes: ShapeTable) -> tuple[dict[str, int], dict[int, int], int, dict[int, int], tuple]:
         """The bytes of each activation whose size is known, the scratch of the nodes that have
@@ -194,7 +200,7 @@ def walk_setup(model: onnx.ModelProto, symbolic_shapes: ShapeTable | None, extra
         del _GRAPHS[_GRAPHS_KEPT:]
     if explicit is None:
         if graph.runtime is None:
-            graph.runtime = _ordered(graph, runtime_order_by_producers(graph.producers, graph.indices))
+            graph.runtime = _ordered(graph, runtime_order_by_producers(graph.producers, graph.indices, graph.leaves))
         return graph.runtime
     wanted = (order_with_inserted(graph.stored, graph.inputs, graph.outputs, graph.reads, explicit)
               if graph.stored else list(explicit))
@@ -221,7 +227,11 @@ def _walk_graph(model: onnx.ModelProto, nodes: Sequence[_Node], symbolic_shapes:
     indices = runtime_indices([node.kind in FUNCTION_BODY_OPS for node in nodes])
     stored_of: list[int | None] = []
     float_copies: dict[str, str] = {}
-    plan = (_cpu_casts(nodes, indices, producers, symbolic, {vi.name for vi in graph.output}, opset)
+    bodies = _inlined_bodies(model, nodes, symbolic) if provider == "cpu" else InlinedBodies()
+    # an inlined body's leaves are numbered after every stored node, before the inserted Casts
+    first_leaf = (max(indices) if indices is not None else len(nodes) - 1) + 1
+    leaf_reads = [(first_leaf + k, names) for k, (_, names) in enumerate(bodies.leaves)]
+    plan = (_cpu_casts(nodes, indices, producers, symbolic, {vi.name for vi in graph.output}, opset, leaf_reads)
             if provider == "cpu" else None)
     planner = None
     if plan is not None:
@@ -237,6 +247,7 @@ def _walk_graph(model: onnx.ModelProto, nodes: Sequence[_Node], symbolic_shapes:
         outputs = [node.output for node in nodes]
         producers = producers_of(outputs, consumed)
         order = runtime_order_by_producers(producers, indices)
+    leaves = _leaves_by_producers(leaf_reads, outputs, float_copies)
     graph_inputs = [vi.name for vi in graph.input if vi.name and vi.name not in weights]
     activations = set(itertools.chain.from_iterable(outputs))
     activations -= weights
@@ -268,11 +279,45 @@ def _walk_graph(model: onnx.ModelProto, nodes: Sequence[_Node], symbolic_shapes:
         initializer_bytes=initializer_bytes,
         constants=[(node.output[0], _constant_value_bytes(node.proto)) for node in nodes
                    if node.op_type == "Constant" and node.domain in _DEFAULT_DOMAINS and node.output],
-        stored=stored_of, float_copies=float_copies, provider=provider)
+        stored=stored_of, float_copies=float_copies, provider=provider, leaves=leaves, inlined=bodies.inlined)
+
+
+def _inlined_bodies(model: onnx.ModelProto, nodes: Sequence[_Node], symbolic: ShapeTable) -> InlinedBodies:
+    """The nodes onnxruntime's CPU provider inlines, and their bodies' leaves (inlined_bodies.py):
+    only a graph with a float16 tensor is probed."""
+    tensors = symbolic.tensors
+    if not any(info.elem_type == FLOAT16 for info in tensors.values()):
+        return InlinedBodies()
+
+    def elem_type(name: str) -> int | None:
+        info = tensors.get(name)
+        return None if info is None else info.elem_type
+
+    def rank(name: str) -> int | None:
+        info = tensors.get(name)
+        return None if info is None or info.shape is None else len(info.shape)
+
+    return inlined_bodies([node.proto for node in nodes], elem_type, rank,
+                          [(o.domain, o.version) for o in model.opset_import], model.ir_version)
+
+
+def _leaves_by_producers(leaf_reads: Sequence[tuple[int, Sequence[str]]], outputs: Sequence[Sequence[str]],
+                         float_copies: Mapping[str, str] | None = None) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """Each leaf as (its index, the positions of the walked nodes that write what it reads): a
+    tensor, or where the replayed Casts left only its float32 copy (`float_copies`: copy -> source),
+    the copy."""
+    if not leaf_reads:
+        return ()
+    producer = {name: i for i, names in enumerate(outputs) for name in names if name}
+    for copy, source in (float_copies or {}).items():
+        if source not in producer and copy in producer:
+            producer[source] = producer[copy]
+    return tuple((index, tuple(sorted({producer[n] for n in names if n in producer}))) for index, names in leaf_reads)
 
 
 def _cpu_casts(nodes: Sequence[_Node], indices: list[int] | None, producers: Sequence[Sequence[int]],
-               symbolic: ShapeTable, graph_outputs: set[str], opset: int):
+               symbolic: ShapeTable, graph_outputs: set[str], opset: int,
+               leaf_reads: Sequence[tuple[int, Sequence[str]]] = ()):
     """The CPU provider's inserted Casts (analysis/inserted_casts.py), None where it inserts none:
     only a graph with a float16 tensor is replayed."""
     tensors = symbolic.tensors
@@ -287,11 +332,14 @@ def _cpu_casts(nodes: Sequence[_Node], indices: list[int] | None, producers: Seq
         info = tensors.get(name)
         return None if info is None else info.elem_type
 
+    leaves = _leaves_by_producers(leaf_reads, [node.output for node in nodes])
+
     def order(steps: list[Step]) -> list[int]:
-        return runtime_order_by_producers(producers, [step.index for step in steps])
+        return runtime_order_by_producers(producers, [step.index for step in steps], leaves)
 
     return inserted_casts(steps, elem_type, graph_outputs, opset,
-                          lambda step: nodes[step.stored].kind in CONTROL_FLOW_OPS, order)
+                          lambda step: nodes[step.stored].kind in CONTROL_FLOW_OPS, order,
+                          numbered_after=max((index for index, _ in leaf_reads), default=None))
 
 
 def _cast_nodes(steps: Sequence[Step], nodes: Sequence[_Node], labels: Sequence[str]):

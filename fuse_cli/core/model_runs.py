@@ -106,3 +106,21 @@ def run_constants(model_bytes: bytes, names: Sequence[str]) -> list[np.ndarray]:
     onnxruntime.set_default_logger_severity(3)
     session = onnxruntime.InferenceSession(model_bytes, providers=["CPUExecutionProvider"])
     return session.run(list(names), {})
+
+
+def saved_as_run(model_bytes: bytes) -> bytes:
+    """The graph onnxruntime's CPU provider runs `model_bytes` as, at ORT_DISABLE_ALL, as its
+    session saves it (optimized_model_filepath): functions inlined, Casts inserted."""
+    import os
+    import tempfile
+
+    import onnxruntime
+
+    onnxruntime.set_default_logger_severity(3)
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    with tempfile.TemporaryDirectory() as folder:
+        options.optimized_model_filepath = os.path.join(folder, "saved.onnx")
+        onnxruntime.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
+        with open(options.optimized_model_filepath, "rb") as saved:
+            return saved.read()

@@ -74,10 +74,19 @@ def producers_of(outputs: Sequence[Sequence[str]], consumed: Sequence[Iterable[s
     return [tuple(sorted({producer[n] for n in names if n in producer})) for names in consumed]
 
 
-def runtime_order_by_producers(producers: Sequence[Sequence[int]], indices: Sequence[int] | None = None) -> list[int]:
+def runtime_order_by_producers(producers: Sequence[Sequence[int]], indices: Sequence[int] | None = None,
+                               leaves: Sequence[tuple[int, Sequence[int]]] = ()) -> list[int]:
     """onnxruntime's order of nodes given as each one's producers (`producers_of`). `indices`:
     each node's index in onnxruntime's graph where some differ from the stored ones
-    (`runtime_indices`): the walk compares those."""
+    (`runtime_indices`): the walk compares those. `leaves`: nodes of onnxruntime's graph that are
+    not walked, as (index, producers), whose outputs nothing reads (an inlined function body's:
+    analysis/inlined_bodies.py): the order starts from them as from any leaf."""
+    if leaves:
+        count = len(producers)
+        extended = runtime_order_by_producers(
+            [*producers, *(tuple(sorted(p)) for _, p in leaves)],
+            [*(indices if indices is not None else range(count)), *(index for index, _ in leaves)])
+        return [i for i in extended if i < count]
     read = [False] * len(producers)
     for sources in producers:
         for i in sources:

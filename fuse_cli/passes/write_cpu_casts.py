@@ -27,14 +27,20 @@ class WriteCpuCasts(ModelPass):
 
     Written into the model, as onnxruntime itself saves a float16 model, the same Casts are stored
     nodes: the weights' Casts first (the lowest indices, so the walk reaches each last, right
-    before its reader), every other node in onnxruntime's present order. The nodes run are the same,
-    so are the values; the provider inserts nothing more. A tensor an If or Loop body reads keeps its
-    float16 self, as onnxruntime keeps it for the body. Not written where a float16 node runs as its
-    function body (a com.microsoft Gelu in the input: the provider would cast around the body's
-    nodes beside the written Casts, one rounding more). Measured on the float16 Llama decode step
-    (transformers, TorchScript): 1.136 -> 0.706 MiB allocated at batch 1 over 128 cached tokens
-    (benchmarks/results/llm_notes.md). At onnxruntime's basic level and above the weights' Casts
-    are folded into float32 weights, as they are in the original (its saved graph at level all).
+    before its reader), every other node in onnxruntime's present order. The nodes run are the
+    same, so are the values; the provider inserts nothing more. Measured on the float16 Llama
+    decode step (transformers, TorchScript) at batch 1 over 64 cached tokens: 1.1 MiB -> 628 KiB
+    allocated (benchmarks/results/llm_notes.md). At onnxruntime's basic level and above the
+    weights' Casts are folded into float32 weights, as the ones it inserts are in the original at
+    level all.
+
+    A tensor an If or Loop body reads keeps its float16 self, as onnxruntime keeps it for the body.
+    Nothing is written where the replay leaves in float16 a node the provider runs as its function
+    body (a com.microsoft Gelu, a float16 Attention with a float32 mask: analysis/inlined_bodies.py):
+    the provider would cast around the body's nodes beside the written Casts, one rounding more. A
+    node the replay runs in float32 between Casts (a float16 Softmax-13, inlined in the original) is
+    written in float32, where onnxruntime runs its float32 kernel instead of the body: the same
+    arithmetic, in float32.
 
     Only for `--target ort-cpu`, where the CPU is the one provider: CUDA runs float16 itself.
     Kept only where the peak guard's estimate is never higher at any setting and lower beyond its
@@ -51,7 +57,7 @@ class WriteCpuCasts(ModelPass):
         if not _declares_float16(model.graph):
             return ()  # the shape inference the walk needs, spared where nothing can be float16
         graph = walk_setup(model, None, estimates.extra_weights).graph
-        if not graph.float_copies or _inlines_a_body(model.graph, graph):
+        if not graph.float_copies or _inlined_in_float16(model.graph, graph):
             return ()
         try:
             before = estimates.peaks_by_rule(model)
@@ -82,7 +88,7 @@ def write_casts(model: onnx.ModelProto, graph: WalkGraph) -> list[str]:
     become stored nodes and the stored nodes read and write the float32 copies. Returns the Casts'
     names."""
     stored = list(model.graph.node)
-    order = runtime_order_by_producers(graph.producers, graph.indices)
+    order = runtime_order_by_producers(graph.producers, graph.indices, graph.leaves)
     producer = {name: i for i in range(len(graph.outputs)) for name in graph.outputs[i] if name}
     weight_casts = [i for i in order if graph.stored[i] is None and graph.inputs[i][0] not in producer
                     and graph.inputs[i][0] not in graph.activations]
@@ -119,16 +125,19 @@ def write_casts(model: onnx.ModelProto, graph: WalkGraph) -> list[str]:
     return [graph.labels[i] for i in written if graph.stored[i] is None]
 
 
-def _inlines_a_body(stored: onnx.GraphProto, graph: WalkGraph) -> bool:
-    """A float16 node the CPU provider runs as its function body (a com.microsoft Gelu in the input):
-    it inserts Casts around the body's nodes at load, beside the written ones, which it would not
-    cancel as it cancels its own (measured: one float16 rounding more); the body is not replayed."""
+def _inlined_in_float16(stored: onnx.GraphProto, graph: WalkGraph) -> bool:
+    """A node the CPU provider runs as its function body that the replay leaves in float16 (a
+    com.microsoft Gelu; a float16 Attention with a float32 mask, inlined_bodies.py): the provider
+    would cast around the body's nodes beside the written Casts and not cancel them as it cancels
+    its own (measured: one float16 rounding more), and the body is not replayed."""
     def float16(name: str) -> bool:
         info = graph.planner_shapes.get(name)
         return info is not None and info.elem_type == TensorProto.FLOAT16
 
-    return any(inlined_at_float16(node.domain, node.op_type) and any(float16(name) for name in node.input)
-               for node in stored.node)
+    inlined = set(graph.inlined)
+    inlined.update(p for p, node in enumerate(stored.node) if inlined_at_float16(node.domain, node.op_type))
+    return any(graph.stored[i] in inlined and any(float16(name) for name in graph.inputs[i])
+               for i in range(len(graph.stored)))
 
 
 def _declares_float16(graph: onnx.GraphProto) -> bool:
