@@ -38,7 +38,7 @@ FLOAT16 = onnx.TensorProto.FLOAT16
 class InlinedBodies:
     """`inlined`: the stored positions of the nodes onnxruntime inlines; `leaves`: each leaf of
     their bodies, in the order onnxruntime numbers them, as (the node's stored position, the names
-    of the node's inputs the leaf reads)."""
+    of the node's inputs the leaf reads, in the order its walk reaches them)."""
 
     inlined: tuple[int, ...] = ()
     leaves: tuple[tuple[int, tuple[str, ...]], ...] = ()
@@ -54,8 +54,9 @@ def inlined_bodies(nodes: Sequence[onnx.NodeProto], elem_type: Callable[[str], i
     for position, node in enumerate(nodes):
         if not any(name and elem_type(name) == FLOAT16 for name in node.input):
             continue
-        opset = opsets.get(node.domain or "", opsets.get("ai.onnx"))
-        if opset is None or not _has_function_body(node.op_type, node.domain, opset):
+        domain = "" if node.domain in ("", "ai.onnx") else node.domain
+        opset = opsets.get(domain, opsets.get("ai.onnx") if domain == "" else None)
+        if opset is None or not _has_function_body(node.op_type, domain, opset):
             continue
         signature = (tuple((elem_type(n), rank(n)) if n else None for n in node.input),
                      tuple(elem_type(n) for n in node.output))
@@ -64,7 +65,9 @@ def inlined_bodies(nodes: Sequence[onnx.NodeProto], elem_type: Callable[[str], i
         bare = onnx.NodeProto()
         bare.CopyFrom(node)
         del bare.input[:], bare.output[:]
-        bare.name = ""
+        bare.name = bare.doc_string = ""
+        bare.domain = domain
+        del bare.metadata_props[:]
         probed = _probe(bare.SerializeToString(), signature, tuple(sorted(opsets.items())), ir_version)
         if probed is None:
             continue
@@ -109,22 +112,31 @@ def _probe(node_bytes: bytes, signature: tuple, opsets: tuple[tuple[str, int], .
 
 
 def _leaves(graph: onnx.GraphProto, names: Sequence[str]) -> tuple[tuple[int, ...], ...]:
-    """Each node whose outputs no node reads and no graph output is, in stored (numbering) order,
-    with the graph inputs (as positions in `names`) it depends on."""
+    """Each node whose outputs no node reads and no graph output is, in onnxruntime's numbering
+    order, with the graph inputs (positions in `names`) it depends on, in the order its walk
+    reaches them. The saved graph is in onnxruntime's execution order, which starts from the
+    highest-numbered leaf: the leaves come in reverse, and of a leaf's inputs the one its walk
+    reached first is read first there."""
     producer = {out: i for i, n in enumerate(graph.node) for out in n.output}
     read = {name for n in graph.node for name in n.input}
     outputs = {vi.name for vi in graph.output}
     position = {name: k for k, name in enumerate(names) if name}
 
-    @functools.cache
-    def reads(i: int) -> frozenset[int]:
-        found: set[int] = set()
-        for name in graph.node[i].input:
-            if name in position:
-                found.add(position[name])
-            elif name in producer:
-                found |= reads(producer[name])
-        return frozenset(found)
+    def first_reads(leaf: int) -> tuple[int, ...]:
+        """The inputs the leaf's ancestry reads, by the first node (execution order) reading each."""
+        first: dict[int, int] = {}
+        stack, seen = [leaf], set()
+        while stack:
+            i = stack.pop()
+            if i in seen:
+                continue
+            seen.add(i)
+            for name in graph.node[i].input:
+                if name in position:
+                    first[position[name]] = min(first.get(position[name], i), i)
+                elif name in producer:
+                    stack.append(producer[name])
+        return tuple(sorted(first, key=first.__getitem__))
 
-    return tuple(tuple(sorted(reads(i))) for i, n in enumerate(graph.node)
-                 if not any(out in read or out in outputs for out in n.output if out))
+    leaves = [i for i, n in enumerate(graph.node) if not any(out in read or out in outputs for out in n.output if out)]
+    return tuple(first_reads(i) for i in reversed(leaves))

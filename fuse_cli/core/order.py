@@ -79,30 +79,31 @@ def runtime_order_by_producers(producers: Sequence[Sequence[int]], indices: Sequ
     """onnxruntime's order of nodes given as each one's producers (`producers_of`). `indices`:
     each node's index in onnxruntime's graph where some differ from the stored ones
     (`runtime_indices`): the walk compares those. `leaves`: nodes of onnxruntime's graph that are
-    not walked, as (index, producers), whose outputs nothing reads (an inlined function body's:
-    analysis/inlined_bodies.py): the order starts from them as from any leaf."""
-    if leaves:
-        count = len(producers)
-        extended = runtime_order_by_producers(
-            [*producers, *(tuple(sorted(p)) for _, p in leaves)],
-            [*(indices if indices is not None else range(count)), *(index for index, _ in leaves)])
-        return [i for i in extended if i < count]
+    not walked, whose outputs nothing reads (an inlined function body's: analysis/inlined_bodies.py),
+    as (index, producers in the order the leaf's walk reaches them): the order starts from them
+    as from any leaf, and they are left out of it."""
+    count = len(producers)
+    if indices is not None:
+        producers = [sorted(sources, key=indices.__getitem__) for sources in producers]
+    # Pushed in order, popped last first: a node's producers ascending, a leaf's as it reaches them reversed
+    producers = [*producers, *(list(reversed(sources)) for _, sources in leaves)]
     read = [False] * len(producers)
     for sources in producers:
         for i in sources:
             read[i] = True
-    if indices is not None:
-        by_index = sorted(range(len(producers)), key=indices.__getitem__)
-        producers = [sorted(sources, key=indices.__getitem__) for sources in producers]
+    if indices is not None or leaves:
+        index = [*(indices if indices is not None else range(count)), *(i for i, _ in leaves)]
+        by_index = sorted(range(len(producers)), key=index.__getitem__)
     else:
-        by_index = range(len(producers))
+        by_index = range(count)
     stack = [(i, False) for i in by_index if not read[i]]
     visited = [False] * len(producers)
     order: list[int] = []
     while stack:
         i, leaving = stack.pop()
         if leaving:
-            order.append(i)
+            if i < count:
+                order.append(i)
         elif not visited[i]:
             visited[i] = True
             stack.append((i, True))
@@ -123,11 +124,28 @@ def runtime_indices(expanded: Sequence[bool]) -> list[int] | None:
     onnxruntime 1.31.1's profile of timm's LeViT, whose MatMul reading a HardSwish runs its
     Transpose(weight) right before it, while one reading an Add runs that Transpose before the
     whole network below it."""
+    return runtime_numbering(expanded)[0]
+
+
+def runtime_numbering(expanded: Sequence[bool], leaf_counts: Sequence[int] = ()) -> tuple[list[int] | None, list[int]]:
+    """runtime_indices, and the indices of the leaves each expanded node's body adds
+    (`leaf_counts`, per node: analysis/inlined_bodies.py): a body's nodes are numbered together
+    when its node is inlined, the nodes of one body above those of the bodies inlined before."""
     if not any(expanded):
-        return None
+        return None, []
     count = len(expanded)
-    appended = iter(range(count, 2 * count))
-    return [next(appended) if is_expanded else i for i, is_expanded in enumerate(expanded)]
+    indices: list[int] = []
+    leaves: list[int] = []
+    next_index = count
+    for i, is_expanded in enumerate(expanded):
+        if not is_expanded:
+            indices.append(i)
+            continue
+        indices.append(next_index)
+        added = leaf_counts[i] if i < len(leaf_counts) else 0
+        leaves.extend(range(next_index + 1, next_index + 1 + added))
+        next_index += 1 + added
+    return indices, leaves
 
 
 def checked_order(order: Sequence[int], producers: Sequence[Sequence[int]], labels: Sequence[str]) -> list[int]:
