@@ -29,7 +29,7 @@ class WriteCpuCasts(ModelPass):
     nodes: the weights' Casts first (the lowest indices, so the walk reaches each last, right
     before its reader), every other node in onnxruntime's present order. The nodes run are the
     same, so are the values; the provider inserts nothing more. Measured on the float16 Llama
-    decode step (transformers, TorchScript) at batch 1 over 64 cached tokens: 1.1 MiB -> 628 KiB
+    decode step (transformers, TorchScript) at batch 1 over 128 cached tokens: 1.1 MiB -> 628 KiB
     allocated (benchmarks/results/llm_notes.md). At onnxruntime's basic level and above the
     weights' Casts are folded into float32 weights, as the ones it inserts are in the original at
     level all.
