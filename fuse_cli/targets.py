@@ -177,11 +177,7 @@ FLOAT16_BODY_ON_CPU = frozenset((r.domain, r.op) for r in OPERATORS if r.float16
 def runs_between_cpu_casts(target: str, op: str, dtype, domain: str) -> bool:
     """A float16 `op` the CPU provider runs through its float32 kernel (between Casts it inserts),
     the only provider of `target` without a float16 kernel."""
-    domain = "" if domain == "ai.onnx" else domain
-    cap = capability(op, domain)
-    return (cap is not None and dtype is not None and dtype_name(dtype) == "float16"
-            and (domain, op) not in FLOAT16_BODY_ON_CPU
-            and _missing(cap, target, "float16") == ["cpu"] and "float32" in cap.cpu)
+    return _cpu_float32_route(target, op, dtype, domain) == "casts"
 
 
 def runs_in_float32_island(target: str, op: str, dtype, domain: str) -> bool:
@@ -189,11 +185,22 @@ def runs_in_float32_island(target: str, op: str, dtype, domain: str) -> bool:
     target whose only provider is the CPU: the engine writes Casts to float32 around it and back
     (toolkit/float32_islands.py), so its float32 kernel runs. Not on `ort`: CUDA's float16 kernel
     would then run in float32 too."""
+    return _cpu_float32_route(target, op, dtype, domain) == "island"
+
+
+def _cpu_float32_route(target: str, op: str, dtype, domain: str) -> str | None:
+    """How a float16 `op` whose only missing kernel on `target` is the CPU's float16 one runs in
+    float32 there: "casts" the provider inserts around its float32 kernel, an "island" of Casts
+    fuse writes (an operator it would inline as its body; the CPU the target's only provider), or
+    None (not float16, no float32 CPU kernel, another provider missing one)."""
     domain = "" if domain == "ai.onnx" else domain
     cap = capability(op, domain)
-    return (cap is not None and dtype is not None and dtype_name(dtype) == "float16"
-            and (domain, op) in FLOAT16_BODY_ON_CPU and target in targets_of_provider_alone("cpu")
-            and "float32" in cap.cpu)
+    if (cap is None or dtype is None or dtype_name(dtype) != "float16" or "float32" not in cap.cpu
+            or _missing(cap, target, "float16") != ["cpu"]):
+        return None
+    if (domain, op) not in FLOAT16_BODY_ON_CPU:
+        return "casts"
+    return "island" if target in targets_of_provider_alone("cpu") else None
 
 
 def targets_of_provider_alone(provider: str) -> frozenset[str]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import onnx
@@ -290,20 +290,30 @@ def _walk_graph(model: onnx.ModelProto, nodes: Sequence[_Node], symbolic_shapes:
 def _inlined_bodies(model: onnx.ModelProto, nodes: Sequence[_Node], symbolic: ShapeTable) -> InlinedBodies:
     """The nodes onnxruntime's CPU provider inlines, and their bodies' leaves (inlined_bodies.py):
     only a graph with a float16 tensor is probed."""
+    elem_type = _float16_graph_types(symbolic)
+    if elem_type is None:
+        return InlinedBodies()
+
+    def rank(name: str) -> int | None:
+        info = symbolic.tensors.get(name)
+        return None if info is None or info.shape is None else len(info.shape)
+
+    return inlined_bodies([node.proto for node in nodes], elem_type, rank,
+                          [(o.domain, o.version) for o in model.opset_import], model.ir_version)
+
+
+def _float16_graph_types(symbolic: ShapeTable) -> Callable[[str], int | None] | None:
+    """Each tensor's element type in `symbolic`; None where no tensor is float16 (the CPU provider
+    then inserts no Cast and inlines no body at float16: nothing to replay or probe)."""
     tensors = symbolic.tensors
     if not any(info.elem_type == FLOAT16 for info in tensors.values()):
-        return InlinedBodies()
+        return None
 
     def elem_type(name: str) -> int | None:
         info = tensors.get(name)
         return None if info is None else info.elem_type
 
-    def rank(name: str) -> int | None:
-        info = tensors.get(name)
-        return None if info is None or info.shape is None else len(info.shape)
-
-    return inlined_bodies([node.proto for node in nodes], elem_type, rank,
-                          [(o.domain, o.version) for o in model.opset_import], model.ir_version)
+    return elem_type
 
 
 def _leaves_by_producers(leaf_reads: Sequence[tuple[int, Sequence[str]]], outputs: Sequence[Sequence[str]],
@@ -326,18 +336,13 @@ def _cpu_casts(nodes: Sequence[_Node], indices: list[int] | None, producers: Seq
                leaf_reads: Sequence[tuple[int, Sequence[str]]] = ()):
     """The CPU provider's inserted Casts (analysis/inserted_casts.py), None where it inserts none:
     only a graph with a float16 tensor is replayed."""
-    tensors = symbolic.tensors
-    if not any(info.elem_type == FLOAT16 for info in tensors.values()):
+    elem_type = _float16_graph_types(symbolic)
+    if elem_type is None:
         return None
     steps = [Step(node.op_type, node.domain, list(node.input), list(node.output),
                   i if indices is None else indices[i], i, node.name,
                   implicit=tuple(name for name in node.reads if name not in node.input))
              for i, node in enumerate(nodes)]
-
-    def elem_type(name: str) -> int | None:
-        info = tensors.get(name)
-        return None if info is None else info.elem_type
-
     leaves = _leaves_by_producers(leaf_reads, [node.output for node in nodes])
 
     def order(steps: list[Step]) -> list[int]:

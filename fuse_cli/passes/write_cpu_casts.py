@@ -90,19 +90,19 @@ def write_casts(model: onnx.ModelProto, graph: WalkGraph) -> list[str]:
     stored = list(model.graph.node)
     order = runtime_order_by_producers(graph.producers, graph.indices, graph.leaves)
     producer = {name: i for i in range(len(graph.outputs)) for name in graph.outputs[i] if name}
-    weight_casts = [i for i in order if graph.stored[i] is None and graph.inputs[i][0] not in producer
-                    and graph.inputs[i][0] not in graph.activations]
-    after_producer: dict[int, list[int]] = {}
-    for i in order:
+
+    def weight_of(i: int) -> str | None:
+        """The weight an inserted Cast reads (None: another node, or a Cast of an activation)."""
         source = graph.inputs[i][0] if graph.stored[i] is None else None
-        if source is not None and source not in graph.activations and source in producer:
-            after_producer.setdefault(producer[source], []).append(i)  # a Constant node's output
-    placed = set(weight_casts) | {i for casts in after_producer.values() for i in casts}
-    written = list(weight_casts)
+        return source if source is not None and source not in graph.activations else None
+
+    # a weight's Cast first, or right after the node that makes the weight (a Constant)
+    first: list[int] = []
+    after: dict[int, list[int]] = {}
     for i in order:
-        if i not in placed:
-            written.append(i)
-            written.extend(after_producer.get(i, ()))
+        if (weight := weight_of(i)) is not None:
+            (after.setdefault(producer[weight], []) if weight in producer else first).append(i)
+    written = first + [j for i in order if weight_of(i) is None for j in (i, *after.get(i, ()))]
     nodes: list[onnx.NodeProto] = []
     for i in written:
         if graph.stored[i] is None:
