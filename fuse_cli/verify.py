@@ -6,7 +6,7 @@ Results carry statistics per output (max abs/rel difference, cosine similarity),
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -63,6 +63,18 @@ QUANTIZED_OUTPUT_STEPS = 48
 # output by far more (a weight scale 10% off in the quantized sample block: 0.21 against its
 # envelope of 0.0027, tests/test_verify_envelope.py).
 
+#
+# A max over elements is one sample, though: the kernels a rewrite forms flip other roundings than
+# the runtime's own, and a flip lands where an element happens to sit next to a rounding boundary.
+# A correct MultiHeadAttention before a DynamicQuantizeLinear (1e-7 off in float) moved 2 of 256
+# rows of a quantized block's output by 0.014 at one setting, where onnxruntime's own optimizer
+# moved it by 0.0024, and by 1e-6 at three other settings; a QLinearMatMul moved a random-init BERT
+# layer's output by 0.105 against the runtime's 0.103 (1 element of 960 beyond). So an output after
+# a quantizer that goes beyond its bounds in at most FLIP_FRACTION of its elements at a setting is
+# judged again on fresh inputs at that setting (the next seed). A flip lands on other elements
+# there, or on none; a rewrite wrong at some positions is wrong at the same ones, and a wrong
+# scale moves nearly every element (2% off: 99.9% of that block's, at any seed).
+FLIP_FRACTION = 0.01
 
 # verification's session, in this process (tests and tools that run a model themselves)
 make_session = model_runs.session_for_verification
@@ -155,10 +167,10 @@ def _compare_one(name: str, want: np.ndarray, got: np.ndarray, rtol: float, atol
     max_rel = float((diff[away_from_zero] / np.abs(w[away_from_zero])).max()) if away_from_zero.any() else 0.0
     norms = np.linalg.norm(w) * np.linalg.norm(g)
     cosine = float(np.dot(w, g) / norms) if norms > 0 else 1.0
-    passed = special_mismatches == 0 and bool(np.all(diff <= atol + rtol * np.abs(w)))
+    beyond = int(np.count_nonzero(diff > atol + rtol * np.abs(w))) + special_mismatches
     all_nonfinite = want.size > 0 and (not finite_w.any() or not finite_g.any())
-    return OutputComparison(name, str(want.dtype), tuple(want.shape), max_abs, max_rel, cosine, rtol, atol, passed,
-                            special_mismatches, all_nonfinite)
+    return OutputComparison(name, str(want.dtype), tuple(want.shape), max_abs, max_rel, cosine, rtol, atol,
+                            beyond == 0, special_mismatches, all_nonfinite, beyond=beyond)
 
 
 @dataclass(frozen=True)
@@ -175,6 +187,19 @@ class Reference:
     note: str | None = None  # where the settings came from, when derived from the model
     # per output downstream of a quantizer, the largest runtime envelope over the settings
     envelope: Mapping[str, float] = field(default_factory=dict)
+    # the original at a setting on fresh inputs (the next seed), for a rounding flip's second look;
+    # None where the inputs were given
+    fresh: Callable[[Mapping[str, int]], Reference] | None = field(default=None, compare=False, repr=False)
+    _fresh_runs: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def fresh_at(self, dims: Mapping[str, int]) -> Reference | None:
+        """The original at `dims` on the next seed's inputs, run once per reference."""
+        if self.fresh is None:
+            return None
+        key = tuple(sorted(dims.items()))
+        if key not in self._fresh_runs:
+            self._fresh_runs[key] = self.fresh(dims)
+        return self._fresh_runs[key]
 
     @property
     def settings(self) -> tuple[tuple[tuple[str, int], ...], ...]:
@@ -203,8 +228,10 @@ def reference_outputs(original: onnx.ModelProto | str, settings: Sequence[Mappin
             return Reference((), f"the original model cannot run {where}: {exc}")
         if quantized:
             envelope = _widest(envelope, _runtime_envelope(source, dims, inputs, outputs, quantized))
+    fresh = None if feeds or not quantized else (
+        lambda dims: reference_outputs(original, [dims], seed=seed + 1, int_ranges=int_ranges))
     return Reference(tuple(runs), computed_in=computed_dtypes(header.graph), steps=quantized_output_steps(header.graph),
-                     envelope=envelope)
+                     envelope=envelope, fresh=fresh)
 
 
 def _runtime_envelope(source, dims, inputs, outputs, names) -> dict[str, float]:
@@ -262,11 +289,61 @@ def compare_with_reference(reference: Reference, optimized: onnx.ModelProto | st
         if failure is not None:
             return VerifyResult((), MISMATCH, f"the optimized model fails at {describe_setting(dims)} "
                                 f"where the original runs: {failure}", reference.settings)
-        for o in compare_outputs(expected, actual, rtol, atol, reference.computed_in, reference.steps,
-                                 reference.envelope).outputs:
-            if o.name not in worst or _badness(o) > _badness(worst[o.name]):
-                worst[o.name] = o
+        compared = compare_outputs(expected, actual, rtol, atol, reference.computed_in, reference.steps,
+                                   reference.envelope).outputs
+        for o in _second_look(reference, dims, compared, expected, actual, optimized, rtol, atol):
+            prior = worst.get(o.name)
+            kept = o if prior is None or _badness(o) > _badness(prior) else prior
+            flipped = kept.flipped_at or (prior.flipped_at if prior else None) or o.flipped_at
+            worst[o.name] = replace(kept, flipped_at=flipped)
     return replace(_verdict(list(worst.values()), reference.settings), settings_note=reference.note)
+
+
+def _second_look(reference: Reference, dims: Mapping[str, int], compared: Sequence[OutputComparison],
+                 expected: Mapping[str, np.ndarray], actual: Mapping[str, np.ndarray], optimized,
+                 rtol: float | None, atol: float | None) -> Sequence[OutputComparison]:
+    """`compared` (one setting's comparisons of `actual` with `expected`), with each output after a
+    quantizer that went beyond its bounds in at most FLIP_FRACTION of its elements judged again on
+    fresh inputs at that setting (see FLIP_FRACTION). It passes, saying so, where it is within them
+    there, or beyond them again in few elements, none where it was beyond the first time (a
+    rewrite wrong at some positions is wrong there on any inputs). Any other failure at the
+    setting, or none, leaves the comparisons as they are."""
+    failing = [o for o in compared if not o.passed]
+    if not failing or not all(_a_flip(o, reference) for o in failing):
+        return compared
+    fresh = reference.fresh_at(dims)
+    if fresh is None or fresh.error is not None:
+        return compared
+    (_, feeds, fresh_expected), = fresh.runs
+    (fresh_actual, failure), = _candidate_outcomes(sessions.source_of(optimized), [(dims, feeds)], False)
+    if failure is not None:
+        return compared
+    again = {o.name: o for o in compare_outputs(fresh_expected, fresh_actual, rtol, atol, reference.computed_in,
+                                                reference.steps, _widest(reference.envelope, fresh.envelope)).outputs}
+    for o in failing:
+        second = again[o.name]
+        if second.passed:
+            continue
+        first_places = _beyond(expected[o.name], actual[o.name], o)
+        if not _a_flip(second, reference) or first_places & _beyond(fresh_expected[o.name], fresh_actual[o.name],
+                                                                    second):
+            return compared
+    return [replace(o, passed=True, flipped_at=describe_setting(dims)) if not o.passed else o for o in compared]
+
+
+def _beyond(want: np.ndarray, got: np.ndarray, o: OutputComparison) -> set[int]:
+    """The flat positions where `got` is outside `o`'s tolerance of `want`."""
+    w, g = np.asarray(want, np.float64).ravel(), np.asarray(got, np.float64).ravel()
+    with np.errstate(invalid="ignore"):
+        outside = ~(np.abs(w - g) <= o.atol + o.rtol * np.abs(w))
+    return set(np.flatnonzero(outside & np.isfinite(w) & np.isfinite(g)).tolist())
+
+
+def _a_flip(o: OutputComparison, reference: Reference) -> bool:
+    """Beyond its bounds in few elements, downstream of a quantizer, same shape and specials."""
+    size = int(np.prod(o.shape)) if o.shape else 1
+    return (o.name in reference.envelope and o.problem is None and not o.nonfinite_mismatches
+            and 0 < o.beyond <= FLIP_FRACTION * size)
 
 
 def _candidate_outcomes(source: sessions.Source, settings: list, concurrent: bool) -> list:
@@ -430,7 +507,7 @@ class ReferencePlan:
         if not found:
             return None
         runs = tuple(reference_run for reference, _ in found for reference_run in reference.runs)
-        computed = found[0][0].computed_in
+        computed, fresh = found[0][0].computed_in, found[0][0].fresh
         envelope = _widest(*(reference.envelope for reference, _ in found))
         where = " and ".join(dict.fromkeys(origin.removeprefix("derived from the model: ") for _, origin in found
                                            if origin))
@@ -438,11 +515,11 @@ class ReferencePlan:
                 if partial is not None and found[1][0] is partial[0] else "")
         if bound is not None:
             return Reference(runs, note=f"the bound setting, and one derived from the model: {where}{same}",
-                             computed_in=computed, steps=found[0][0].steps, envelope=envelope)
+                             computed_in=computed, steps=found[0][0].steps, envelope=envelope, fresh=fresh)
         if len(found) == 2:
             return Reference(runs, note=f"the distinct primes fail on the original; settings derived from the "
                                         f"model: {where}{same}", computed_in=computed, steps=found[0][0].steps,
-                             envelope=envelope)
+                             envelope=envelope, fresh=fresh)
         if self.branches:  # the one setting again with the other branch taken
             other = reference_outputs(original, [{**runs[0][0], **_branch_values(self.branches, 1)}],
                                       seed=seed, int_ranges=self.int_ranges)
@@ -450,7 +527,7 @@ class ReferencePlan:
             envelope = _widest(envelope, other.envelope)
         return Reference(runs, note=f"the distinct primes fail on the original; only one setting derived from "
                                     f"the model runs ({where}), so one size setting was verified", computed_in=computed,
-                         steps=found[0][0].steps, envelope=envelope)
+                         steps=found[0][0].steps, envelope=envelope, fresh=fresh)
 
 
 # Failures no input size changes: an operator onnxruntime does not know or has no kernel for, a

@@ -22,6 +22,8 @@ DEPENDENCIES = [
     ("bias-gelu", "matmul-add", "Gemm would take the bias Add that BiasGelu absorbs"),
     ("attention", "fused-matmul", "FusedMatMul would take the scaled Q.K^T out of the attention pattern"),
     ("matmul-add", "fused-gemm", "FusedGemm fuses the Gemm that matmul-add makes"),
+    ("dynamic-quantize-matmul", "attention",
+     "a projection's bias belongs in the quantized kernel's epilogue, not in MultiHeadAttention's extra pass"),
 ]
 
 

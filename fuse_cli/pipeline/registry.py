@@ -87,6 +87,8 @@ PORTABLE_PIPELINE: tuple[str, ...] = (
 # - fused-conv runs after every fold into Conv weights, fused-gemm after matmul-add.
 RUNTIME_PIPELINE: tuple[str, ...] = (
     *PORTABLE_PIPELINE[: PORTABLE_PIPELINE.index("layer-norm")],
+    # before attention and skip-layer-norm: a projection's bias goes into the quantized kernel's epilogue
+    "dynamic-quantize-matmul",
     "layer-norm",
     "moments-layer-norm",
     "rms-norm",
@@ -107,7 +109,6 @@ RUNTIME_PIPELINE: tuple[str, ...] = (
     "hard-sigmoid",
     "hard-swish",
     "fused-matmul",
-    "dynamic-quantize-matmul",
     "matmul-add",
     "matmul-add-into-view",
     "fused-conv",
