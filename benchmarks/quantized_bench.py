@@ -329,10 +329,15 @@ POLICY = """\
   through later layers: onnxruntime's own formed kernels move these models' outputs by the same
   1-35 steps as fuse's ("max abs diff" below: fuse's output against the original's, both at
   ORT_DISABLE_ALL, at the dims timed).
+  An output downstream of a quantizer also passes within its runtime envelope: what onnxruntime's
+  own optimizations (level all) move it by on the same inputs; and one beyond its bounds in at most
+  1% of its elements (a rounding flip) is judged again on fresh inputs (README, docs/promises.md).
 - **Dynamically quantized models** (MatMulInteger / ConvInteger / DynamicQuantizeLinear): at the
   onnxruntime targets dynamic-quantize-matmul forms DynamicQuantizeMatMul / MatMulIntegerToFloat
-  as onnxruntime does; at `--target onnx` those nodes are left alone. The float parts around them
-  (LayerNorm, GELU, attention) fuse as in a float model.
+  as onnxruntime does, before the attention passes, so that a projection's bias is added in the
+  quantized kernel (MultiHeadAttention then takes Q, K and V without one); at `--target onnx`
+  those nodes are left alone. The float parts around them (LayerNorm, GELU, attention) fuse as in
+  a float model.
 - **QOperator models** (QLinearConv ...): left alone (tests/test_quantized.py).
 """
 

@@ -93,30 +93,92 @@ def test_a_rounding_flip_passes_on_a_second_look(dynamic_block, tmp_path):
     assert result.passed, result.outputs
     (output,) = result.outputs
     assert output.flipped_at == "batch=8, sequence=64" and output.beyond == raw.beyond
+    # both settings together: the flip is the record kept, with its own count
+    both = compare_with_reference(reference_outputs(dynamic_block, [SETTINGS[1], FLIP_SETTING]), fused)
+    (kept,) = both.outputs
+    assert both.passed and kept.flipped_at == "batch=8, sequence=64" and kept.beyond == raw.beyond
     assert "a rounding flip after a quantizer" in verdict_line(result)
 
 
-def test_a_rewrite_wrong_at_the_same_positions_is_still_a_mismatch(dynamic_block):
-    """A candidate off by 0.05 on each sequence's first token (1 of 128 rows: within FLIP_FRACTION)
-    is off there on fresh inputs too: no second look passes it."""
+def _with_output_rewritten(model: onnx.ModelProto, nodes, constants) -> onnx.ModelProto:
+    """`model` with its output "output" renamed "inner" and `nodes` (reading "inner", writing
+    "output") after it: a candidate wrong in a way the tests choose."""
     wrong = onnx.ModelProto()
-    wrong.CopyFrom(dynamic_block)
-    graph, helper = wrong.graph, onnx.helper
-    for node in graph.node:
+    wrong.CopyFrom(model)
+    for node in wrong.graph.node:
         node.output[:] = ["inner" if o == "output" else o for o in node.output]
-    for name, value in (("zero", 0), ("one", 1), ("end", 2**62)):
-        graph.initializer.append(onnx.numpy_helper.from_array(np.array([value], np.int64), name))
-    graph.initializer.append(onnx.numpy_helper.from_array(np.float32(0.05), "shift"))
-    graph.node.extend([helper.make_node("Slice", ["inner", "zero", "one", "one"], ["first"]),
-                       helper.make_node("Slice", ["inner", "one", "end", "one"], ["rest"]),
-                       helper.make_node("Add", ["first", "shift"], ["first_shifted"]),
-                       helper.make_node("Concat", ["first_shifted", "rest"], ["output"], axis=1)])
+    wrong.graph.initializer.extend(onnx.numpy_helper.from_array(value, name) for name, value in constants.items())
+    wrong.graph.node.extend(nodes)
+    return wrong
+
+
+def test_a_rewrite_wrong_at_the_same_positions_is_still_a_mismatch(dynamic_block):
+    """A candidate off by 0.05 on each sequence's first token (1 of 128 rows: within FLIP_FRACTION,
+    and within FLIP_STEPS of the range) is off there on fresh inputs too: the second look runs,
+    and does not pass it."""
+    helper = onnx.helper
+    index = {name: np.array([value], np.int64) for name, value in (("zero", 0), ("one", 1), ("end", 2**62))}
+    wrong = _with_output_rewritten(dynamic_block, [
+        helper.make_node("Slice", ["inner", "zero", "one", "one"], ["first"]),
+        helper.make_node("Slice", ["inner", "one", "end", "one"], ["rest"]),
+        helper.make_node("Add", ["first", "shift"], ["first_shifted"]),
+        helper.make_node("Concat", ["first_shifted", "rest"], ["output"], axis=1)],
+        {**index, "shift": np.float32(0.05)})
     setting = {"batch": 2, "sequence": 128}
     reference = reference_outputs(dynamic_block, [setting])
     result = compare_with_reference(reference, wrong)
     assert not result.passed and result.outputs, result.reason
     (output,) = result.outputs
     assert output.beyond <= FLIP_FRACTION * np.prod(output.shape) and output.flipped_at is None
+    assert reference._fresh_runs  # judged again, and failed again at the same places
+
+
+@pytest.mark.parametrize("wrong_op", ["clip", "shift"])
+def test_a_wrong_value_at_a_few_input_dependent_places_is_a_mismatch(dynamic_block, wrong_op):
+    """The largest 0.3% of the output clipped, or moved by 100: few elements, at other places on
+    other inputs, but each by far more than a rounding flip moves one (FLIP_STEPS)."""
+    setting = {"batch": 2, "sequence": 64}
+    reference = reference_outputs(dynamic_block, [setting])
+    (_, _, expected), = reference.runs
+    top = np.float32(np.quantile(expected["output"], 0.997))
+    helper = onnx.helper
+    nodes = ([helper.make_node("Min", ["inner", "top"], ["output"])] if wrong_op == "clip" else
+             [helper.make_node("Greater", ["inner", "top"], ["above"]),
+              helper.make_node("Add", ["inner", "hundred"], ["moved"]),
+              helper.make_node("Where", ["above", "moved", "inner"], ["output"])])
+    wrong = _with_output_rewritten(dynamic_block, nodes, {"top": top, "hundred": np.float32(100)})
+    result = compare_with_reference(reference, wrong)
+    assert not result.passed
+    (output,) = result.outputs
+    assert 0 < output.beyond <= FLIP_FRACTION * np.prod(output.shape) and output.flipped_at is None
+
+
+def test_tolerances_the_user_gives_get_no_second_look(dynamic_block, tmp_path):
+    fused = optimize_model(dynamic_block, tmp_path, target="ort-cpu", allow_peak_growth=False).model
+    reference = reference_outputs(dynamic_block, [FLIP_SETTING])
+    result = compare_with_reference(reference, fused, rtol=1e-4, atol=1e-5)
+    assert not result.passed and not reference._fresh_runs
+
+
+def test_a_crash_on_the_second_look_leaves_the_mismatch(dynamic_block, tmp_path, monkeypatch):
+    """onnxruntime crashing on the fresh inputs is no pass: the first look's verdict stands."""
+    from fuse_cli import verify
+    from fuse_cli.core.isolation import RuntimeCrash
+
+    fused = optimize_model(dynamic_block, tmp_path, target="ort-cpu", allow_peak_growth=False).model
+    reference = reference_outputs(dynamic_block, [FLIP_SETTING])
+    first_look = verify._candidate_outcomes
+    calls = []
+
+    def crash_the_second(*args):
+        calls.append(args)
+        if len(calls) > 1:
+            raise RuntimeCrash("onnxruntime crashed (SIGSEGV)")
+        return first_look(*args)
+
+    monkeypatch.setattr(verify, "_candidate_outcomes", crash_the_second)
+    result = compare_with_reference(reference, fused)
+    assert len(calls) == 2 and not result.passed
 
 
 def test_a_float_model_gets_no_second_look():
