@@ -200,6 +200,18 @@ def bias_gelu():
                  [value("x", x)], [value("y", x)], [floats("bias", [256])], extra_opsets=[MS])
 
 
+def qlinear_matmul():
+    """a [16, 256, 256] u8 (1 MiB) x a [256, 256] s8 weight -> y u8 (1 MiB), every product summed in
+    an int32 buffer of y's shape first (4 MiB)."""
+    scalars = [numpy_helper.from_array(np.asarray(v, dtype), n) for n, v, dtype in (
+        ("a_scale", 0.02, np.float32), ("a_zero", 128, np.uint8), ("b_scale", 0.01, np.float32),
+        ("b_zero", 0, np.int8), ("y_scale", 0.05, np.float32), ("y_zero", 128, np.uint8))]
+    b = numpy_helper.from_array(np.random.default_rng(0).integers(-127, 128, (256, 256)).astype(np.int8), "b")
+    mm = node("QLinearMatMul", ["a", "a_scale", "a_zero", "b", "b_scale", "b_zero", "y_scale", "y_zero"], ["y"])
+    shape = [16, 256, 256]
+    return model([mm], [value("a", shape, TensorProto.UINT8)], [value("y", shape, TensorProto.UINT8)], [b, *scalars])
+
+
 def activation(op, opset):
     x = [16, 256, 256]
     return model([node(op, ["x"], ["y"])], [value("x", x)], [value("y", x)], opset=opset)
@@ -239,6 +251,8 @@ def where():
     (lambda: packed_attention([64, 64, 128]), 9.5),
     # x, y 4 MiB each + the biased input's temporary 4 MiB
     (bias_gelu, 12),
+    # a, y 1 MiB each + the int32 products 4 MiB
+    (qlinear_matmul, 6),
     # q, y 2 MiB each, k, v 0.5 MiB each, bias 1 MiB + the query copy 2 MiB, present K and V
     # 0.5 MiB each, probabilities [4, 8, 256, 256] 8 MiB
     (group_query_attention, 17),

@@ -120,6 +120,7 @@ RUNTIME_PIPELINE: tuple[str, ...] = (
     "pin-gelu-bias",  # after every GELU and bias pass; not on ort-cuda, where BiasGelu is faster
     "write-cpu-casts",  # ort-cpu's float16 models: the nodes its provider runs, before the planner's dims and the order
     "unhold-buffers",
+    "pin-residual-dims",  # after unhold-buffers, which may drop the exporter's declarations
     "schedule",
 )
 

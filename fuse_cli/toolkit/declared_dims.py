@@ -17,8 +17,8 @@ class Declared:
     replaced: tuple[onnx.ValueInfoProto, ...]  # the tensor's value_info as it was
 
 
-def declare_fresh_dims(model: onnx.ModelProto, tensor: str, planner) -> Declared | None:
-    """`tensor`'s value_info with each dim the planner has no value for named afresh (unheld_N);
+def declare_fresh_dims(model: onnx.ModelProto, tensor: str, planner, prefix: str = "unheld") -> Declared | None:
+    """`tensor`'s value_info with each dim the planner has no value for named afresh (PREFIX_N);
     None where every dim has a value (nothing to rename) or it is a graph output (its declared
     shape is the model's interface)."""
     graph = model.graph
@@ -28,7 +28,7 @@ def declare_fresh_dims(model: onnx.ModelProto, tensor: str, planner) -> Declared
         return None
     taken = {d.dim_param for vi in (*graph.input, *graph.output, *graph.value_info)
              if vi.type.HasField("tensor_type") for d in vi.type.tensor_type.shape.dim if d.dim_param}
-    fresh = (name for k in itertools.count() if (name := f"unheld_{k}") not in taken)
+    fresh = (name for k in itertools.count() if (name := f"{prefix}_{k}") not in taken)
     dims = [d if isinstance(d, int) else next(fresh) for d in info.shape]
     replaced = tuple(vi for vi in graph.value_info if vi.name == tensor)
     if replaced:
@@ -36,6 +36,22 @@ def declare_fresh_dims(model: onnx.ModelProto, tensor: str, planner) -> Declared
         del graph.value_info[:]
         graph.value_info.extend(kept)
     graph.value_info.append(helper.make_tensor_value_info(tensor, info.elem_type, dims))
+    return Declared(tensor, replaced)
+
+
+def declare_as(model: onnx.ModelProto, tensor: str, planner) -> Declared | None:
+    """`tensor`'s value_info with the planner's own dims, every one known; None where one is not
+    or it is already declared so: what keeps the dims downstream of a renamed tensor as they were
+    (onnxruntime's merge keeps a declared name where its inference would lose it)."""
+    graph = model.graph
+    info = planner.get(tensor)
+    if info is None or info.shape is None or None in info.shape:
+        return None
+    replaced = tuple(vi for vi in graph.value_info if vi.name == tensor)
+    kept = [vi for vi in graph.value_info if vi.name != tensor]
+    del graph.value_info[:]
+    graph.value_info.extend(kept)
+    graph.value_info.append(helper.make_tensor_value_info(tensor, info.elem_type, list(info.shape)))
     return Declared(tensor, replaced)
 
 
