@@ -5,6 +5,7 @@ Results carry statistics per output (max abs/rel difference, cosine similarity),
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -344,9 +345,8 @@ def _flip_places(o: OutputComparison, want: np.ndarray, got: np.ndarray, referen
     bounds in at most FLIP_FRACTION of its elements, each by at most FLIP_STEPS steps of a
     FLIP_GRID-level grid over the original's range; else None. A flip moves an element by a step
     of a quantizer's grid; a wrong clip or a wrong value at a few places moves it by more."""
-    size = int(np.prod(o.shape)) if o.shape else 1
     if (o.name not in reference.envelope or o.problem is not None or o.nonfinite_mismatches
-            or not 0 < o.beyond <= FLIP_FRACTION * size):
+            or not 0 < o.beyond <= FLIP_FRACTION * math.prod(o.shape)):
         return None
     w, g = np.asarray(want, np.float64).ravel(), np.asarray(got, np.float64).ravel()
     finite = np.isfinite(w) & np.isfinite(g)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import onnx
 
 from fuse_cli.analysis.planner_shapes import planner_shapes
-from fuse_cli.pipeline.base import Estimates, ModelPass, never_higher
+from fuse_cli.pipeline.base import Estimates, ModelPass, never_higher, peak_change
 from fuse_cli.pipeline.records import FusionRecord
 from fuse_cli.pipeline.registry import register
 from fuse_cli.toolkit.declared_dims import Declared, declare_as, declare_fresh_dims, undeclare
@@ -76,7 +76,7 @@ class PinResidualDims(ModelPass):
                     after = estimates.peaks_by_rule(model)
                     if never_higher(current, after):
                         records.append(FusionRecord(self.name, self.label, (), (), (),
-                                                    peak_delta=after["onnxruntime"][0] - current["onnxruntime"][0]))
+                                                    peak_delta=peak_change(current, after)))
                         current, planner = after, after_shapes
                         break
                 for d in reversed(declared):

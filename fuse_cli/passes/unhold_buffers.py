@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import onnx
 
-from fuse_cli.pipeline.base import Estimates, ModelPass, lower_without_growth
+from fuse_cli.pipeline.base import Estimates, ModelPass, lower_without_growth, peak_change
 from fuse_cli.pipeline.records import FusionRecord
 from fuse_cli.pipeline.registry import register
 from fuse_cli.toolkit.declared_dims import declare_fresh_dims, undeclare
@@ -117,4 +117,4 @@ class UnholdBuffers(ModelPass):
     def _record(self, label: str, before: dict[str, tuple[int, ...]],
                 after: dict[str, tuple[int, ...]]) -> FusionRecord:
         """A kept change, with its part of the peak change at the bound dims in onnxruntime's order."""
-        return FusionRecord(self.name, label, (), (), (), peak_delta=after["onnxruntime"][0] - before["onnxruntime"][0])
+        return FusionRecord(self.name, label, (), (), (), peak_delta=peak_change(before, after))

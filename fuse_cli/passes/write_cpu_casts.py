@@ -8,7 +8,7 @@ from onnx import TensorProto
 from fuse_cli.analysis.walk_setup import WalkGraph, walk_setup
 from fuse_cli.core.order import runtime_order_by_producers
 from fuse_cli.ops.cpu_float16 import inlined_at_float16
-from fuse_cli.pipeline.base import Estimates, ModelPass, lower_without_growth
+from fuse_cli.pipeline.base import Estimates, ModelPass, lower_without_growth, peak_change
 from fuse_cli.pipeline.records import FusionRecord
 from fuse_cli.pipeline.registry import register
 
@@ -80,7 +80,7 @@ class WriteCpuCasts(ModelPass):
         if after is None:
             return ()
         return (FusionRecord(self.name, self.label, (), tuple(casts), (),
-                             peak_delta=after["onnxruntime"][0] - before["onnxruntime"][0]),)
+                             peak_delta=peak_change(before, after)),)
 
 
 def write_casts(model: onnx.ModelProto, graph: WalkGraph) -> list[str]:

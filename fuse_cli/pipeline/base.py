@@ -143,6 +143,12 @@ class Estimates:
         return {rule: self.peaks(model, orders[rule]) for rule in {"onnxruntime", *self.rules}}
 
 
+def peak_change(before: dict[str, tuple[int, ...]], after: dict[str, tuple[int, ...]]) -> int:
+    """A model pass's part of the peak change (Estimates.peaks_by_rule before and after it): at the
+    bound dims, in onnxruntime's order (the report's)."""
+    return after["onnxruntime"][0] - before["onnxruntime"][0]
+
+
 def never_higher(before: dict[str, tuple[int, ...]], after: dict[str, tuple[int, ...]]) -> bool:
     """`after`'s estimated peak is at most `before`'s at every setting under every rule (the bar of
     a change made for speed that must cost no memory: pin-residual-dims)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from dataclasses import asdict
 from typing import Any
@@ -153,17 +154,10 @@ def verdict_line(result: VerifyResult) -> str:
                 f"onnxruntime's own optimizations move {'them' if len(enveloped) != 1 else 'it'} by "
                 f"({max(o.runtime_envelope for o in enveloped):.3g})" if enveloped else "")
     flipped = [o for o in result.outputs if o.flipped_at and o.passed]
-    flips = "".join(f"; {o.name!r} beyond that in {o.beyond} of {_size(o)} elements at {o.flipped_at} (a rounding "
-                    f"flip after a quantizer), within it on fresh inputs there" for o in flipped)
+    flips = "".join(f"; {o.name!r} beyond that in {o.beyond} of {math.prod(o.shape)} elements at {o.flipped_at} "
+                    f"(a rounding flip after a quantizer), within it on fresh inputs there" for o in flipped)
     return (f"Verified in onnxruntime (CPU, seeded random inputs{at}): {verdict}; {len(result.outputs)} outputs, "
             f"max abs diff {worst_abs:.3g}, max rel diff {worst_rel:.3g}, min cosine {cosine:.6f}{envelope}{flips}")
-
-
-def _size(o) -> int:
-    size = 1
-    for dim in o.shape:
-        size *= dim
-    return size
 
 
 def memory_lines(report: Report) -> list[str]:

@@ -30,33 +30,36 @@ def declare_fresh_dims(model: onnx.ModelProto, tensor: str, planner, prefix: str
              if vi.type.HasField("tensor_type") for d in vi.type.tensor_type.shape.dim if d.dim_param}
     fresh = (name for k in itertools.count() if (name := f"{prefix}_{k}") not in taken)
     dims = [d if isinstance(d, int) else next(fresh) for d in info.shape]
-    replaced = tuple(vi for vi in graph.value_info if vi.name == tensor)
-    if replaced:
-        kept = [vi for vi in graph.value_info if vi.name != tensor]
-        del graph.value_info[:]
-        graph.value_info.extend(kept)
-    graph.value_info.append(helper.make_tensor_value_info(tensor, info.elem_type, dims))
-    return Declared(tensor, replaced)
+    return _declare(graph, helper.make_tensor_value_info(tensor, info.elem_type, dims))
 
 
 def declare_as(model: onnx.ModelProto, tensor: str, planner) -> Declared | None:
-    """`tensor`'s value_info with the planner's own dims, every one known; None where one is not
-    or it is already declared so: what keeps the dims downstream of a renamed tensor as they were
-    (onnxruntime's merge keeps a declared name where its inference would lose it)."""
-    graph = model.graph
+    """`tensor`'s value_info with the planner's own dims; None where one is unknown: what keeps the
+    dims downstream of a renamed tensor as they were (onnxruntime's merge keeps a declared name
+    where its inference would lose it)."""
     info = planner.get(tensor)
     if info is None or info.shape is None or None in info.shape:
         return None
-    replaced = tuple(vi for vi in graph.value_info if vi.name == tensor)
-    kept = [vi for vi in graph.value_info if vi.name != tensor]
-    del graph.value_info[:]
-    graph.value_info.extend(kept)
-    graph.value_info.append(helper.make_tensor_value_info(tensor, info.elem_type, list(info.shape)))
-    return Declared(tensor, replaced)
+    return _declare(model.graph, helper.make_tensor_value_info(tensor, info.elem_type, list(info.shape)))
 
 
 def undeclare(model: onnx.ModelProto, declared: Declared) -> None:
-    graph = model.graph
-    kept = [vi for vi in graph.value_info if vi.name != declared.tensor]
-    del graph.value_info[:]
-    graph.value_info.extend([*kept, *declared.replaced])
+    _without(model.graph, declared.tensor)
+    model.graph.value_info.extend(declared.replaced)
+
+
+def _declare(graph: onnx.GraphProto, value: onnx.ValueInfoProto) -> Declared:
+    """`value` as its tensor's only declaration, the ones it replaces kept for undeclare."""
+    replaced = _without(graph, value.name)
+    graph.value_info.append(value)
+    return Declared(value.name, replaced)
+
+
+def _without(graph: onnx.GraphProto, tensor: str) -> tuple[onnx.ValueInfoProto, ...]:
+    """Removes `tensor`'s declarations from graph.value_info; returns them."""
+    removed = tuple(vi for vi in graph.value_info if vi.name == tensor)
+    if removed:
+        kept = [vi for vi in graph.value_info if vi.name != tensor]
+        del graph.value_info[:]
+        graph.value_info.extend(kept)
+    return removed

@@ -4,10 +4,13 @@ onnxruntime's shapes of the two are the same, dim for dim (a dim named alike, or
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import onnx
+
+from fuse_cli.analysis.planner_shapes import planner_shapes
 
 
 @dataclass(frozen=True)
@@ -20,10 +23,7 @@ def residuals(graph: onnx.GraphProto) -> list[Residual]:
     """Each LayerNormalization (the standard one) whose input is an Add of two tensors, the sum
     read by it alone and not a graph output: onnxruntime's fusion takes no other."""
     producer = {o: n for n in graph.node for o in n.output}
-    readers: dict[str, int] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers[name] = readers.get(name, 0) + 1
+    readers = Counter(name for node in graph.node for name in node.input)
     outputs = {o.name for o in graph.output}
     found = []
     for node in graph.node:
@@ -50,8 +50,6 @@ def same_shape(planner: Mapping, residual: Residual) -> bool:
 
 def fused_by_onnxruntime(model: onnx.ModelProto) -> list[Residual]:
     """The residuals onnxruntime's level-2 optimizer would turn into SkipLayerNormalization."""
-    from fuse_cli.analysis.planner_shapes import planner_shapes
-
     found = residuals(model.graph)
     if not found:
         return []
